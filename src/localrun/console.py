@@ -1,0 +1,68 @@
+"""The one Rich console (stderr), and the table that turns exceptions into one line and an exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console
+from rich.theme import Theme
+
+from .errors import EXIT_INTERRUPTED, EXIT_RUNTIME, LocalrunError
+
+THEME = Theme(
+    {
+        "error": "bold red",
+        "warning": "yellow",
+        "notice": "cyan",
+        "dim": "dim",
+        "ok": "green",
+    }
+)
+
+# Everything that is not the answer goes to stderr, so stdout composes in pipelines.
+err = Console(stderr=True, theme=THEME, highlight=False)
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("LOCALRUN_DEBUG", "") not in ("", "0")
+
+
+def notice(message: str) -> None:
+    err.print(f"[notice]{message}[/notice]")
+
+
+def warn(message: str) -> None:
+    err.print(f"[warning]warning:[/warning] {message}")
+
+
+def _message_for(exc: BaseException) -> tuple[str, int]:
+    """Map an exception to (one-line message, exit code). Unknown errors keep their type name."""
+    if isinstance(exc, LocalrunError):
+        return exc.message, exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", EXIT_INTERRUPTED
+    if isinstance(exc, MemoryError):
+        return "out of memory: try a smaller --ctx or a smaller quant", EXIT_RUNTIME
+    if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
+        return f"no space left on device ({exc.filename or 'disk'}): free some space or set LOCALRUN_HOME/HF_HOME elsewhere", EXIT_RUNTIME
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename}: check the path's ownership or set LOCALRUN_HOME", EXIT_RUNTIME
+    return f"{type(exc).__name__}: {exc} (set LOCALRUN_DEBUG=1 for a traceback)", EXIT_RUNTIME
+
+
+def render_error(exc: BaseException) -> int:
+    """Print `exc` as one line on stderr and return the exit code to use."""
+    message, code = _message_for(exc)
+    if debug_enabled() and not isinstance(exc, KeyboardInterrupt):
+        err.print_exception()
+    # The message is user data (paths, prompts): print it without markup interpretation.
+    err.print("[error]error:[/error] ", end="")
+    err.print(message, markup=False, highlight=False)
+    return code
+
+
+def stdout_write(text: str) -> None:
+    """Write answer text to stdout at once (flush per token), for pipelines."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
