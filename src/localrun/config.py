@@ -168,3 +168,11 @@ def _prefix(exc: ValidationError, alias: str) -> ValidationError:
 
 def catalogue() -> Catalogue:
     return _load(tuple(catalogue_paths()))
+
+
+def entry_for(ref: str) -> Optional[ModelEntry]:
+    """The catalogue entry an `ALIAS[:QUANT]` reference names, or None (a repo, a path, unknown)."""
+    alias = ref.split(":", 1)[0]
+    if "/" in alias or alias.endswith(".gguf"):
+        return None
+    return catalogue().models.get(alias)

@@ -5,23 +5,33 @@ from __future__ import annotations
 import os
 import sys
 
-from rich.console import Console
-from rich.theme import Theme
-
 from .errors import EXIT_INTERRUPTED, EXIT_RUNTIME, LocalrunError
 
-THEME = Theme(
-    {
-        "error": "bold red",
-        "warning": "yellow",
-        "notice": "cyan",
-        "dim": "dim",
-        "ok": "green",
-    }
-)
+THEME = {
+    "error": "bold red",
+    "warning": "yellow",
+    "notice": "cyan",
+    "dim": "dim",
+    "ok": "green",
+}
+
+
+class _LazyConsole:
+    """The stderr console, created on first use: importing Rich costs start-up time `--help` need not pay."""
+
+    _console = None
+
+    def __getattr__(self, name):
+        if _LazyConsole._console is None:
+            from rich.console import Console
+            from rich.theme import Theme
+
+            _LazyConsole._console = Console(stderr=True, theme=Theme(THEME), highlight=False)
+        return getattr(_LazyConsole._console, name)
+
 
 # Everything that is not the answer goes to stderr, so stdout composes in pipelines.
-err = Console(stderr=True, theme=THEME, highlight=False)
+err = _LazyConsole()
 
 
 def debug_enabled() -> bool:

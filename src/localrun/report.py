@@ -1,0 +1,113 @@
+"""What `show` and `doctor` report: model metadata, memory estimates next to llama.cpp's real allocation,
+and the build/environment facts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import sys
+from typing import Any, Optional
+
+from . import __version__
+
+
+def describe(local, ctx: Optional[int], kv_type: str, measure: bool) -> dict[str, Any]:
+    from .config import entry_for
+    from .gguf_info import memory_estimate, read_info, sha256_file
+
+    info = read_info(local.path)
+    entry = entry_for(local.name) if getattr(local, "name", None) else None
+    n_ctx = ctx or (entry.context if entry else min(info.context_length, 4096))
+    estimate = memory_estimate(info, n_ctx, kv_type)
+    sha = (local.sha256 or {}).get(str(local.path)) if isinstance(getattr(local, "sha256", None), dict) else None
+    out: dict[str, Any] = {
+        "name": local.display_name,
+        "path": str(local.path),
+        "files": [str(f) for f in local.files],
+        "source": local.source,
+        "architecture": info.architecture,
+        "model_name": info.name,
+        "parameters": info.n_params,
+        "quant": info.quant,
+        "context_length": info.context_length,
+        "n_layer": info.n_layer,
+        "n_head": info.n_head,
+        "n_kv_head": info.n_kv_head,
+        "head_dim": info.head_dim_k,
+        "sliding_window": info.sliding_window,
+        "vocab_size": info.vocab_size,
+        "chat_template": info.chat_template is not None,
+        "file_size": info.file_size,
+        "sha256": sha or sha256_file(local.path),
+        "memory_estimate": {"n_ctx": n_ctx, "kv_type": kv_type, **estimate},
+    }
+    if measure:
+        out["memory_allocated"] = measured_allocation(local.path, n_ctx, kv_type)
+    return out
+
+
+_SIZE = re.compile(r"(model|KV|compute|output) buffer size\s*=\s*([\d.]+) MiB")
+
+
+def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
+    """Load the model with this context and read the buffer sizes llama.cpp reports allocating."""
+    from .engine import Engine, LoadOptions, captured_llama_log
+
+    with captured_llama_log() as lines:
+        engine = Engine(path, LoadOptions(n_ctx=n_ctx, kv_type=kv_type, swa_full=False))
+        engine.close()
+    sizes = {"model": 0.0, "KV": 0.0, "compute": 0.0, "output": 0.0}
+    for line in "".join(lines).splitlines():
+        if line.startswith("~"):
+            continue  # the destructor repeats the compute buffer size
+        m = _SIZE.search(line)
+        if m:
+            sizes[m.group(1)] += float(m.group(2))
+    mib = 1024 * 1024
+    result = {
+        "weights_bytes": int(sizes["model"] * mib),
+        "kv_bytes": int(sizes["KV"] * mib),
+        "compute_bytes": int((sizes["compute"] + sizes["output"]) * mib),
+    }
+    result["total_bytes"] = sum(result.values())
+    return result
+
+
+def doctor_report() -> dict[str, Any]:
+    from .config import catalogue_paths, home, mirror_dir
+
+    report: dict[str, Any] = {
+        "localrun": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "home": str(home()),
+        "mirror_dir": str(mirror_dir()),
+        "models_files": [str(p) for p in catalogue_paths()],
+        "hf_home": os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"),
+        "hf_endpoint": os.environ.get("HF_ENDPOINT") or "https://huggingface.co",
+        "hf_offline": os.environ.get("HF_HUB_OFFLINE", "0"),
+    }
+    target = home()
+    while not target.exists() and target.parent != target:
+        target = target.parent
+    report["free_disk_bytes"] = shutil.disk_usage(target).free
+    try:
+        from .engine import system_info
+
+        report.update(system_info())
+    except ImportError as exc:
+        report["llama_cpp_python"] = f"not importable ({exc}): run `make install`"
+    try:
+        import huggingface_hub
+
+        report["huggingface_hub"] = huggingface_hub.__version__
+    except ImportError:
+        report["huggingface_hub"] = "missing"
+    import gguf  # noqa: F401
+
+    from importlib.metadata import version
+
+    report["gguf"] = version("gguf")
+    return report

@@ -1,0 +1,212 @@
+"""From a request (text or messages + options) to a stream of answer text, with stops applied.
+
+Shared by `run`, `chat` and (later) `serve`: builds the prompt with the model's chat template,
+fits it in the context, drives Engine.generate and cuts stop sequences out of the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .engine import Done, Engine, Stats, Token
+from .errors import ContextOverflow
+from .sampling import SamplingOptions
+from .stops import StopMatcher
+
+
+@dataclass
+class Request:
+    messages: list[dict] = field(default_factory=list)  # chat messages, or one user message for run
+    raw: bool = False  # True: the text goes to the model as-is, no template
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    truncate: bool = False
+
+
+@dataclass
+class Piece:
+    text: str
+
+
+@dataclass
+class Finished:
+    stats: Stats
+    text: str
+    tokens: list[int]
+    stopped_by: Optional[str] = None
+
+
+def render_prompt(engine: Engine, request: Request) -> str:
+    if request.raw or engine.chat_template is None:
+        return "\n\n".join(m["content"] for m in request.messages if m["role"] != "system" or request.raw)
+    return engine.apply_chat_template(request.messages, add_generation_prompt=True)
+
+
+def prompt_tokens(engine: Engine, text: str, truncate: bool, max_tokens: int) -> list[int]:
+    tokens = engine.tokenize(text, add_special=True, parse_special=True)
+    if len(tokens) < engine.n_ctx:
+        return tokens
+    if not truncate:
+        engine.check_fits(len(tokens))  # raises with both numbers
+    # Keep the end of the prompt, leaving room for the answer (at most half the context).
+    room = min(max_tokens if max_tokens > 0 else engine.n_ctx // 2, engine.n_ctx // 2)
+    keep = engine.n_ctx - room
+    if keep < 1:
+        raise ContextOverflow(f"the context of {engine.n_ctx} tokens leaves no room for the prompt: raise --ctx")
+    head = tokens[:1] if engine.info.bos_token_id is not None and tokens[0] == engine.info.bos_token_id else []
+    return head + tokens[len(tokens) - keep + len(head) :]
+
+
+def stream(engine: Engine, request: Request) -> Iterator[Piece | Finished]:
+    """Yield answer text as it is decoded (stop sequences removed), then Finished."""
+    text = render_prompt(engine, request)
+    tokens = prompt_tokens(engine, text, request.truncate, request.sampling.max_tokens)
+    yield from stream_tokens(engine, tokens, request.sampling)
+
+
+def stream_tokens(engine: Engine, tokens: Sequence[int], sampling: SamplingOptions) -> Iterator[Piece | Finished]:
+    matcher = StopMatcher(sampling.stop)
+    answer: list[str] = []
+    gen = engine.generate(tokens, sampling)
+    try:
+        for event in gen:
+            if isinstance(event, Token):
+                out = matcher.feed(event.text)
+                if out:
+                    answer.append(out)
+                    yield Piece(out)
+                if matcher.stopped is not None:
+                    break
+            elif isinstance(event, Done):
+                out = matcher.flush()
+                if out:
+                    answer.append(out)
+                    yield Piece(out)
+                yield Finished(event.stats, "".join(answer), event.tokens)
+                return
+    finally:
+        gen.close()
+    # Stopped by a stop sequence: the generator was closed early, its stats are on the engine.
+    stats = engine.last_stats
+    stats.finish_reason = "stop"
+    yield Finished(stats, "".join(answer), [], stopped_by=matcher.stopped)
+
+
+def read_prompt(args: Sequence[str], stdin) -> str:
+    """Piped stdin first, then the argument words (as Ollama does); an empty result is a usage error."""
+    from .errors import UsageError
+
+    parts = []
+    if stdin is not None and not stdin.isatty():
+        piped = stdin.read()
+        if piped.strip():
+            parts.append(piped.rstrip("\n"))
+    if args:
+        parts.append(" ".join(args))
+    if not parts:
+        raise UsageError("no prompt: pass it as an argument or pipe it on stdin (or use `localrun chat`)")
+    return "\n\n".join(parts)
+
+
+@dataclass
+class Loaded:
+    """A model ready to generate: its engine, its catalogue defaults and the merged sampling options."""
+
+    engine: Engine
+    name: str
+    sampling: SamplingOptions
+    system: Optional[str]
+
+
+def load(
+    model: str,
+    *,
+    source: str = "auto",
+    ctx: Optional[int] = None,
+    gpu_layers: str = "0",
+    flash_attn: Optional[bool] = None,
+    kv_type: str = "f16",
+    threads: Optional[int] = None,
+    batch: int = 512,
+    sampling_flags: Optional[dict] = None,
+    logit_bias: Sequence[str] = (),
+    stop: Sequence[str] = (),
+    grammar=None,
+    json_schema=None,
+    on_notice=None,
+) -> Loaded:
+    """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp."""
+    from .config import entry_for
+    from .engine import LoadOptions
+    from .errors import UsageError
+    from .sampling import build_options, parse_logit_bias, read_grammar, read_json_schema
+
+    entry = entry_for(model)
+    overrides = dict(sampling_flags or {})
+    overrides["logit_bias"] = parse_logit_bias(list(logit_bias)) or None
+    overrides["stop"] = list(stop) or None
+    overrides["grammar"] = read_grammar(grammar)
+    overrides["json_schema"] = read_json_schema(json_schema)
+    sampling = build_options(entry.sampling if entry else {}, overrides)
+    layers = _gpu_layers(gpu_layers)
+    if batch < 1:
+        raise UsageError(f"invalid --batch {batch}: use 1 or more")
+    n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
+    options = LoadOptions(
+        n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
+        flash_attn=flash_attn, kv_type=kv_type,
+    )
+    local = ensure_local(model, source=source, on_notice=on_notice)
+    engine = Engine(local.path, options)
+    if engine.gpu_notice and on_notice:
+        on_notice(engine.gpu_notice)
+    return Loaded(engine=engine, name=local.display_name, sampling=sampling, system=entry.system if entry else None)
+
+
+def _gpu_layers(value: str):
+    from .errors import UsageError
+
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise UsageError(f"invalid --gpu-layers {value!r}: use a number of layers, auto, or 0 for CPU only")
+    return n
+
+
+def build_request(loaded: Loaded, text: str, *, system: Optional[str], raw: bool, truncate: bool, on_notice=None) -> Request:
+    if not raw and loaded.engine.chat_template is None:
+        raw = True
+        if on_notice:
+            on_notice(f"{loaded.name} has no chat template (a base model): running plain completion")
+    messages = []
+    sys_prompt = system if system is not None else loaded.system
+    if sys_prompt and not raw:
+        messages.append({"role": "system", "content": sys_prompt})
+    messages.append({"role": "user", "content": text})
+    return Request(messages=messages, raw=raw, sampling=loaded.sampling, truncate=truncate)
+
+
+def ensure_local(model: str, *, source: str = "auto", on_notice=None):
+    """The pulled model for `model`; pulls it first when it is a catalogue alias or a repo not yet here."""
+    from . import hub
+    from .errors import ModelNotFound
+
+    try:
+        return hub.resolve_local(model)
+    except ModelNotFound:
+        if model.endswith(".gguf") or "/" not in model and entry_for_name(model) is None:
+            raise
+    if on_notice:
+        on_notice(f"{model} is not pulled yet: pulling it")
+    return hub.pull(model, source=source, progress=True)
+
+
+def entry_for_name(model: str):
+    from .config import entry_for
+
+    return entry_for(model)

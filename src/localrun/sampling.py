@@ -1,0 +1,229 @@
+"""Sampling options (validated, bounded) and the llama.cpp C sampler chain built from them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import UsageError
+
+
+class SamplingOptions(BaseModel):
+    """What `run`, `chat`, `serve` and `bench` accept; defaults follow llama.cpp's own."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    temperature: float = Field(0.8, ge=0.0, le=5.0, description="0 means greedy (always the most likely token)")
+    top_k: int = Field(40, ge=0, le=1_000_000, description="keep the k most likely tokens; 0 disables")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="nucleus sampling; 1.0 disables")
+    min_p: float = Field(0.05, ge=0.0, le=1.0, description="drop tokens below min_p x the best probability; 0 disables")
+    typical_p: float = Field(1.0, gt=0.0, le=1.0, description="locally typical sampling; 1.0 disables")
+    repeat_penalty: float = Field(1.0, ge=0.0, le=10.0, description="penalise repeated tokens; 1.0 disables")
+    repeat_last_n: int = Field(64, ge=-1, le=1_000_000, description="how many recent tokens the penalties see; -1 = context")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    mirostat: int = Field(0, ge=0, le=2, description="0 off, 1 Mirostat, 2 Mirostat 2.0")
+    mirostat_tau: float = Field(5.0, gt=0.0, le=20.0)
+    mirostat_eta: float = Field(0.1, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(None, ge=0, le=2**32 - 2, description="fixed seed: same seed, same output")
+    max_tokens: int = Field(512, ge=-1, le=10_000_000, description="-1 = until the context is full")
+    min_tokens: int = Field(0, ge=0, le=10_000_000, description="end-of-generation is suppressed until this many")
+    logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> added logit")
+    stop: list[str] = Field(default_factory=list)
+    grammar: Optional[str] = Field(None, description="GBNF grammar text")
+    json_schema: Optional[dict[str, Any]] = Field(None, description="constrain output to this JSON schema")
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, stops: list[str]) -> list[str]:
+        if any(s == "" for s in stops):
+            raise ValueError("a stop sequence cannot be empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> "SamplingOptions":
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("give either a grammar or a JSON schema, not both")
+        if self.max_tokens not in (-1,) and self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1 (or -1 for no limit)")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 and self.mirostat == 0
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def validation_message(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    field = str(first["loc"][0]) if first["loc"] else ""
+    value = first.get("input")
+    where = f"{_flag(field)} {value!r}: " if field else ""
+    return f"invalid {where}{first['msg']}"
+
+
+def build_options(defaults: dict[str, Any], overrides: dict[str, Any]) -> SamplingOptions:
+    """Model defaults (models.yaml) overridden by the flags the user gave (None = not given)."""
+    merged = {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        return SamplingOptions.model_validate(merged)
+    except ValidationError as exc:
+        raise UsageError(validation_message(exc)) from None
+
+
+def parse_logit_bias(items: list[str]) -> dict[int, float]:
+    """`TOKEN=BIAS` pairs; TOKEN is a token id. -inf/inf are allowed to ban or force."""
+    out: dict[int, float] = {}
+    for item in items:
+        tok, sep, bias = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(tok)] = float(bias)
+        except ValueError:
+            raise UsageError(f"invalid --logit-bias {item!r}: use TOKEN_ID=BIAS, e.g. 2=-100") from None
+    return out
+
+
+def read_grammar(path: Optional[Path]) -> Optional[str]:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read --grammar {path}: {exc.strerror}") from None
+
+
+def read_json_schema(path: Optional[Path]) -> Optional[dict[str, Any]]:
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read --json-schema {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--json-schema {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--json-schema {path} must hold a JSON object (a schema)")
+    return data
+
+
+class Sampler:
+    """llama.cpp's C sampler chain for one generation. `sample` picks a token from the context's
+    last logits entirely in C; Python only sees the chosen id."""
+
+    def __init__(self, engine, options: SamplingOptions):
+        from .engine import llama_cpp_module
+
+        ll = self._ll = llama_cpp_module()
+        self.options = options
+        self._penalties = []  # sampler handles owned by the chains, fed the prompt too
+        grammar = options.grammar
+        if options.json_schema is not None:
+            grammar = json_schema_grammar(options.json_schema)
+        self.chain = self._build(engine, options, grammar, ban_eog=False)
+        # min_tokens: a second chain with end-of-generation banned, used until min_tokens is reached.
+        # Both see every accepted token, so penalty and grammar state stay in step.
+        self.early = self._build(engine, options, grammar, ban_eog=True) if options.min_tokens > 0 else None
+
+    def _build(self, engine, o: SamplingOptions, grammar: Optional[str], ban_eog: bool):
+        ll = self._ll
+        params = ll.llama_sampler_chain_default_params()
+        params.no_perf = True
+        chain = ll.llama_sampler_chain_init(params)
+        add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731 - the chain owns each sampler
+        bias = dict(o.logit_bias)
+        for tok in bias:
+            if not 0 <= tok < engine.n_vocab:
+                ll.llama_sampler_free(chain)
+                raise UsageError(f"invalid --logit-bias token {tok}: this model's token ids run 0..{engine.n_vocab - 1}")
+        if ban_eog:
+            for tok in engine.eog_tokens():
+                bias[tok] = float("-inf")
+        if bias:
+            arr = (ll.llama_logit_bias * len(bias))()
+            for i, (tok, b) in enumerate(bias.items()):
+                arr[i].token, arr[i].bias = tok, b
+            add(ll.llama_sampler_init_logit_bias(engine.n_vocab, len(bias), arr))
+        if o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0:
+            last_n = engine.n_ctx if o.repeat_last_n == -1 else o.repeat_last_n
+            pen = ll.llama_sampler_init_penalties(last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty)
+            add(pen)
+            self._penalties.append(pen)
+        if grammar is not None:
+            g = ll.llama_sampler_init_grammar(engine.vocab, grammar.encode("utf-8"), b"root")
+            if not g:
+                ll.llama_sampler_free(chain)
+                raise UsageError("the grammar does not parse (GBNF): check it with llama.cpp's gbnf-validator")
+            add(g)
+        seed = o.seed if o.seed is not None else 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
+        if o.greedy:
+            add(ll.llama_sampler_init_greedy())
+        elif o.mirostat == 1:
+            add(ll.llama_sampler_init_temp(o.temperature))
+            add(ll.llama_sampler_init_mirostat(engine.n_vocab, seed, o.mirostat_tau, o.mirostat_eta, 100))
+        elif o.mirostat == 2:
+            add(ll.llama_sampler_init_temp(o.temperature))
+            add(ll.llama_sampler_init_mirostat_v2(seed, o.mirostat_tau, o.mirostat_eta))
+        else:
+            # llama.cpp's default order: top-k, typical, top-p, min-p, temperature, then draw.
+            if o.top_k > 0:
+                add(ll.llama_sampler_init_top_k(o.top_k))
+            if o.typical_p < 1.0:
+                add(ll.llama_sampler_init_typical(o.typical_p, 1))
+            if o.top_p < 1.0:
+                add(ll.llama_sampler_init_top_p(o.top_p, 1))
+            if o.min_p > 0.0:
+                add(ll.llama_sampler_init_min_p(o.min_p, 1))
+            add(ll.llama_sampler_init_temp(o.temperature))
+            add(ll.llama_sampler_init_dist(seed))
+        return chain
+
+    def accept_prompt(self, tokens) -> None:
+        """Let the repetition penalties see the prompt, as llama.cpp's server does (grammar does not)."""
+        for pen in self._penalties:
+            for t in tokens[-(self.options.repeat_last_n if self.options.repeat_last_n > 0 else len(tokens)) :]:
+                self._ll.llama_sampler_accept(pen, t)
+
+    def sample(self, ctx, n_generated: int) -> int:
+        ll = self._ll
+        if self.early is not None and n_generated < self.options.min_tokens:
+            tok = ll.llama_sampler_sample(self.early, ctx, -1)
+            ll.llama_sampler_accept(self.chain, tok)
+            return tok
+        tok = ll.llama_sampler_sample(self.chain, ctx, -1)
+        if self.early is not None:
+            ll.llama_sampler_accept(self.early, tok)
+        return tok
+
+    def close(self) -> None:
+        for name in ("chain", "early"):
+            handle = getattr(self, name, None)
+            if handle:
+                self._ll.llama_sampler_free(handle)
+                setattr(self, name, None)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def make_sampler(engine, options: SamplingOptions) -> Sampler:
+    return Sampler(engine, options)
+
+
+def json_schema_grammar(schema: dict[str, Any]) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter raises assorted errors on schemas it cannot express
+        raise UsageError(f"cannot turn the JSON schema into a grammar: {exc}") from None
