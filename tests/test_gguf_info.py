@@ -319,7 +319,17 @@ def test_missing_required_key(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return make_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf").read_bytes()
+    """A small file that still has every kind of metadata value: strings, per-layer arrays, a vocabulary."""
+
+    def configure(w: gguf.GGUFWriter) -> None:
+        w.add_head_count_kv([2, 1, 0])
+        w.add_sliding_window(64)
+        w.add_sliding_window_pattern([True, False, True])
+        w.add_token_list(["<s>", "a", "b"])
+        w.add_chat_template("{{ messages }}")
+        w.add_bos_token_id(0)
+
+    return make_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "gemma3", n_layer=3, configure=configure).read_bytes()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

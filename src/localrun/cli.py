@@ -53,7 +53,7 @@ def pull(
     from . import hub
 
     local = hub.pull(model, source=_source(source), progress=not quiet)
-    err.print(f"[ok]pulled[/ok] {local.display_name} ({_size(local.size)}, {local.source}) -> {local.path}")
+    err.print(f"[ok]pulled[/ok] {local.ref} ({_size(local.size)}, {local.source}) -> {local.path}")
 
 
 @app.command("list")
@@ -168,7 +168,9 @@ def main() -> None:
         err.print()
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
-        _quiet_broken_pipe()
+        from .render import reader_gone
+
+        reader_gone()
     except Exception as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
         import click
 
@@ -178,18 +180,6 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         sys.exit(render_error(exc))
-
-
-def _quiet_broken_pipe() -> None:
-    """The reader went away (`| head`): stop quietly, as `cat` does."""
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
-    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ class _LazyConsole:
             from rich.console import Console
             from rich.theme import Theme
 
-            _LazyConsole._console = Console(stderr=True, theme=Theme(THEME), highlight=False)
+            _LazyConsole._console = Console(stderr=True, theme=Theme(THEME), highlight=False, soft_wrap=True)
         return getattr(_LazyConsole._console, name)
 
 

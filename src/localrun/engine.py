@@ -367,20 +367,17 @@ class Engine:
         self.cached.clear()
 
     def prefill(self, tokens: Sequence[int]) -> int:
-        """Make the KV cache hold exactly `tokens` minus the last one, reusing the longest cached prefix.
-
-        The last prompt token is left for the first decode step, which yields the logits to sample
-        from. Returns how many prompt tokens were reused from the cache.
-        """
-        target = list(tokens[:-1])
+        """Make the KV cache hold exactly `tokens`, reusing the longest cached prefix, and leave the
+        logits of the last token ready to sample from. Returns how many tokens were reused."""
         common = 0
-        for a, b in zip(self.cached, target):
+        for a, b in zip(self.cached, tokens):
             if a != b:
                 break
             common += 1
+        common = min(common, len(tokens) - 1)  # the last token is always evaluated: its logits are needed
         if common < len(self.cached) and not self._forget_after(common):
             common = 0
-        self._decode(target[common:])
+        self._decode(tokens[common:])
         return common
 
     def check_fits(self, n_prompt: int) -> None:
@@ -410,21 +407,13 @@ class Engine:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         generated: list[int] = []
         t0 = time.perf_counter()
+        t_first = None
         try:
             stats.cached_tokens = self.prefill(prompt)
             sampler.accept_prompt(prompt)
-            last = prompt[-1]
             one = self._one
             limit = sampling.max_tokens if sampling.max_tokens > 0 else 1 << 62
-            t_first = None
             while True:
-                if len(self.cached) >= self.n_ctx:
-                    stats.finish_reason = "length"
-                    break
-                one[0] = last
-                if ll.llama_decode(self.ctx, ll.llama_batch_get_one(one, 1)) != 0:
-                    raise EngineError(f"llama.cpp decode failed at position {len(self.cached)}: try a smaller --ctx")
-                self.cached.append(last)
                 tok = sampler.sample(self.ctx, len(generated))
                 if t_first is None:
                     t_first = time.perf_counter()
@@ -433,12 +422,17 @@ class Engine:
                     stats.finish_reason = "eos"
                     break
                 generated.append(tok)
-                text = decoder.decode(self.token_bytes(tok))
-                yield Token(text, tok)
+                yield Token(decoder.decode(self.token_bytes(tok)), tok)
                 if len(generated) >= limit:
                     stats.finish_reason = "length"
                     break
-                last = tok
+                if len(self.cached) >= self.n_ctx:
+                    stats.finish_reason = "length"  # the context is full: said, never silent
+                    break
+                one[0] = tok
+                if ll.llama_decode(self.ctx, ll.llama_batch_get_one(one, 1)) != 0:
+                    raise EngineError(f"llama.cpp decode failed at position {len(self.cached)}: try a smaller --ctx")
+                self.cached.append(tok)
             tail = decoder.decode(b"", final=True)
             if tail:
                 yield Token(tail, -1)

@@ -179,14 +179,17 @@ class _Cursor:
         self.pos += struct.calcsize(fmt)
         return value
 
-    def string(self, keep: bool = True) -> str | None:
+    def skip_string(self) -> int:
+        """Step over a length-prefixed string; return where it started (after the length)."""
         n = self.unpack("Q")
-        end = self.pos + n
-        if end > self.size:
+        start, self.pos = self.pos, self.pos + n
+        if self.pos > self.size:
             raise _Truncated
-        text = self.buf[self.pos : end].decode("utf-8", errors="replace") if keep else None
-        self.pos = end
-        return text
+        return start
+
+    def string(self) -> str:
+        start = self.skip_string()
+        return self.buf[start : self.pos].decode("utf-8", errors="replace")
 
     def value(self, vtype: int) -> Any:
         vtype = _value_type(vtype)
@@ -213,9 +216,11 @@ class _Cursor:
         if count * 8 > self.size - self.pos:  # every element needs at least its 8-byte length
             raise _Truncated
         if etype == GGUFValueType.STRING:
-            keep = count <= 256
-            items = [self.string(keep) for _ in range(count)]
-            return tuple(items) if keep else ArraySummary(etype.name, count)
+            if count <= 256:
+                return tuple(self.string() for _ in range(count))
+            for _ in range(count):
+                self.skip_string()
+            return ArraySummary(etype.name, count)
         items = [self.array() for _ in range(count)]  # arrays of arrays
         return tuple(items) if count <= 256 else ArraySummary(etype.name, count)
 
@@ -228,9 +233,7 @@ def _value_type(raw: int) -> GGUFValueType:
 
 
 def _parse_header(buf: Any, size: int) -> _Header:
-    """Parse magic, version, metadata and the tensor table; raise _Corrupt or _Truncated."""
-    if buf[:4] != b"GGUF":
-        raise _Corrupt("magic")
+    """Parse version, metadata and the tensor table after the magic; raise _Corrupt or _Truncated."""
     raw_version = struct.unpack_from("<I", buf, 4)[0]
     # A big-endian file stores the version byte-swapped; gguf-py detects it the same way.
     order = ">" if raw_version & 0xFFFF == 0 else "<"
@@ -261,7 +264,6 @@ def _parse_header(buf: Any, size: int) -> _Header:
     seen: set[str] = set()
     for _ in range(n_tensors):
         name = cur.string()
-        assert name is not None
         if len(name.encode()) >= _MAX_NAME:
             raise _Corrupt(f"tensor name too long: {name[:40]!r}...")
         if name in seen:
@@ -295,6 +297,8 @@ def _read_header(path: Path) -> _Header:
         raise InvalidModelFile(f"{path}: no such file: check the path, or pull the model again")
     if path.is_dir():
         raise InvalidModelFile(f"{path}: is a directory, not a GGUF file: pass the .gguf file itself")
+    if not path.is_file():
+        raise InvalidModelFile(f"{path}: not a regular file: pass a .gguf model file")
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
@@ -315,7 +319,7 @@ def _read_header(path: Path) -> _Header:
         raise InvalidModelFile(f"{path}: cannot read ({exc.strerror or exc}): check the file and its permissions") from exc
     except _Truncated:
         raise InvalidModelFile(
-            f"{path}: truncated GGUF file (the header runs past the end, {size} bytes): delete it and pull again"
+            f"{path}: truncated GGUF file (it ends inside its header, after {size} bytes): delete it and pull again"
         ) from None
     except _Corrupt as exc:
         raise InvalidModelFile(f"{path}: corrupt GGUF header ({exc}): delete it and pull again") from None
@@ -478,7 +482,9 @@ def _sliding_window(
     explicit = meta.get(f"{arch}.attention.sliding_window_pattern")
     if isinstance(explicit, tuple):
         if len(explicit) != n_layer:
-            raise InvalidModelFile(f"{path}: {arch}.attention.sliding_window_pattern does not have {n_layer} entries")
+            raise InvalidModelFile(
+                f"{path}: {arch}.attention.sliding_window_pattern does not have {n_layer} entries: pull the model again"
+            )
         return window, None, tuple(bool(v) for v in explicit)
     period, dense_first = _DEFAULT_SWA_PATTERN.get(arch, (None, False))
     if explicit is not None:

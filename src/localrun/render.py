@@ -23,8 +23,27 @@ def _json_out(data: Any) -> None:
     sys.stdout.flush()
 
 
+def reader_gone() -> None:
+    """stdout's reader went away (`| head`): stop quietly with success, as `cat` and `yes` do."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
+    except OSError:
+        pass
+    raise SystemExit(0)
+
+
 def stream_answer(events: Iterable, as_json: bool, verbose: bool):
     """Write pieces to stdout as they come (flushed per token); return the Finished event."""
+    try:
+        return _stream_answer(events, as_json, verbose)
+    except BrokenPipeError:
+        reader_gone()
+
+
+def _stream_answer(events: Iterable, as_json: bool, verbose: bool):
     from .runner import Finished, Piece
 
     out = sys.stdout
@@ -42,7 +61,7 @@ def stream_answer(events: Iterable, as_json: bool, verbose: bool):
             finished = ev
     if finished is not None:
         if as_json:
-            out.write(json.dumps({"type": "done", "text": finished.text, "stats": finished.stats.as_dict()}, ensure_ascii=False) + "\n")
+            out.write(json.dumps({"type": "done", "text": finished.text, "tokens": finished.tokens, "stats": finished.stats.as_dict()}, ensure_ascii=False) + "\n")
         elif wrote_any and not finished.text.endswith("\n"):
             out.write("\n")
         out.flush()
@@ -71,7 +90,7 @@ def stats(s) -> None:
 
 def local_models_table(models: list, as_json: bool) -> None:
     if as_json:
-        _json_out([m.to_dict() if hasattr(m, "to_dict") else vars(m) for m in models])
+        _json_out([m.to_record() for m in models])
         return
     if not models:
         err.print("no models pulled yet: try `localrun pull smollm2`")

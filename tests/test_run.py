@@ -1,0 +1,220 @@
+"""`localrun run` end to end: the installed command, real GGUF models, real llama.cpp."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import LOCALRUN
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The three primary colours are"
+
+
+def reference_greedy(path, prompt: str, n: int) -> list[int]:
+    """Greedy decoding written directly against llama.cpp's low-level API: the fidelity oracle."""
+    import llama_cpp as ll
+
+    ll.llama_backend_init()
+    model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
+    cparams = ll.llama_context_default_params()
+    cparams.n_ctx = 512
+    ctx = ll.llama_init_from_model(model, cparams)
+    vocab = ll.llama_model_get_vocab(model)
+    n_vocab = ll.llama_vocab_n_tokens(vocab)
+    data = prompt.encode()
+    buf = (ll.llama_token * 512)()
+    n_prompt = ll.llama_tokenize(vocab, data, len(data), buf, 512, True, True)
+    tokens = list(buf[:n_prompt])
+    batch = (ll.llama_token * len(tokens))(*tokens)
+    assert ll.llama_decode(ctx, ll.llama_batch_get_one(batch, len(tokens))) == 0
+    out = []
+    for _ in range(n):
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+        tok = int(np.argmax(logits))
+        if ll.llama_vocab_is_eog(vocab, tok):
+            break
+        out.append(tok)
+        one = (ll.llama_token * 1)(tok)
+        assert ll.llama_decode(ctx, ll.llama_batch_get_one(one, 1)) == 0
+    ll.llama_free(ctx)
+    ll.llama_model_free(model)
+    return out
+
+
+def json_events(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_greedy_output_matches_llama_cpp_token_for_token(which, request, cli):
+    path = request.getfixturevalue(which)
+    want = reference_greedy(path, PROMPT, 32)
+    r = cli("run", str(path), "--raw", "--temperature", "0", "--max-tokens", "32", "--json", "--ctx", "512", PROMPT)
+    assert r.returncode == 0, r.stderr
+    done = json_events(r.stdout)[-1]
+    assert done["type"] == "done"
+    assert done["tokens"] == want
+    assert len(want) > 0
+
+
+def test_stdout_carries_only_the_answer_and_stats_go_to_stderr(smollm2, cli):
+    r = cli("run", str(smollm2), "-t", "0", "-n", "16", "--verbose", "What is 2+2?")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "eval rate" not in r.stdout and "eval rate:" in r.stderr
+    assert "time to first token:" in r.stderr and "prompt eval count:" in r.stderr
+
+
+def test_same_seed_same_text_different_seed_differs(smollm2, cli):
+    args = ("run", str(smollm2), "--raw", "-t", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0", "-n", "24")
+    a = cli(*args, "--seed", "7", "Once upon a time")
+    b = cli(*args, "--seed", "7", "Once upon a time")
+    c = cli(*args, "--seed", "8", "Once upon a time")
+    assert a.returncode == b.returncode == c.returncode == 0
+    assert a.stdout == b.stdout
+    assert a.stdout != c.stdout
+
+
+def test_json_schema_output_parses_and_validates(smollm2, cli, tmp_path):
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    f = tmp_path / "schema.json"
+    f.write_text(json.dumps(schema))
+    r = cli("run", str(smollm2), "-t", "0", "-n", "80", "--json-schema", str(f), "Describe a person named Ann who is 31 as JSON.")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    jsonschema.validate(data, schema)
+
+
+def test_stop_sequence_split_across_tokens_is_cut_exactly(smollm2, cli):
+    full = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--json", "--ctx", "512", PROMPT)
+    events = json_events(full.stdout)
+    pieces = [e["text"] for e in events if e["type"] == "token"]
+    text = "".join(pieces)
+    # Find a boundary between two tokens with at least 2 characters on each side, then stop there.
+    pos = 0
+    for left, right in zip(pieces, pieces[1:]):
+        pos += len(left)
+        if len(left) >= 2 and len(right) >= 2 and left.strip() and right.strip():
+            stop = text[pos - 2 : pos + 2]
+            break
+    else:
+        pytest.skip("no suitable token boundary in the greedy output")
+    cut = text.find(stop)
+    r = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--ctx", "512", "--stop", stop, PROMPT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == text[:cut] + ("\n" if cut and not text[:cut].endswith("\n") else "")
+    assert stop not in r.stdout
+    rj = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--ctx", "512", "--json", "--stop", stop, PROMPT)
+    done = json_events(rj.stdout)[-1]
+    assert done["text"] == text[:cut]
+    assert done["stats"]["finish_reason"] == "stop"
+
+
+def test_pipe_into_head_exits_cleanly(smollm2):
+    proc = subprocess.run(
+        ["bash", "-c", f'set -o pipefail; "{LOCALRUN}" run "{smollm2}" --raw -t 0 --min-tokens 200 -n 200 "Count: 1, 2, 3," | head -c 20; echo "rc=${{PIPESTATUS[0]}}" >&2'],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )
+    assert len(proc.stdout) == 20
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+    assert "rc=0" in proc.stderr
+
+
+def test_stdin_comes_first_then_the_argument(smollm2, cli):
+    piped = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "12", "--ctx", "512", "continue the list:", input="apples, pears,")
+    joined = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "12", "--ctx", "512", "apples, pears,\n\ncontinue the list:")
+    assert piped.returncode == joined.returncode == 0
+    assert piped.stdout == joined.stdout and piped.stdout.strip()
+
+
+def test_base_model_without_template_falls_back_with_a_notice(gemma, cli):
+    r = cli("run", str(gemma), "-t", "0", "-n", "8", "--ctx", "512", PROMPT)
+    assert r.returncode == 0, r.stderr
+    assert "no chat template" in r.stderr
+    assert r.stdout.strip()
+
+
+def test_prompt_too_long_names_both_numbers_and_truncate_keeps_the_end(smollm2, cli):
+    long = "word " * 400
+    r = cli("run", str(smollm2), "--raw", "--ctx", "128", "-n", "4", long)
+    assert r.returncode == 1
+    assert "128" in r.stderr and "--truncate" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    ok = cli("run", str(smollm2), "--raw", "--ctx", "128", "-n", "4", "--truncate", "--json", long)
+    assert ok.returncode == 0, ok.stderr
+    assert json_events(ok.stdout)[-1]["stats"]["prompt_tokens"] <= 128
+
+
+def test_reaching_the_context_limit_reports_length(smollm2, cli):
+    r = cli("run", str(smollm2), "--raw", "-t", "0", "--ctx", "32", "-n", "-1", "--min-tokens", "100", "--json", "Once upon a time")
+    assert r.returncode == 0, r.stderr
+    stats = json_events(r.stdout)[-1]["stats"]
+    assert stats["finish_reason"] == "length"
+    assert stats["prompt_tokens"] + stats["eval_tokens"] + 1 == 32
+
+
+def test_gpu_layers_on_a_cpu_build_prints_one_notice_and_runs(smollm2, cli):
+    import llama_cpp as ll
+
+    if ll.llama_supports_gpu_offload():
+        pytest.skip("this build has a GPU backend")
+    r = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "4", "--gpu-layers", "99", "Hi")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("no GPU backend") == 1
+
+
+def test_min_tokens_suppresses_end_of_generation(smollm2, cli):
+    r = cli("run", str(smollm2), "-t", "0", "--min-tokens", "60", "-n", "60", "--json", "Say hi.")
+    stats = json_events(r.stdout)[-1]["stats"]
+    assert stats["eval_tokens"] + 1 == 60 and stats["finish_reason"] == "length"
+
+
+def test_logit_bias_bans_a_token(smollm2, cli):
+    first = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "1", "--json", PROMPT)
+    tok = json_events(first.stdout)[-1]["tokens"][0]
+    banned = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "1", "--json", "--logit-bias", f"{tok}=-inf", PROMPT)
+    assert json_events(banned.stdout)[-1]["tokens"][0] != tok
+
+
+BAD = [
+    (["--temperature", "-1"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--min-p", "2"], "--min-p"),
+    (["--mirostat", "3"], "--mirostat"),
+    (["--max-tokens", "0"], "max_tokens"),
+    (["--kv-type", "q5_1"], "--kv-type"),
+    (["--kv-type", "q8_0", "--no-flash-attn"], "flash"),
+    (["--gpu-layers", "lots"], "--gpu-layers"),
+    (["--logit-bias", "nonsense"], "--logit-bias"),
+    (["--logit-bias", "99999999=1"], "--logit-bias"),
+    (["--json-schema", "/nonexistent/schema.json"], "--json-schema"),
+    (["--ctx", "4"], "--ctx"),
+    (["--source", "ftp"], "--source"),
+    (["--stop", ""], "stop"),
+    (["--threads", "0"], "--threads"),
+    (["--seed", "-5"], "--seed"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_option_is_one_line_and_exit_2(smollm2, cli, args, needle):
+    r = cli("run", str(smollm2), *args, "hello")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stdout == ""
