@@ -361,6 +361,8 @@ def isolate_hf_home(monkeypatch: pytest.MonkeyPatch, hf_home: Path) -> None:
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(hf_home / "token"))
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(hf_home / "stored_tokens"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    # huggingface_hub caches a registry it fetches from the endpoint; keep it inside the private home too.
+    monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(hf_home / ".agent_harnesses.json"))
 
 
 def set_offline(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -235,7 +235,8 @@ class Engine:
                 f" (kv {options.kv_type}): try a smaller --ctx"
             )
         self.memory = ll.llama_get_memory(self.ctx)
-        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        # llama.cpp rounds the context up (to 256); the limit the user asked for is the one we honour.
+        self.n_ctx = min(options.n_ctx, ll.llama_n_ctx(self.ctx))
         self.n_batch = options.n_batch
         self.load_s = time.perf_counter() - t0
         self.cached: list[int] = []  # tokens whose KV is in sequence 0, in order
