@@ -14,6 +14,8 @@
 # with the same flags is instant; pip's own wheel cache is bypassed because it ignores CMAKE_ARGS.
 set -euo pipefail
 
+PRINT_ONLY=0
+if [ "${1:-}" = "--print-cmake-args" ]; then PRINT_ONLY=1; shift; fi
 VARIANT="${1:-cpu}"
 VENV="${2:-.venv}"
 VERSION="$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' "$(dirname "$0")/../pyproject.toml")"
@@ -49,6 +51,8 @@ case "$VARIANT" in
     ;;
 esac
 ARGS="$ARGS -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF ${EXTRA_CMAKE_ARGS:-}"
+
+if [ "$PRINT_ONLY" = 1 ]; then echo "$ARGS"; exit 0; fi
 
 HASH="$(printf '%s' "$ARGS" | sha256sum | cut -c1-12)"
 WHEEL_DIR="${LOCALRUN_WHEEL_CACHE:-$HOME/.cache/localrun/wheels}/${VERSION}-${VARIANT}-${HASH}"

@@ -27,6 +27,7 @@ import sys
 import threading
 import zipfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional, Union
@@ -43,11 +44,11 @@ class StubFile:
     data: bytes
     lfs: bool = True
 
-    @property
+    @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
-    @property
+    @cached_property
     def git_sha1(self) -> str:
         return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
 
@@ -95,7 +96,7 @@ class HubStub:
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
-    def start(self) -> "HubStub":
+    def start(self) -> HubStub:
         self._hub.start()
         if self._cdn is not None:
             self._cdn.start()
@@ -106,7 +107,7 @@ class HubStub:
         if self._cdn is not None:
             self._cdn.stop()
 
-    def __enter__(self) -> "HubStub":
+    def __enter__(self) -> HubStub:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -166,7 +167,7 @@ class _Server:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name=f"hubstub-{role}", daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name=f"hubstub-{role}", daemon=True)
 
     def start(self) -> None:
         self.thread.start()

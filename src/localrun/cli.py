@@ -146,6 +146,40 @@ def run(
     render.stream_answer(runner.stream(loaded.engine, request), as_json=as_json, verbose=verbose)
 
 
+@app.command()
+def chat(
+    model: ModelArg,
+    system: Annotated[Optional[str], typer.Option("--system", help="system prompt")] = None,
+    session: Annotated[Optional[str], typer.Option("--session", help="resume and keep saving this named session")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="timing stats after each answer")] = False,
+    source: SourceOpt = "auto",
+    temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
+    typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
+    presence_penalty: PresencePenaltyOpt = None, frequency_penalty: FrequencyPenaltyOpt = None,
+    mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
+    seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
+    logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
+    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
+    threads: ThreadsOpt = None, batch: BatchOpt = 512,
+) -> None:
+    """Chat interactively with the model's own chat template (/help lists the commands)."""
+    from . import chat as chat_repl, runner
+
+    flags = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, mirostat=mirostat, mirostat_tau=mirostat_tau,
+        mirostat_eta=mirostat_eta, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
+    )
+    loaded = runner.load(
+        model, source=_source(source), ctx=ctx, gpu_layers=gpu_layers, flash_attn=flash_attn, kv_type=kv_type,
+        threads=threads, batch=batch, sampling_flags=flags, logit_bias=logit_bias or [], stop=stop or [],
+        grammar=grammar, json_schema=json_schema, on_notice=notice,
+    )
+    code = chat_repl.chat_loop(loaded, system=system, session=session, verbose=verbose)
+    raise typer.Exit(code)
+
+
 def _source(value: str) -> str:
     if value not in ("auto", "hub", "mirror"):
         raise UsageError(f"invalid --source {value!r}: use auto, hub or mirror")
@@ -161,7 +195,9 @@ def _size(n: int) -> str:
 def main() -> None:
     """Entry point: one line and an exit code for every known failure, never a traceback."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode Typer returns the code of a typer.Exit (Ctrl-C is Exit(130)) instead of exiting.
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:

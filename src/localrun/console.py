@@ -21,13 +21,17 @@ class _LazyConsole:
 
     _console = None
 
-    def __getattr__(self, name):
+    def real(self):
+        """The Rich Console itself (for Progress/Live, which need more than attribute access)."""
         if _LazyConsole._console is None:
             from rich.console import Console
             from rich.theme import Theme
 
             _LazyConsole._console = Console(stderr=True, theme=Theme(THEME), highlight=False, soft_wrap=True)
-        return getattr(_LazyConsole._console, name)
+        return _LazyConsole._console
+
+    def __getattr__(self, name):
+        return getattr(self.real(), name)
 
 
 # Everything that is not the answer goes to stderr, so stdout composes in pipelines.

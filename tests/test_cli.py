@@ -1,0 +1,125 @@
+"""The CLI's contract for bad input, `show`, `doctor` and start-up: one line, the right exit code, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import LOCALRUN
+
+
+def one_line_error(r, code=1):
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error:")
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def test_help_and_version(cli):
+    r = cli("--help")
+    assert r.returncode == 0 and "pull" in r.stdout and "run" in r.stdout and "chat" in r.stdout
+    v = cli("--version")
+    assert v.returncode == 0 and v.stdout.startswith("localrun ")
+
+
+def test_help_does_not_import_llama_cpp_or_huggingface_hub():
+    code = (
+        "import sys; sys.argv=['localrun','--help']\n"
+        "import localrun.cli as c\n"
+        "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('llama_cpp','huggingface_hub','numpy','rich.markdown') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_unknown_alias(cli):
+    line = one_line_error(cli("run", "no-such-model", "hi"))
+    assert "no-such-model" in line and "list --available" in line
+
+
+def test_malformed_models_yaml(cli, isolated_home):
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "models.yaml").write_text("models:\n  broken: [unclosed\n")
+    line = one_line_error(cli("list", "--available"))
+    assert "models.yaml" in line and "YAML" in line
+
+
+def test_invalid_models_yaml_entry_names_the_field(cli, isolated_home):
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "models.yaml").write_text("models:\n  mine:\n    repo: a/b\n    quants: {Q4_0: x.gguf}\n    default_quant: Q9\n")
+    line = one_line_error(cli("list", "--available"))
+    assert "mine" in line and "default_quant" in line
+
+
+def test_non_gguf_file(cli, tmp_path):
+    f = tmp_path / "notes.gguf"
+    f.write_text("just some text, not a model\n" * 10)
+    line = one_line_error(cli("run", str(f), "hi"))
+    assert str(f) in line
+
+
+def test_truncated_gguf_is_refused_before_llama_cpp(cli, tmp_path, smollm2):
+    f = tmp_path / "cut.gguf"
+    with open(smollm2, "rb") as src:
+        f.write_bytes(src.read(30_000_000))
+    line = one_line_error(cli("run", str(f), "hi"))
+    assert "truncated" in line and str(f) in line
+    line = one_line_error(cli("show", str(f)))
+    assert "truncated" in line
+
+
+@pytest.mark.slow
+def test_show_reports_metadata_and_memory(cli, smollm2):
+    r = cli("show", str(smollm2), "--ctx", "2048", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["architecture"] == "llama" and d["quant"] == "Q4_1" and d["chat_template"] is True
+    assert d["sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    # 2 x n_layer x n_kv_head x head_dim x 2 bytes x n_ctx
+    assert d["memory_estimate"]["kv_bytes"] == 2 * 30 * 3 * 64 * 2 * 2048
+    assert d["memory_allocated"]["kv_bytes"] == d["memory_estimate"]["kv_bytes"]
+    assert d["memory_allocated"]["weights_bytes"] > 0.9 * d["file_size"]
+
+
+@pytest.mark.slow
+def test_show_for_a_sliding_window_model(cli, gemma):
+    r = cli("show", str(gemma), "--ctx", "2048", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["architecture"] == "gemma3" and d["chat_template"] is False and d["sliding_window"] == 512
+    assert d["memory_allocated"]["kv_bytes"] == d["memory_estimate"]["kv_bytes"]
+
+
+def test_doctor_reports_the_build(cli):
+    r = cli("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert "AVX2 = 1" in d["system_info"]
+    assert "AMX" not in d["system_info"] or "AMX_INT8 = 1" not in d["system_info"]
+    assert d["gpu_offload"] in (True, False)
+    assert d["free_disk_bytes"] > 0 and d["llama_cpp_python"] == "0.3.36"
+
+
+def test_ctrl_c_during_generation_exits_130(smollm2):
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [LOCALRUN, "run", str(smollm2), "--raw", "-n", "-1", "--min-tokens", "5000", "--ctx", "8192", "Count:"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        # A shell without job control starts background commands with SIGINT ignored; a terminal does not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    first = proc.stdout.read(5)  # wait until tokens stream
+    assert first
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err

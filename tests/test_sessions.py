@@ -1,0 +1,452 @@
+"""The KV-cache session store: real llama.cpp, real GGUF files, real processes (no mocks).
+
+Processes that must be separate (resume across processes, kill -9, concurrent writers) run this file as a
+script: `python tests/test_sessions.py COMMAND ...` (see `child_main` at the bottom).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localrun.engine import Engine, LoadOptions, llama_cpp_module
+from localrun.errors import SessionError, UsageError
+from localrun.sampling import SamplingOptions
+from localrun.sessions import (
+    MIN_PREFIX_TOKENS,
+    SessionStore,
+    cache_max_bytes,
+    check_name,
+    restore_state,
+    state_bytes,
+)
+
+GREEDY = SamplingOptions(temperature=0, max_tokens=12)
+SYSTEM = (
+    "You are a careful assistant for a small museum of clocks. Visitors ask about the collection, the opening hours, "
+    "the guided tours and the history of timekeeping, from water clocks and sundials to pendulums, balance springs "
+    "and quartz. Answer in one or two short sentences, and say so plainly when you do not know."
+)
+FIRST = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "When was the pendulum clock invented?"}]
+SECOND_QUESTION = "Who invented it?"
+SHORT_QUESTION = "Is the museum open on Mondays?"
+
+
+def visitor_log(entries: int) -> str:
+    return "Summarise this visitor log in one sentence: " + " ".join(
+        f"visitor {i} looked at clock {i * 7 % 31} for {i % 9 + 1} minutes;" for i in range(entries)
+    )
+
+
+HERE = Path(__file__).resolve()
+
+
+def run_all(engine: Engine, tokens: list[int]):
+    """Greedy-generate for `tokens`; returns the Done event."""
+    return [event for event in engine.generate(tokens, GREEDY)][-1]
+
+
+def chat_tokens(engine: Engine, messages: list[dict]) -> list[int]:
+    """A plain transcript (gemma-3-270m's file has no chat template; the store does not care)."""
+    return engine.tokenize("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:")
+
+
+def child(*args: str, timeout: float = 120) -> dict:
+    """Run this file as a script in a fresh Python process; it prints one JSON object."""
+    proc = subprocess.run(
+        [sys.executable, str(HERE), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2):
+    with Engine(smollm2, LoadOptions(n_ctx=1024)) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def gem(gemma):
+    with Engine(gemma, LoadOptions(n_ctx=1024)) as engine:
+        yield engine
+
+
+@pytest.fixture
+def store():
+    with SessionStore.open() as s:  # under the test's own LOCALRUN_HOME
+        yield s
+
+
+# -- pure pieces -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, want",
+    [("", 2_000_000_000), ("0", 0), ("500M", 500_000_000), ("2GB", 2_000_000_000), ("1.5GiB", 1536 << 20), ("64k", 64_000)],
+)
+def test_cache_max_parses_sizes(raw, want, monkeypatch):
+    monkeypatch.setenv("LOCALRUN_CACHE_MAX", raw)
+    assert cache_max_bytes() == want
+
+
+def test_cache_max_rejects_nonsense(monkeypatch):
+    monkeypatch.setenv("LOCALRUN_CACHE_MAX", "lots")
+    with pytest.raises(UsageError, match="LOCALRUN_CACHE_MAX='lots'"):
+        cache_max_bytes()
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "../x", "x" * 65, "with space", "-dash"])
+def test_session_names_are_checked(bad):
+    with pytest.raises(UsageError, match="invalid session name"):
+        check_name(bad)
+    assert check_name("chat-2024.v1_a") == "chat-2024.v1_a"
+
+
+def test_migrations_are_recorded_once_by_name(tmp_path):
+    SessionStore.open(tmp_path / "s").close()
+    with SessionStore.open(tmp_path / "s") as again:
+        names = [row[0] for row in again.db.execute("SELECT name FROM _migrations")]
+    assert names == ["m001_initial"]
+
+
+# -- fidelity --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_resume_in_another_process_continues_token_for_token(which, request, tmp_path):
+    path = str(request.getfixturevalue(which))
+    root = str(tmp_path / "store")
+    saved = child("resume-save", path, root)
+    resumed = child("resume-load", path, root)
+    assert saved["continuation"], "the model produced nothing to compare"
+    assert resumed["continuation"] == saved["continuation"]
+    # The resumed process reused all that the saving one held and evaluated only the new turn.
+    assert resumed["cached_tokens"] == saved["cached_tokens"] == saved["saved_tokens"]
+    assert resumed["prompt_tokens"] - resumed["cached_tokens"] < 20
+    assert resumed["messages"] == saved["messages"]
+
+
+@pytest.mark.slow
+# On gemma-3 the first question is long enough (~600 tokens) that cutting a restored state back to the
+# shared system prompt needs the sliding-window layers' history from before the last 512-token window.
+@pytest.mark.parametrize("which, entries", [("smol", 6), ("gem", 36)])
+def test_prefix_reuse_evaluates_only_the_new_question(which, entries, request, store):
+    engine: Engine = request.getfixturevalue(which)
+    engine.reset()
+    first = chat_tokens(engine, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": visitor_log(entries)}])
+    second = chat_tokens(engine, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": SHORT_QUESTION}])
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert shared >= MIN_PREFIX_TOKENS
+    run_all(engine, first)
+    entry = store.save_prefix(engine)
+    assert entry is not None and entry.kind == "prefix" and entry.tokens == len(engine.cached)
+
+    engine.reset()
+    cold = run_all(engine, second)
+    assert cold.stats.cached_tokens == 0
+
+    engine.reset()
+    assert store.lookup_prefix(engine, second) == shared
+    if which == "gem":  # the sliding-window layers came back whole, not just their last window
+        assert llama_cpp_module().llama_memory_seq_pos_min(engine.memory, 0) == 0
+    warm = run_all(engine, second)
+    assert warm.stats.cached_tokens == shared
+    assert warm.stats.prompt_eval_tokens == len(second) - shared
+    assert warm.tokens == cold.tokens
+
+    # Nothing better to restore now, and nothing for an unrelated prompt.
+    assert store.lookup_prefix(engine, second) == 0
+    engine.reset()
+    assert store.lookup_prefix(engine, engine.tokenize("Unrelated text. " * 30)) == 0
+    assert engine.cached == []
+
+
+@pytest.mark.slow
+def test_prefix_entries_are_per_model(smol, gem, store):
+    tokens = chat_tokens(smol, FIRST)
+    assert len(tokens) >= MIN_PREFIX_TOKENS
+    smol.reset()
+    smol.prefill(tokens)
+    assert store.save_prefix(smol) is not None
+    assert store.save_prefix(smol) is None  # already stored
+    gem.reset()
+    assert store.lookup_prefix(gem, chat_tokens(gem, FIRST)) == 0
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+def _save_small(store: SessionStore, engine: Engine, name: str, ref: str) -> list[dict]:
+    engine.reset()
+    engine.prefill(engine.tokenize("The pendulum clock was invented in 1656."))
+    messages = [{"role": "user", "content": "note"}]
+    store.save(name, engine, messages, model_ref=ref)
+    return messages
+
+
+@pytest.mark.slow
+def test_refuses_a_session_from_another_model(smol, gem, store):
+    _save_small(store, smol, "notes", "smollm2")
+    gem.reset()
+    gem.prefill(gem.tokenize("something else"))
+    with pytest.raises(SessionError) as caught:
+        store.load("notes", gem)
+    message = caught.value.message
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf (Q4_1)" in message and "gemma-3-270m-q4_k_m.gguf (Q4_K_M)" in message
+    assert "\n" not in message and caught.value.exit_code == 1
+    assert [s.name for s in store.list()] == ["notes"]  # refused, not removed
+    assert store.load("notes", smol) == [{"role": "user", "content": "note"}]
+
+
+@pytest.mark.slow
+def test_refuses_other_kv_type_swa_full_build_and_too_small_context(smollm2, gemma, smol, gem, store):
+    _save_small(store, smol, "smol", "smollm2")
+    with Engine(smollm2, LoadOptions(n_ctx=1024, kv_type="q8_0")) as q8:
+        with pytest.raises(SessionError, match="--kv-type f16, not q8_0"):
+            store.load("smol", q8)
+    with Engine(smollm2, LoadOptions(n_ctx=16)) as tiny:
+        with pytest.raises(SessionError, match=r"holds \d+ tokens but the context holds 16: resume it with --ctx 1024"):
+            store.load("smol", tiny)
+
+    _save_small(store, gem, "gem", "gemma")
+    with Engine(gemma, LoadOptions(n_ctx=1024, swa_full=False)) as windowed:
+        with pytest.raises(SessionError, match="swa_full=True"):
+            store.load("gem", windowed)
+
+    with sqlite3.connect(store.root / "index.sqlite") as db:  # as if written by another llama.cpp
+        db.execute("UPDATE entries SET build = 'llama-cpp-python 0.3.1' WHERE name = 'smol'")
+    with pytest.raises(SessionError, match="saved by llama-cpp-python 0.3.1, this is llama-cpp-python"):
+        store.load("smol", smol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+def test_damaged_state_is_reported_and_removed(damage, smol, store):
+    _save_small(store, smol, "fragile", "smollm2")
+    state = store.states / store.db.execute("SELECT state_file FROM entries WHERE name = 'fragile'").fetchone()[0]
+    if damage == "truncate":
+        with open(state, "r+b") as f:
+            f.truncate(state.stat().st_size // 2)
+    elif damage == "flip":
+        with open(state, "r+b") as f:
+            f.seek(state.stat().st_size - 100)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x01]))
+    else:
+        state.unlink()
+    smol.prefill(smol.tokenize("unrelated"))
+    before = list(smol.cached)
+    with pytest.raises(SessionError, match="session 'fragile' was corrupt .* and has been removed"):
+        store.load("fragile", smol)
+    assert store.list() == []
+    assert not state.exists()
+    assert smol.cached == before  # refused before the engine was touched
+    with pytest.raises(SessionError, match="no session named 'fragile'"):
+        store.load("fragile", smol)
+
+
+# -- faults and concurrency ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_kill9_during_save_never_leaves_a_torn_session(smollm2, smol, tmp_path):
+    root = tmp_path / "store"
+    variants = {}
+    for name, text in KILL_VARIANTS.items():  # the child restores these instead of evaluating anything
+        smol.reset()
+        smol.prefill(smol.tokenize(text))
+        variants[name] = list(smol.cached)
+        (tmp_path / f"{name}.kv").write_bytes(state_bytes(smol))
+        (tmp_path / f"{name}.json").write_text(json.dumps(variants[name]))
+    rng = random.Random(1234)
+    committed = False
+    outcomes = []
+    for _ in range(20):
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE), "save-forever", str(smollm2), str(root), str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        )
+        try:
+            assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+            time.sleep(rng.uniform(0.0, 0.25))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        with SessionStore.open(root) as store:
+            try:
+                messages = store.load("k", smol)
+            except SessionError as exc:
+                assert not committed and "no session named 'k'" in exc.message, exc.message
+                outcomes.append("none")
+                continue
+            committed = True
+            variant = messages[0]["content"]
+            assert smol.cached == variants[variant]  # the row and the state file belong to the same save
+            assert llama_cpp_module().llama_memory_seq_pos_max(smol.memory, 0) == len(variants[variant]) - 1
+            outcomes.append(variant)
+    assert committed, outcomes
+    # Whatever the kills left behind unreferenced is swept once it is old enough.
+    with SessionStore.open(root) as store:
+        for leftover in store.states.iterdir():
+            os.utime(leftover, (time.time() - 3600, time.time() - 3600))
+        store.prune(1 << 40)
+        live = store.db.execute("SELECT state_file FROM entries").fetchall()
+        assert sorted(p.name for p in store.states.iterdir()) == sorted(row[0] for row in live)
+        assert store.load("k", smol)
+
+
+@pytest.mark.slow
+def test_two_processes_saving_one_name_never_interleave(smollm2, smol, tmp_path):
+    root = tmp_path / "store"
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE), "save-ten-times", str(smollm2), str(root), tag, str(go)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        )
+        for tag in WRITER_TAGS
+    ]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    go.touch()
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert json.loads(out)["saved"] == 10
+    with SessionStore.open(root) as store:
+        messages = store.load("shared", smol)
+        tag = messages[0]["content"]
+        assert tag in WRITER_TAGS
+        assert smol.cached == smol.tokenize(WRITER_TAGS[tag])
+        assert [s.name for s in store.list()] == ["shared"]
+        assert len(list(store.states.iterdir())) == 1  # every replaced state was deleted
+
+
+# -- eviction --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_prune_and_the_cache_cap_keep_named_sessions(smol, store, monkeypatch):
+    base = chat_tokens(smol, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello"}])
+    _save_small(store, smol, "keep-me", "smollm2")
+    sizes = []
+    for i in range(3):  # three prefix entries that do not extend one another
+        smol.reset()
+        smol.prefill(base + smol.tokenize(f" question number {i}", add_special=False))
+        entry = store.save_prefix(smol)
+        assert entry is not None
+        sizes.append(entry.size)
+        time.sleep(0.01)
+    named_size = store.show("keep-me").size
+    assert store.total_bytes() == named_size + sum(sizes)
+
+    # The cap applies to prefix entries only and evicts the least recently used.
+    monkeypatch.setenv("LOCALRUN_CACHE_MAX", str(sizes[1] + sizes[2] + 10))
+    smol.reset()
+    smol.prefill(base + smol.tokenize(" question number 3", add_special=False))
+    newest = store.save_prefix(smol)
+    prefixes = [s for s in store.list(prefixes=True) if s.kind == "prefix"]
+    assert len(prefixes) == 2 and prefixes[0].checksum == newest.checksum
+    assert store.total_bytes("prefix") <= sizes[1] + sizes[2] + 10
+    assert [s.name for s in store.list()] == ["keep-me"]
+
+    removed = store.prune(0)
+    assert [r.kind for r in removed] == ["prefix", "prefix"]
+    assert [s.name for s in store.list(prefixes=True)] == ["keep-me"]
+    assert store.load("keep-me", smol)
+
+    removed = store.prune(0, named=True)
+    assert [r.name for r in removed] == ["keep-me"]
+    assert store.list(prefixes=True) == [] and list(store.states.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_save_replaces_keeps_created_and_remove_forgets(smol, store):
+    _save_small(store, smol, "chat", "smollm2")
+    first = store.show("chat")
+    time.sleep(0.01)
+    smol.prefill(smol.cached + smol.tokenize(" More text.", add_special=False))
+    second = store.save("chat", smol, [{"role": "user", "content": "v2"}], model_ref="smollm2")
+    assert second.created == first.created and second.last_used > first.last_used
+    assert second.tokens > first.tokens and second.messages == [{"role": "user", "content": "v2"}]
+    assert len(list(store.states.iterdir())) == 1
+    assert store.remove("chat").name == "chat"
+    assert store.list() == [] and list(store.states.iterdir()) == []
+    with pytest.raises(SessionError, match="no session named 'chat'"):
+        store.remove("chat")
+
+
+# -- the child processes ---------------------------------------------------------------------
+
+KILL_VARIANTS = {
+    "short": "Clocks.",
+    "long": "The pendulum clock was invented by Christiaan Huygens in 1656, and it kept time far better than anything before it.",
+}
+WRITER_TAGS = {
+    "A": "Writer A saves this text about escapements.",
+    "B": "Writer B saves a different, somewhat longer text about the balance springs of pocket watches.",
+}
+
+
+def child_main(argv: list[str]) -> None:
+    command, model, root = argv[0], argv[1], Path(argv[2])
+    engine = Engine(model, LoadOptions(n_ctx=1024 if command.startswith("resume") else 512))
+    store = SessionStore.open(root)
+
+    if command == "resume-save":
+        first = run_all(engine, chat_tokens(engine, FIRST))
+        messages = FIRST + [{"role": "assistant", "content": engine.detokenize(first.tokens).strip()}]
+        info = store.save("chat", engine, messages, model_ref=Path(model).name)
+        # The reference: the same process carries on without any restore.
+        follow = messages + [{"role": "user", "content": SECOND_QUESTION}]
+        done = run_all(engine, chat_tokens(engine, follow))
+        print(json.dumps({
+            "saved_tokens": info.tokens, "continuation": done.tokens, "cached_tokens": done.stats.cached_tokens,
+            "messages": messages,
+        }))
+    elif command == "resume-load":
+        messages = store.load("chat", engine)
+        prompt = chat_tokens(engine, messages + [{"role": "user", "content": SECOND_QUESTION}])
+        done = run_all(engine, prompt)
+        print(json.dumps({
+            "continuation": done.tokens, "cached_tokens": done.stats.cached_tokens,
+            "prompt_tokens": done.stats.prompt_tokens, "messages": messages,
+        }))
+    elif command == "save-forever":
+        given = Path(argv[3])
+        states = {
+            name: (bytearray((given / f"{name}.kv").read_bytes()), json.loads((given / f"{name}.json").read_text()))
+            for name in KILL_VARIANTS
+        }
+        print("ready", flush=True)
+        while True:  # until killed
+            for name, (data, tokens) in states.items():
+                assert restore_state(engine, data, tokens)
+                store.save("k", engine, [{"role": "user", "content": name}], model_ref="smollm2")
+    elif command == "save-ten-times":
+        tag, go = argv[3], Path(argv[4])
+        engine.prefill(engine.tokenize(WRITER_TAGS[tag]))
+        print("ready", flush=True)
+        while not go.exists():
+            time.sleep(0.005)
+        for _ in range(10):
+            store.save("shared", engine, [{"role": "user", "content": tag}], model_ref="smollm2")
+        print(json.dumps({"saved": 10}))
+    else:
+        raise SystemExit(f"unknown command {command}")
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1:])
