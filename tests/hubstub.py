@@ -4,13 +4,15 @@ It serves in-memory repositories the test defines:
     GET  /api/models/{repo}[/revision/{rev}]   model info; siblings carry size/blobId/lfs only with ?blobs=true
     HEAD /{repo}/resolve/{rev}/{file}          X-Repo-Commit, X-Linked-Etag, X-Linked-Size, ETag, Content-Length
     GET  /{repo}/resolve/{rev}/{file}          the bytes, honouring `Range: bytes=N-` with 206
-and answers unknown repositories like the real Hub (404 + X-Error-Code: RepoNotFound). It never sends Xet headers,
-so the client takes the plain HTTP path. With `cdn=True`, LFS files are redirected (302) to a second loopback server,
+and answers unknown repositories like the real Hub (404 + X-Error-Code: RepoNotFound). It cannot serve Xet: only
+files marked `xet=True` get the Hub's Xet headers (so a client can tell them apart), and their bytes still come over
+plain HTTP. With `cdn=True`, LFS files are redirected (302) to a second loopback server,
 as the real Hub redirects to its CDN.
 
 Faults are queued per file and consumed by GETs of that file, in order: `cut` (send N bytes then drop the
-connection), `fail` (an HTTP status), `corrupt` (a full body with one byte flipped, under the right headers).
-Every request is logged in `stub.log`.
+connection), `fail` (an HTTP status), `corrupt` (a full body with one byte flipped, under the right headers),
+`hold` (send N bytes, then wait for the test to release the rest), `ignore_range` (answer 200 with the whole file
+to a Range request, as some CDNs do). Every request is logged in `stub.log`.
 
 `hub_stub` is the pytest fixture: it starts a stub and points huggingface_hub (in this process, and any subprocess
 through the environment) at it, with isolated HF_HOME and LOCALRUN_HOME under tmp_path.
@@ -20,22 +22,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -43,6 +40,7 @@ class StubFile:
     name: str
     data: bytes
     lfs: bool = True
+    xet: bool = False  # announce Xet storage in the headers, as the Hub does for most large files
 
     @cached_property
     def sha256(self) -> str:
@@ -89,7 +87,7 @@ class HubStub:
     def __init__(self, cdn: bool = False):
         self.repos: dict[str, StubRepo] = {}
         self.log: list[Logged] = []
-        self._faults: dict[str, list[tuple[str, int]]] = {}
+        self._faults: dict[str, list[tuple[str, Any]]] = {}
         self._lock = threading.Lock()
         self._hub = _Server(self, "hub")
         self._cdn = _Server(self, "cdn") if cdn else None
@@ -140,11 +138,21 @@ class HubStub:
         """The next `times` GETs of `filename` send a full-length body with one byte changed."""
         self._queue(filename, ("corrupt", 0), times)
 
-    def _queue(self, filename: str, fault: tuple[str, int], times: int) -> None:
+    def hold(self, filename: str, after: int) -> threading.Event:
+        """The next GET of `filename` sends `after` bytes of the body, then waits until the returned event is set."""
+        release = threading.Event()
+        self._queue(filename, ("hold", (after, release)), 1)
+        return release
+
+    def ignore_range(self, filename: str, times: int = 1) -> None:
+        """The next `times` GETs of `filename` answer 200 with the whole file, whatever Range they ask for."""
+        self._queue(filename, ("ignore_range", 0), times)
+
+    def _queue(self, filename: str, fault: tuple[str, Any], times: int) -> None:
         with self._lock:
             self._faults.setdefault(filename, []).extend([fault] * times)
 
-    def _next_fault(self, filename: str) -> Optional[tuple[str, int]]:
+    def _next_fault(self, filename: str) -> Optional[tuple[str, Any]]:
         with self._lock:
             queue = self._faults.get(filename)
             return queue.pop(0) if queue else None
@@ -257,6 +265,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"X-Repo-Commit": commit, "ETag": f'"{f.etag}"'}
         if f.lfs:
             headers.update({"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(len(f.data))})
+        if f.xet:
+            headers.update({"X-Xet-Hash": f.sha256, "X-Xet-Refresh-Route": f"/api/models/{repo.repo_id}/xet-read-token/{commit}"})
         if f.lfs and self.stub._cdn is not None:
             location = f"{self.stub._cdn.url}/blobs/{quote(repo.repo_id)}/{f.sha256}/{quote(f.name)}"
             self.send_response(302)
@@ -277,6 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = f.data
         size = len(data)
         start = 0
+        fault = self.stub._next_fault(f.name) if method == "GET" else None
         range_header = self.headers.get("Range")
         if range_header and range_header.startswith("bytes=") and range_header.endswith("-"):
             start = int(range_header[len("bytes=") : -1])
@@ -286,7 +297,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-        fault = self.stub._next_fault(f.name) if method == "GET" else None
+        if fault and fault[0] == "ignore_range":
+            start = 0
         if fault and fault[0] == "fail":
             return self._json(fault[1], {"error": "stub failure"})
         if fault and fault[0] == "corrupt":
@@ -305,14 +317,23 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "HEAD":
             return
         body = memoryview(data)[start:]
-        if fault and fault[0] == "cut":
-            self.wfile.write(body[: fault[1]])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        for offset in range(0, len(body), 1 << 20):
-            self.wfile.write(body[offset : offset + (1 << 20)])
+        try:
+            if fault and fault[0] == "cut":
+                self.wfile.write(body[: fault[1]])
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if fault and fault[0] == "hold":
+                after, release = fault[1]
+                self.wfile.write(body[:after])
+                self.wfile.flush()
+                release.wait(timeout=120)
+                body = body[after:]
+            for offset in range(0, len(body), 1 << 20):
+                self.wfile.write(body[offset : offset + (1 << 20)])
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away (an interrupted pull)
 
     def _json(self, status: int, payload: dict, headers: Optional[dict[str, str]] = None) -> None:
         body = json.dumps(payload).encode()
@@ -450,25 +471,3 @@ def build_wheel(directory: Path, name: str, version: str, members: dict[str, byt
         for path, data in files.items():
             zf.writestr(path, data)
     return wheel
-
-
-def localrun_command() -> list[str]:
-    """The installed `localrun` console script next to this interpreter, else `python -m localrun`."""
-    script = Path(sys.executable).parent / "localrun"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "localrun"]
-
-
-def run_localrun(args: list[str], env: Optional[dict[str, str]] = None, timeout: float = 120,
-                 input: Optional[str] = None) -> subprocess.CompletedProcess:
-    """Run the real CLI as a subprocess with `env` layered over os.environ (which the fixtures have already pointed
-    at the stub and the isolated homes)."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [*localrun_command(), *args],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        input=input,
-        cwd=REPO_ROOT,
-    )

@@ -221,6 +221,9 @@ def test_multiline_block_and_bracketed_paste_send_one_message(smollm2, engine, t
     pasted = t.say("\x1b[200~alpha beta\ngamma delta\x1b[201~")
     assert stats(pasted)["prompt"] == prompt_size(engine, [{"role": "user", "content": "alpha beta\ngamma delta"}])
     assert "1 turn(s)" in t.say("/show")
+    slash = t.say('"""/show"""')  # a block is always a message, even one starting with a slash
+    assert "model:" not in slash and stats(slash)["eval_prompt"] > 0
+    assert "2 turn(s)" in t.say("/show")
     assert t.bye() == 0
 
 
@@ -304,10 +307,37 @@ def test_save_load_and_session(smollm2, cli):
 
     one = cli("chat", str(smollm2), *ARGS, "--session", "work", input="My name is Ada.\n")
     assert one.returncode == 0 and "new session work" in one.stderr
-    two = cli("chat", str(smollm2), *ARGS, "--session", "work", input="/show\nWhat is my name?\n")
+    two = cli("chat", str(smollm2), *ARGS, "--session", "work", "-v", input="/show\nWhat is my name?\n")
     assert two.returncode == 0, two.stderr
-    assert "loaded" in two.stderr and re.search(r"conversation:\s+1 turn", two.stderr)
+    assert "loaded session work" in two.stderr and re.search(r"conversation:\s+1 turn", two.stderr)
     assert two.stdout.strip()
+    # The restored KV cache serves the saved turn: only the new message is evaluated.
+    s = stats(two.stderr)
+    assert s["cached"] > 10 and s["eval_prompt"] < s["cached"]
+    three = cli("chat", str(smollm2), *ARGS, "--session", "work", input="/show\n")
+    assert re.search(r"conversation:\s+2 turn", three.stderr)  # saved after every answer
+
+
+def test_transcript_fallback_without_a_session_store(engine, monkeypatch, isolated_home):
+    import sys
+
+    from localrun import chat
+    from localrun.errors import SessionError
+
+    monkeypatch.setitem(sys.modules, "localrun.sessions", None)  # as if the store were not built
+    conv = chat.Conversation(engine, "Be brief.")
+    conv.replace([*conv.messages, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])
+    assert not chat.session_exists("t1")
+    assert "saved transcript t1" in chat.save_conversation("t1", conv, "smol")
+    assert chat.session_exists("t1") and (isolated_home / "transcripts" / "t1.json").exists()
+    other = chat.Conversation(engine, None)
+    assert "saved with smol" in chat.load_conversation("t1", other, "another")
+    assert other.messages == conv.messages and other.system == "Be brief."
+    with pytest.raises(SessionError, match="no saved conversation"):
+        chat.load_conversation("missing", other, "smol")
+    (isolated_home / "transcripts" / "bad.json").write_text('{"messages": [{"role": "robot"}]}')
+    with pytest.raises(SessionError, match="not a localrun transcript"):
+        chat.load_conversation("bad", other, "smol")
 
 
 # -- the pieces --------------------------------------------------------------------------------------------
@@ -356,7 +386,7 @@ def test_the_kv_cache_always_mirrors_the_conversation(engine):
     for text, cancel_after, extra in [("Hi", None, {}), ("Tell me a story.", 3, {}), ("And then?", None, {"stop": ["."]})]:
         pieces.clear()
         turn = conv.send(text, opts.model_copy(update=extra), pieces.append,
-                         (lambda: cancel_after is not None and len(pieces) >= cancel_after))
+                         lambda n=cancel_after: n is not None and len(pieces) >= n)
         assert turn.text == "".join(pieces)
         assert turn.interrupted is (cancel_after is not None)
         assert conv.messages[-1] == {"role": "assistant", "content": turn.text}
@@ -365,3 +395,26 @@ def test_the_kv_cache_always_mirrors_the_conversation(engine):
         nxt, _ = conv.prompt([*conv.messages, {"role": "user", "content": "next"}])
         assert nxt[: len(conv._tokens)] == conv._tokens
     assert [m["role"] for m in conv.messages] == ["system", "user", "assistant"] * 1 + ["user", "assistant"] * 2
+
+
+def test_a_hard_interrupt_empties_the_kv_cache_and_keeps_the_conversation(engine):
+    from localrun.chat import Conversation
+    from localrun.sampling import SamplingOptions
+
+    engine.reset()
+    conv = Conversation(engine, None)
+    opts = SamplingOptions(temperature=0, max_tokens=12)
+    conv.send("Hi", opts, lambda piece: None)
+    before = [dict(m) for m in conv.messages]
+    pieces: list[str] = []
+
+    def second_ctrl_c() -> bool:
+        if len(pieces) >= 2:
+            raise KeyboardInterrupt
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        conv.send("Tell me a story.", opts.model_copy(update={"max_tokens": 64}), pieces.append, second_ctrl_c)
+    assert engine.cached == [] and conv.messages == before
+    turn = conv.send("Hello again", opts, lambda piece: None)
+    assert turn.stats.cached_tokens == 0 and turn.text

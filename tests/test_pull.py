@@ -5,9 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from conftest import LOCALRUN
 from hubstub import (  # noqa: F401 - hub_stub is a fixture
     HubStub,
     StubFile,
@@ -53,6 +57,39 @@ def cache_files(env, repo: str = REPO) -> list[Path]:
 
 def registry() -> dict:
     return json.loads(hub.registry_path().read_text())["models"]
+
+
+def partial_files(env, repo: str = REPO) -> list[Path]:
+    """Interrupted downloads waiting to be resumed (named like huggingface_hub's, so `hf cache` lists them)."""
+    return sorted(env.repo_cache(repo).glob("blobs/*.incomplete"))
+
+
+def start_pull(*args: str) -> subprocess.Popen:
+    """`localrun pull` in the background, with SIGINT at its default (a shell without job control would start it with
+    SIGINT ignored, and Python would then never raise KeyboardInterrupt)."""
+    return subprocess.Popen(
+        [LOCALRUN, "pull", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def wait_until(condition, timeout: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def range_start(request) -> int | None:
+    header = request.headers.get("range")
+    return None if header is None else int(header.removeprefix("bytes=").removesuffix("-"))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -289,18 +326,176 @@ def test_cut_connection_resumes_with_a_range_request(hub_stub):
     assert model.sha256 == (sha(big),) and model.path.read_bytes() == big
 
 
-def test_failed_transfer_leaves_no_partial_file_and_a_new_pull_completes(hub_stub):
-    add_tiny_repo(hub_stub.stub)
-    hub_stub.stub.cut("tiny.Q4_0.gguf", after=100_000)
-    hub_stub.stub.fail("tiny.Q4_0.gguf", status=503)  # the resume attempt fails too
-    with pytest.raises(DownloadError) as exc:
-        hub.pull(f"{REPO}:Q4_0", progress=False)
-    assert not isinstance(exc.value, IntegrityError) and "503" in exc.value.message
-    assert [p for p in cache_files(hub_stub) if p.name.endswith(".gguf") or "blobs" in p.parts] == []
-    assert not hub.registry_path().exists() or f"{REPO}:Q4_0" not in registry()
+# A body large enough that huggingface_hub's http_get (which writes in 10 MiB chunks) has written part of it when
+# the transfer stops after CUT_AT bytes.
+LARGE_REPO = "stub-org/Large-GGUF"
+LARGE_NAME = "large.Q4_0.gguf"
+LARGE = random_bytes(12 << 20, seed=6)
+CUT_AT = 11 << 20
 
+
+def interrupted_pull(env) -> Path:
+    """A pull of LARGE that the stand-in cuts short and then refuses (503), so the in-call retries cannot finish it."""
+    env.stub.add_repo(LARGE_REPO, {LARGE_NAME: LARGE})
+    env.stub.cut(LARGE_NAME, after=CUT_AT)
+    env.stub.fail(LARGE_NAME, status=503)
+    with pytest.raises(DownloadError) as exc:
+        hub.pull(f"{LARGE_REPO}:Q4_0", progress=False)
+    assert not isinstance(exc.value, IntegrityError) and "503" in exc.value.message
+    [partial] = partial_files(env, LARGE_REPO)
+    # Only the partial file: nothing in snapshots/, no blob under its finished name, no record.
+    assert cache_files(env, LARGE_REPO) == [partial]
+    assert not hub.registry_path().exists() or f"{LARGE_REPO}:Q4_0" not in registry()
+    have = partial.stat().st_size
+    assert 0 < have < len(LARGE) and partial.read_bytes() == LARGE[:have]
+    # huggingface_hub's cache tools see it as an incomplete download (`hf cache prune` removes it).
+    from huggingface_hub import scan_cache_dir
+
+    assert [f.file_path for f in scan_cache_dir(env.hub_cache).incomplete_files] == [partial]
+    return partial
+
+
+def test_failed_pull_resumes_in_a_new_process(hub_stub, cli):
+    partial = interrupted_pull(hub_stub)
+    have = partial.stat().st_size
+
+    result = cli("pull", f"{LARGE_REPO}:Q4_0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    resumed = hub_stub.stub.requests("GET", "/resolve/")[-1]
+    assert range_start(resumed) == have  # asked only for the bytes after the partial file
+    model = hub.resolve_local(f"{LARGE_REPO}:Q4_0")
+    assert model.sha256 == (sha(LARGE),) and model.path.read_bytes() == LARGE
+    assert model.path.resolve() == hub_stub.repo_cache(LARGE_REPO) / "blobs" / sha(LARGE)
+    assert partial_files(hub_stub, LARGE_REPO) == []
+    # Still huggingface_hub's cache layout: its offline lookup by branch finds the file.
+    from huggingface_hub import hf_hub_download
+
+    assert hf_hub_download(LARGE_REPO, LARGE_NAME, local_files_only=True) == str(model.path)
+
+
+def test_ctrl_c_keeps_the_partial_file_and_a_later_pull_resumes(hub_stub, cli):
+    hub_stub.stub.add_repo(LARGE_REPO, {LARGE_NAME: LARGE})
+    release = hub_stub.stub.hold(LARGE_NAME, after=CUT_AT)
+    proc = start_pull(f"{LARGE_REPO}:Q4_0")
+    try:
+        [partial] = wait_until(
+            lambda: [p for p in partial_files(hub_stub, LARGE_REPO) if p.stat().st_size > 0], what="a partial file"
+        )
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        release.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert cache_files(hub_stub, LARGE_REPO) == [partial]
+    have = partial.stat().st_size
+    assert 0 < have < len(LARGE) and partial.read_bytes() == LARGE[:have]
+
+    result = cli("pull", f"{LARGE_REPO}:Q4_0")
+    assert result.returncode == 0, result.stderr
+    assert range_start(hub_stub.stub.requests("GET", "/resolve/")[-1]) == have
+    assert hub.resolve_local(f"{LARGE_REPO}:Q4_0").path.read_bytes() == LARGE
+
+
+def test_corruption_across_a_resume_is_refused_and_leaves_nothing(hub_stub):
+    have = interrupted_pull(hub_stub).stat().st_size
+    hub_stub.stub.corrupt(LARGE_NAME)  # the resumed part of the body has one byte flipped
+    with pytest.raises(IntegrityError) as exc:
+        hub.pull(f"{LARGE_REPO}:Q4_0", progress=False)
+    assert "corrupted" in exc.value.message and f"localrun pull {LARGE_REPO}:Q4_0" in exc.value.message
+    assert range_start(hub_stub.stub.requests("GET", "/resolve/")[-1]) == have
+    assert cache_files(hub_stub, LARGE_REPO) == []  # the partial file went too: it cannot be trusted
+    with pytest.raises(ModelNotFound, match="not pulled"):
+        hub.resolve_local(f"{LARGE_REPO}:Q4_0")
+
+    model = hub.pull(f"{LARGE_REPO}:Q4_0", progress=False)
+    assert range_start(hub_stub.stub.requests("GET", "/resolve/")[-1]) is None  # from the first byte
+    assert model.path.read_bytes() == LARGE
+
+
+def test_resume_against_a_server_that_ignores_range_starts_over(hub_stub):
+    interrupted_pull(hub_stub)
+    hub_stub.stub.ignore_range(LARGE_NAME)  # 200 with the whole file, as some CDNs answer
+    model = hub.pull(f"{LARGE_REPO}:Q4_0", progress=False)
+    assert range_start(hub_stub.stub.requests("GET", "/resolve/")[-1]) > 0
+    assert model.sha256 == (sha(LARGE),) and model.path.read_bytes() == LARGE
+
+
+def test_partial_file_longer_than_the_file_is_discarded(hub_stub):
+    add_tiny_repo(hub_stub.stub)
+    partial = hub_stub.repo_cache(REPO) / "blobs" / f"{sha(Q4_0)}.localrun.incomplete"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(Q4_0 + b"extra")
     model = hub.pull(f"{REPO}:Q4_0", progress=False)
-    assert model.path.read_bytes() == Q4_0 and model.sha256 == (sha(Q4_0),)
+    assert range_start(hub_stub.stub.requests("GET", "/resolve/")[-1]) is None
+    assert model.path.read_bytes() == Q4_0 and not partial.exists()
+
+
+def test_two_concurrent_pulls_share_one_verified_blob(hub_stub):
+    hub_stub.stub.add_repo(LARGE_REPO, {LARGE_NAME: LARGE})
+    release = hub_stub.stub.hold(LARGE_NAME, after=1 << 20)
+    procs = [start_pull(f"{LARGE_REPO}:Q4_0", "--quiet") for _ in range(2)]
+    try:
+        # One is downloading (and holds the blob's lock); the other has looked the file up and must wait for it.
+        wait_until(
+            lambda: len(hub_stub.stub.requests("HEAD", LARGE_NAME)) == 2 and hub_stub.stub.requests("GET", LARGE_NAME),
+            what="both pulls to reach the download",
+        )
+        release.set()
+        results = [p.communicate(timeout=120) for p in procs]
+    finally:
+        release.set()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in results]
+    assert len(hub_stub.stub.requests("GET", LARGE_NAME)) == 1  # the second used the first's blob
+    blobs = hub_stub.repo_cache(LARGE_REPO) / "blobs"
+    assert [p.name for p in blobs.iterdir()] == [sha(LARGE)]
+    model = hub.resolve_local(f"{LARGE_REPO}:Q4_0")
+    assert model.sha256 == (sha(LARGE),) and model.path.read_bytes() == LARGE
+
+
+def test_xet_files_go_to_huggingface_hub_unless_xet_is_off(hub_stub, monkeypatch):
+    """The stand-in cannot serve Xet, so stand in for huggingface_hub's Xet download too; with Xet off, the Hub serves
+    the same file over HTTP and it takes the resumable path."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    pytest.importorskip("hf_xet")
+    data = random_bytes(50_000, seed=9)
+    hub_stub.stub.add_repo("stub-org/Xet-GGUF", [StubFile("xet.Q4_0.gguf", data, xet=True)])
+
+    class XetCalled(Exception):
+        pass
+
+    def xet_download(repo_id, filename, **kwargs):
+        raise XetCalled(filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", xet_download)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+    with pytest.raises(XetCalled):
+        hub.pull("stub-org/Xet-GGUF:Q4_0", progress=False)
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    model = hub.pull("stub-org/Xet-GGUF:Q4_0", progress=False)
+    assert model.path.read_bytes() == data and model.sha256 == (sha(data),)
+
+
+def test_file_already_in_the_hub_cache_is_verified_not_downloaded(hub_stub):
+    add_tiny_repo(hub_stub.stub)
+    first = hub.pull(f"{REPO}:Q4_0", progress=False)
+    hub.registry_path().unlink()  # as if another Hub tool had downloaded it
+    gets = len(hub_stub.stub.requests("GET", "/resolve/"))
+    again = hub.pull(f"{REPO}:Q4_0", progress=False)
+    assert again.already_present and again.files == first.files and again.sha256 == (sha(Q4_0),)
+    assert len(hub_stub.stub.requests("GET", "/resolve/")) == gets
+    assert f"{REPO}:Q4_0" in registry()
 
 
 def test_corrupted_body_is_refused_and_nothing_complete_looking_is_left(hub_stub):
@@ -590,21 +785,19 @@ def test_progress_bar_speaks_the_tqdm_dialect_of_xet_downloads(capfd):
     assert "model.gguf" in capfd.readouterr().err
 
 
-def test_cli_pull_end_to_end(hub_stub):
+def test_cli_pull_end_to_end(hub_stub, cli):
     """The installed `localrun` command against the stub: answers on stderr only, one-line errors, exit codes."""
-    from hubstub import run_localrun
-
     add_tiny_repo(hub_stub.stub)
-    result = run_localrun(["pull", f"{REPO}:q4_0"])
+    result = cli("pull", f"{REPO}:q4_0")
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     assert hub.resolve_local(f"{REPO}:Q4_0").path.read_bytes() == Q4_0
 
     hub_stub.stub.corrupt("tiny.Q8_0.gguf")
-    result = run_localrun(["pull", f"{REPO}:Q8_0"])
+    result = cli("pull", f"{REPO}:Q8_0")
     assert result.returncode == 1 and "corrupted" in result.stderr and result.stdout == ""
 
-    result = run_localrun(["pull", "stub-org/nope:Q4_0"])
+    result = cli("pull", "stub-org/nope:Q4_0")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"error: repository 'stub-org/nope' not found on the Hub ({hub_stub.stub.url}): check the name, or set HF_TOKEN if it is private"

@@ -151,19 +151,23 @@ def test_prefix_reuse_evaluates_only_the_new_question(which, entries, request, s
     run_all(engine, first)
     entry = store.save_prefix(engine)
     assert entry is not None and entry.kind == "prefix" and entry.tokens == len(engine.cached)
+    held = list(engine.cached)
 
-    engine.reset()
-    cold = run_all(engine, second)
-    assert cold.stats.cached_tokens == 0
+    # The reference: the same engine carries on without any restore, cutting its cache back to the shared
+    # prefix. (A cold single-pass prefill is no oracle: llama.cpp's float rounding depends on batch shapes,
+    # and on gemma-3 the greedy paths part after about ten tokens.)
+    direct = run_all(engine, second)
+    assert direct.stats.cached_tokens == shared
 
     engine.reset()
     assert store.lookup_prefix(engine, second) == shared
+    assert engine.cached == held
     if which == "gem":  # the sliding-window layers came back whole, not just their last window
         assert llama_cpp_module().llama_memory_seq_pos_min(engine.memory, 0) == 0
     warm = run_all(engine, second)
     assert warm.stats.cached_tokens == shared
     assert warm.stats.prompt_eval_tokens == len(second) - shared
-    assert warm.tokens == cold.tokens
+    assert warm.tokens == direct.tokens
 
     # Nothing better to restore now, and nothing for an unrelated prompt.
     assert store.lookup_prefix(engine, second) == 0
@@ -189,7 +193,7 @@ def test_prefix_entries_are_per_model(smol, gem, store):
 
 def _save_small(store: SessionStore, engine: Engine, name: str, ref: str) -> list[dict]:
     engine.reset()
-    engine.prefill(engine.tokenize("The pendulum clock was invented in 1656."))
+    engine.prefill(engine.tokenize(KILL_VARIANTS["long"]))  # ~30 tokens
     messages = [{"role": "user", "content": "note"}]
     store.save(name, engine, messages, model_ref=ref)
     return messages
@@ -341,9 +345,10 @@ def test_two_processes_saving_one_name_never_interleave(smollm2, smol, tmp_path)
 def test_prune_and_the_cache_cap_keep_named_sessions(smol, store, monkeypatch):
     base = chat_tokens(smol, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello"}])
     _save_small(store, smol, "keep-me", "smollm2")
+    smol.reset()
+    smol.prefill(base)
     sizes = []
-    for i in range(3):  # three prefix entries that do not extend one another
-        smol.reset()
+    for i in range(3):  # three prefix entries that do not extend one another (prefill cuts back to `base`)
         smol.prefill(base + smol.tokenize(f" question number {i}", add_special=False))
         entry = store.save_prefix(smol)
         assert entry is not None
@@ -354,7 +359,6 @@ def test_prune_and_the_cache_cap_keep_named_sessions(smol, store, monkeypatch):
 
     # The cap applies to prefix entries only and evicts the least recently used.
     monkeypatch.setenv("LOCALRUN_CACHE_MAX", str(sizes[1] + sizes[2] + 10))
-    smol.reset()
     smol.prefill(base + smol.tokenize(" question number 3", add_special=False))
     newest = store.save_prefix(smol)
     prefixes = [s for s in store.list(prefixes=True) if s.kind == "prefix"]

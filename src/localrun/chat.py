@@ -177,8 +177,10 @@ class Conversation:
         sampling: "SamplingOptions",
         on_piece: Callable[[str], None],
         cancelled: Callable[[], bool] = lambda: False,
+        on_dropped: Callable[[int], None] = lambda n: None,
     ) -> Turn:
-        """Generate the answer to `text`, calling on_piece with each piece of it, and record the exchange."""
+        """Generate the answer to `text`, calling on_piece with each piece of it, and record the exchange.
+        `cancelled` is polled between pieces; `on_dropped` hears how many old turns made room, first."""
         from .runner import Finished, Piece, stream_tokens
 
         if not self.templated:
@@ -189,6 +191,7 @@ class Conversation:
         if dropped:
             self.messages = messages[:-1]
             self._forget_tokens()
+            on_dropped(dropped)
         shown: list[str] = []
         finished = None
         events = stream_tokens(self.engine, tokens, sampling)
@@ -232,13 +235,16 @@ class Conversation:
 _NAME = re.compile(r"^[A-Za-z0-9][\w.-]{0,99}$")
 
 
+@contextmanager
 def _session_store():
     """The KV-cache session store, or None where this build has none (then transcripts are saved as JSON)."""
     try:
         from .sessions import SessionStore
     except ImportError:
-        return None
-    return SessionStore.open()
+        yield None
+        return
+    with SessionStore.open() as store:
+        yield store
 
 
 def _transcript_path(name: str) -> Path:
@@ -251,33 +257,36 @@ def _transcript_path(name: str) -> Path:
 
 def save_conversation(name: str, conv: Conversation, model_ref: str) -> str:
     """Save; return a one-line description of what was saved."""
-    store = _session_store()
-    if store is not None:
-        store.save(name, conv.engine, conv.messages, model_ref=model_ref)
-        return f"saved session {name} ({len(conv.engine.cached)} tokens of KV cache)"
+    with _session_store() as store:
+        if store is not None:
+            info = store.save(name, conv.engine, conv.messages, model_ref=model_ref)
+            return f"saved session {name} ({conv.turns} turn(s), {info.tokens} tokens of KV cache)"
     path = _transcript_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"format": "localrun-transcript/1", "model": model_ref, "messages": conv.messages}, ensure_ascii=False, indent=1), encoding="utf-8")
+    record = {"format": "localrun-transcript/1", "model": model_ref, "messages": conv.messages}
+    tmp.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
     os.replace(tmp, path)
     return f"saved transcript {name} -> {path}"
 
 
 def session_exists(name: str) -> bool:
-    store = _session_store()
-    if store is not None:
-        exists = getattr(store, "exists", None)
-        if callable(exists):
-            return bool(exists(name))
-        return True  # let load() say what is wrong
+    """Whether `name` was saved (a bad name raises UsageError)."""
+    with _session_store() as store:
+        if store is not None:
+            try:
+                store.show(name)
+            except SessionError:
+                return False
+            return True
     return _transcript_path(name).exists()
 
 
 def load_conversation(name: str, conv: Conversation, model_ref: str) -> str:
-    store = _session_store()
-    if store is not None:
-        conv.replace(store.load(name, conv.engine))  # the store restores the KV cache too
-        return f"loaded session {name} ({conv.turns} turn(s), {len(conv.engine.cached)} tokens cached)"
+    with _session_store() as store:
+        if store is not None:
+            conv.replace(store.load(name, conv.engine))  # the store restores the KV cache too
+            return f"loaded session {name} ({conv.turns} turn(s), {len(conv.engine.cached)} tokens cached)"
     path = _transcript_path(name)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -322,6 +331,29 @@ def soft_interrupts() -> Iterator[Callable[[], bool]]:
         yield lambda: presses > 0
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def quiet_typeahead() -> Iterator[None]:
+    """While an answer streams, keys typed ahead are not echoed into it; the next prompt receives them."""
+    try:
+        import termios
+    except ImportError:  # Windows
+        yield
+        return
+    try:
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+    except (termios.error, OSError, ValueError):  # not a terminal
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 class OneLineWriter:
@@ -386,7 +418,6 @@ class Chat:
                 if system_flag is not None and system_flag != self.conv.system:
                     self.conv.set_system(system_flag)
             else:
-                _transcript_path(self.session)  # check the name before the first answer, not after it
                 notice(f"new session {self.session}: saved after every answer")
         if self.interactive:
             err.print(
@@ -397,9 +428,9 @@ class Chat:
 
     # -- one line of input -----------------------------------------------------------------------
 
-    def handle(self, line: str) -> Optional[int]:
-        """Run one message or command; return an exit code to stop."""
-        if line.startswith("/"):
+    def handle(self, line: str, *, message: bool = False) -> Optional[int]:
+        """Run one message (`message`: even if it starts with a slash) or command; return an exit code to stop."""
+        if line.startswith("/") and not message:
             name, _, rest = line[1:].partition(" ")
             command = self.commands.get(name.lower())
             if command is None:
@@ -412,44 +443,61 @@ class Chat:
         return None
 
     def answer(self, text: str) -> None:
-        if self.interactive:
-            out = sys.stdout
-            ends_with_newline = True
-
-            def on_piece(piece: str) -> None:
-                nonlocal ends_with_newline
-                out.write(piece)
-                out.flush()
-                ends_with_newline = piece.endswith("\n")
-
-            with soft_interrupts() as cancelled:
-                turn = self.conv.send(text, self.sampling, on_piece, cancelled)
-            if not ends_with_newline:
-                out.write("\n")
-            out.flush()
-            if turn.interrupted:
-                err.print("[dim](interrupted: " + ("the partial answer stays in the conversation)" if turn.text else "the message was dropped)") + "[/dim]")
-            out.write("\n")
-            out.flush()
-        else:
-            line = OneLineWriter(sys.stdout)
-            turn = self.conv.send(text, self.sampling, line.write)
-            line.end()
+        turn = self._to_terminal(text) if self.interactive else self._to_line(text)
         self.last = turn
-        if turn.dropped_turns:
-            notice(
-                f"the context ({self.engine.n_ctx} tokens) was full: dropped the oldest {turn.dropped_turns}"
-                " turn(s) after the system prompt"
-            )
+        if turn.interrupted:
+            what = "the partial answer stays in the conversation" if turn.text else "the message was dropped"
+            err.print(f"[dim](interrupted: {what})[/dim]")
         if turn.stats.finish_reason == "length" and len(self.engine.cached) + 1 >= self.engine.n_ctx:
             warn(f"the answer filled the context ({self.engine.n_ctx} tokens) and was cut")
         if self.verbose:
             self.print_stats()
+        if self.interactive:
+            sys.stdout.write("\n")  # a blank line before the next prompt
+            sys.stdout.flush()
         if self.session and not (turn.interrupted and not turn.text):
             try:
                 save_conversation(self.session, self.conv, self.loaded.name)
             except LocalrunError as exc:
                 warn(f"could not save session {self.session}: {exc.message}")
+
+    def _to_terminal(self, text: str) -> Turn:
+        """Stream the answer as plain text, flushed per piece; Ctrl-C stops it."""
+        out = sys.stdout
+        at_line_start = True
+        started = False
+
+        def on_piece(piece: str) -> None:
+            nonlocal at_line_start, started
+            if not started:  # a transcript answer starts with the space after "Assistant:"
+                piece = piece.lstrip()
+                started = bool(piece)
+                if not piece:
+                    return
+            out.write(piece)
+            out.flush()
+            at_line_start = piece.endswith("\n")
+
+        try:
+            with soft_interrupts() as cancelled, quiet_typeahead():
+                return self.conv.send(text, self.sampling, on_piece, cancelled, self.dropped)
+        finally:
+            if not at_line_start:
+                out.write("\n")
+            out.flush()
+
+    def _to_line(self, text: str) -> Turn:
+        line = OneLineWriter(sys.stdout)
+        try:
+            return self.conv.send(text, self.sampling, line.write, on_dropped=self.dropped)
+        finally:
+            line.end()  # even after an error: a script reads one line per message
+
+    def dropped(self, n: int) -> None:
+        notice(
+            f"the context ({self.engine.n_ctx} tokens) is full: dropped the oldest {n} turn(s) after the"
+            " system prompt (the rest is read again)"
+        )
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -478,8 +526,8 @@ class Chat:
         fields = SamplingOptions.model_fields
         if not args:
             for name, f in fields.items():
-                value = getattr(self.sampling, name)
-                err.print(f"{name:<18} {value!r:<12} {f.description or ''}", markup=False, highlight=False)
+                value = _short(getattr(self.sampling, name))
+                err.print(f"{name:<18} {value:<12} {f.description or ''}", markup=False, highlight=False)
             return
         param, _, value = args.partition(" ")
         param, value = param.strip().lower().replace("-", "_"), value.strip()
@@ -499,14 +547,14 @@ class Chat:
         except LocalrunError as exc:
             err.print(exc.message, markup=False, highlight=False)
             return
-        err.print(f"{param} = {getattr(self.sampling, param)!r}", markup=False, highlight=False)
+        err.print(f"{param} = {_short(getattr(self.sampling, param))}", markup=False, highlight=False)
 
     def cmd_show(self, _: str) -> None:
         used = self.conv.context_used()
         n_ctx = self.engine.n_ctx
         defaults = type(self.sampling)()
         options = " ".join(
-            f"{k}={v!r}" for k, v in self.sampling.model_dump().items()
+            f"{k}={_short(v)}" for k, v in self.sampling.model_dump().items()
             if v not in (None, [], {}) and (k in ("temperature", "top_k", "top_p", "min_p", "max_tokens", "seed") or v != getattr(defaults, k))
         )
         rows = [
@@ -546,6 +594,11 @@ class Chat:
             return
         notice(load_conversation(name, self.conv, self.loaded.name))
         self.last = None
+
+
+def _short(value, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _set_value(param: str, value: str):
@@ -626,12 +679,12 @@ def _interactive(chat: Chat) -> int:
             continue
         except EOFError:
             return 0
-        if line.lstrip().startswith(BLOCK):
-            line = _unwrap_block(line)
+        block = line.lstrip().startswith(BLOCK)
         try:
-            code = chat.handle(line)
-        except KeyboardInterrupt:
-            err.print("\n[dim](interrupted)[/dim]")
+            code = chat.handle(_unwrap_block(line) if block else line, message=block)
+        except KeyboardInterrupt:  # a second Ctrl-C, or one during a command: llama.cpp may have been mid-call
+            chat.conv.reset_cache()
+            err.print("[dim](interrupted" + ("" if line.startswith("/") and not block else ": the message was dropped") + ")[/dim]")
             continue
         except LocalrunError as exc:
             render_error(exc)
@@ -645,12 +698,8 @@ def _piped(chat: Chat) -> int:
         line = raw.rstrip("\r\n")
         try:
             code = chat.handle(line)
-        except LocalrunError as exc:
-            # A script sees the failure on stderr and an empty answer line, so lines stay paired.
+        except LocalrunError as exc:  # one line on stderr (and an empty answer line on stdout); go on
             render_error(exc)
-            if line.strip() and not line.startswith("/"):
-                sys.stdout.write("\n")
-                sys.stdout.flush()
             continue
         if code is not None:
             return code

