@@ -111,22 +111,20 @@ def prepare(model: Path, work: Path, ctx: int, target: int) -> dict:
     engine.prefill(history)
     messages = [{"role": "user", "content": "(benchmark history)"}]
     with SessionStore.open(work / "store") as store:
-        store.save("bench", engine, messages, model_ref=model.name)  # first save also hashes the model file
+        store.save("bench", engine, messages, model_ref=model.name)  # the first save also hashes the model file
         saves = []
         for _ in range(5):
             t0 = time.perf_counter()
             info = store.save("bench", engine, messages, model_ref=model.name)
             saves.append(time.perf_counter() - t0)
+        # The reference continuation: this process carries on from its own evaluation, no restore involved.
+        greedy = SamplingOptions(temperature=0, max_tokens=FOLLOW_TOKENS)
+        direct = [e for e in engine.generate(history + question, greedy)][-1]
         restores = []
         for _ in range(5):
             t0 = time.perf_counter()
             store.load("bench", engine)
             restores.append(time.perf_counter() - t0)
-    # The reference continuation: this process goes on from its own evaluation, no restore involved.
-    # (load() above replaced the cache with identical bytes; start from a fresh evaluation to be strict.)
-    engine.reset()
-    engine.prefill(history)
-    direct = [e for e in engine.generate(history + question, SamplingOptions(temperature=0, max_tokens=FOLLOW_TOKENS))][-1]
     engine.close()
     return {
         "history_tokens": len(history), "state_bytes": info.size, "save_s": statistics.median(saves),

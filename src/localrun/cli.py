@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -156,6 +157,36 @@ def chat(
     loaded = _load(locals())
     code = chat_repl.chat_loop(loaded, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)
+
+
+@app.command()
+def bench(
+    models: Annotated[list[str], typer.Argument(help="one or more models (alias, owner/repo[:QUANT] or .gguf path)")],
+    pp: Annotated[str, typer.Option("--pp", "-p", help="prompt lengths for prefill tests, comma-separated")] = "512",
+    tg: Annotated[str, typer.Option("--tg", "-n", help="tokens to decode in decode tests, comma-separated")] = "128",
+    depth: Annotated[str, typer.Option("--depth", "-d", help="context depths for decode tests, comma-separated")] = "0",
+    reps: Annotated[int, typer.Option("--reps", "-r", help="repetitions after one warm-up")] = 5,
+    threads: Annotated[Optional[str], typer.Option("--threads", "-t", help="CPU threads (sweep: 1,2)")] = None,
+    ctx: Annotated[Optional[str], typer.Option("--ctx", "-c", help="context size (sweep); default: fits the tests")] = None,
+    batch: Annotated[str, typer.Option("--batch", "-b", help="batch size (sweep)")] = "512",
+    kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache type (sweep: f16,q8_0)")] = "f16",
+    gpu_layers: Annotated[str, typer.Option("--gpu-layers", help="layers to offload (sweep)")] = "0",
+    flash_attn: Annotated[str, typer.Option("--flash-attn", help="auto, on, off (sweep)")] = "auto",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, json, csv or md")] = "table",
+    compare: Annotated[Optional[str], typer.Option("--compare", help="llama-bench: run it with the same settings and print ratios")] = None,
+    llama_bench: Annotated[Optional[Path], typer.Option("--llama-bench", help="path to the llama-bench binary (default: PATH, then the scripts/build_llama_bench.sh cache)")] = None,
+    quality: Annotated[bool, typer.Option("--quality", help="also measure perplexity on the bundled text")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="draw throughput vs prompt length/depth to this PNG (needs matplotlib)")] = None,
+    source: SourceOpt = "auto",
+) -> None:
+    """Measure prefill and decode speed, TTFT, TPOT, load time, memory (and perplexity), optionally vs llama-bench."""
+    from . import bench as benchmark
+
+    raise typer.Exit(benchmark.run_from_cli(
+        models, pp=pp, tg=tg, depth=depth, reps=reps, threads=threads, ctx=ctx, batch=batch, kv_type=kv_type,
+        gpu_layers=gpu_layers, flash_attn=flash_attn, output=output, compare=compare, llama_bench=llama_bench,
+        quality=quality, plot=plot, source=_source(source),
+    ))
 
 
 _SAMPLING_FLAGS = (
