@@ -4,7 +4,8 @@
 
 Serves a synthetic file from the test Hub stand-in (tests/hubstub.py) on 127.0.0.1, then times, each on a fresh
 cache: (a) a bare streamed GET written to disk (the reference: server + loopback + disk), (b) sha256 of the file
-alone, (c) `hub.pull` end to end (listing, HEAD, GET into the Hub cache, sha256 verification, registry).
+alone, (c) `hub.pull` end to end (listing, HEAD, GET into a partial file in the Hub cache, sha256 verification,
+fsync, rename to the blob, registry).
 Prints medians in MB/s (10^6 bytes) and pull's ratio to the reference. Not a test: numbers depend on the machine.
 """
 
@@ -50,10 +51,11 @@ def main() -> None:
                 os.environ.pop(name, None)
             from localrun import hub
 
-            reference = [_plain_get(f"{stub.url}/bench/Bench-GGUF/resolve/main/bench.Q4_0.gguf", work / "plain.bin") for _ in range(args.repeat)]
-            hashing = [_timed(lambda: hub._hash_file(work / "plain.bin")) for _ in range(args.repeat)]
-            pulls = []
+            # Interleaved, so that whatever else the machine is doing weighs on all three alike.
+            reference, hashing, pulls = [], [], []
             for _ in range(args.repeat):
+                reference.append(_plain_get(f"{stub.url}/bench/Bench-GGUF/resolve/main/bench.Q4_0.gguf", work / "plain.bin"))
+                hashing.append(_timed(lambda: hub._hash_file(work / "plain.bin")))
                 shutil.rmtree(work / "hf", ignore_errors=True)
                 shutil.rmtree(work / "home", ignore_errors=True)
                 pulls.append(_timed(lambda: hub.pull("bench/Bench-GGUF:Q4_0", progress=args.progress)))

@@ -52,7 +52,8 @@ def pull(
     from . import hub
 
     local = hub.pull(model, source=_source(source), progress=not quiet)
-    err.print(f"[ok]pulled[/ok] {local.ref} ({_size(local.size)}, {local.source}) -> {local.path}")
+    verb = "already pulled" if local.already_present else "pulled"
+    err.print(f"[ok]{verb}[/ok] {local.ref} ({_size(local.size)}, {local.source}) -> {local.path}")
 
 
 @app.command("list")

@@ -265,6 +265,14 @@ def _write_registry(models: dict[str, dict[str, Any]]) -> None:
     _fsync_dir(path.parent)
 
 
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -869,6 +877,8 @@ def _download_resumable(
             except IntegrityError:
                 partial.unlink(missing_ok=True)
                 raise
+            # After hashing, so the disk writes the bytes back while we read them: on disk before it has the blob's name.
+            _fsync_file(partial)
             os.replace(partial, blob)
             _fsync_dir(blob.parent)
         _link(blob, cache.pointer)
@@ -897,7 +907,7 @@ def _download_partial(
     bars: _Bars,
     task: Optional[int],
 ) -> None:
-    """Append the missing bytes of a file to `partial`, flushed to disk when complete."""
+    """Append the missing bytes of a file to `partial`."""
     from huggingface_hub.file_download import http_get
 
     url, headers = source
@@ -923,8 +933,6 @@ def _download_partial(
             cache.repo,
             cache.commit,
         )
-        out.flush()
-        os.fsync(out.fileno())
 
 
 def _verify(path: Path, remote: _RemoteFile, bars: _Bars, task: Optional[int], ref: str) -> str:

@@ -30,18 +30,27 @@ class StopMatcher:
             return ""
         buf = self._pending + text
         cut, which = _earliest_stop(buf, self.stops)
-        if which is not None:
+        # A longer stop that starts before the one found may still complete: hold from its start.
+        hold = _earliest_partial_start(buf, self.stops, cut if which is not None else len(buf))
+        if which is not None and hold is None:
             self.stopped = which
             self._pending = ""
             return buf[:cut]
-        keep = _longest_stop_prefix_suffix(buf, self.stops)
-        self._pending = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep]
+        if hold is None:
+            hold = len(buf)
+        self._pending = buf[hold:]
+        return buf[:hold]
 
     def flush(self) -> str:
-        """End of stream without a stop: release what was held back."""
+        """End of stream: release what was held back, up to a stop that did complete in it."""
         out, self._pending = self._pending, ""
-        return "" if self.stopped is not None else out
+        if self.stopped is not None:
+            return ""
+        cut, which = _earliest_stop(out, self.stops)
+        if which is not None:
+            self.stopped = which
+            return out[:cut]
+        return out
 
     @property
     def held(self) -> str:
@@ -57,12 +66,11 @@ def _earliest_stop(buf: str, stops: tuple[str, ...]) -> tuple[int, str | None]:
     return best, which
 
 
-def _longest_stop_prefix_suffix(buf: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of `buf` that is a proper prefix of some stop."""
-    longest = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(buf)), longest, -1):
-            if buf.endswith(s[:n]):
-                longest = n
-                break
-    return longest
+def _earliest_partial_start(buf: str, stops: tuple[str, ...], limit: int) -> int | None:
+    """The first position j < limit where buf[j:] is a proper prefix of some stop (it may still become one)."""
+    longest = max(len(s) for s in stops) if stops else 0
+    for j in range(max(0, len(buf) - longest + 1), min(limit, len(buf))):
+        tail = buf[j:]
+        if any(len(s) > len(tail) and s.startswith(tail) for s in stops):
+            return j
+    return None
