@@ -13,7 +13,9 @@ from conftest import LOCALRUN
 
 pytestmark = pytest.mark.slow
 
-ARGS = ("-t", "0", "-n", "32", "--ctx", "1024")
+# One thread: llama.cpp's thread barrier degrades badly on a busy machine (CI), one thread does not.
+ARGS = ("-t", "0", "-n", "32", "--ctx", "1024", "--threads", "1")
+T1 = ("--threads", "1")
 
 # prompt_toolkit turns bracketed paste on when it starts reading a line and off once the line is accepted:
 # the one reliable marker of "the prompt is waiting" in a raw terminal stream (the prompt itself is drawn
@@ -78,7 +80,7 @@ def engine(smollm2):
     """The same model in this process, to count tokens the way the command must."""
     from localrun.engine import Engine, LoadOptions
 
-    e = Engine(smollm2, LoadOptions(n_ctx=1024))
+    e = Engine(smollm2, LoadOptions(n_ctx=1024, n_threads=1))
     yield e
     e.close()
 
@@ -140,7 +142,7 @@ def test_two_turns_evaluate_only_the_new_tokens(smollm2, engine, term):
 
 
 def test_set_temperature_zero_gives_the_same_answer_after_clear(smollm2, term):
-    t = term(smollm2, "-n", "24", "--ctx", "1024", "--temperature", "1.5", "--verbose")
+    t = term(smollm2, "-n", "24", "--ctx", "1024", "--temperature", "1.5", "--verbose", *T1)
     assert "temperature = 0.0" in t.say("/set temperature 0")
     assert "temperature=0.0" in t.say("/show")
     question = "Name three fruits."
@@ -162,6 +164,8 @@ def test_bad_set_value_stays_in_the_repl(smollm2, term):
     assert "invalid temperature 'hot'" in out and len(out.strip().splitlines()) == 1
     assert "invalid temperature '9'" in t.say("/set temperature 9")
     assert "unknown parameter 'warmth'" in t.say("/set warmth 1")
+    assert "invalid stop" in t.say('/set stop "unclosed')
+    assert "stop = ['###', 'The end']" in t.say('/set stop ### "The end"')
     assert "unknown command /frobnicate" in t.say("/frobnicate")
     assert "temperature=0.0" in t.say("/show")  # unchanged
     assert "max_tokens = 8" in t.say("/set max_tokens 8")
@@ -171,7 +175,7 @@ def test_bad_set_value_stays_in_the_repl(smollm2, term):
 
 
 def test_ctrl_c_stops_the_answer_and_the_next_turn_works(smollm2, engine, term):
-    t = term(smollm2, "-t", "0", "-n", "400", "--ctx", "1024")
+    t = term(smollm2, "-t", "0", "-n", "600", "--ctx", "1024", *T1)
     t.child.send("Write a very long story about a dragon who learns to cook.\r")
     t.child.expect_exact(ACCEPTED)
     t.child.expect(r"[A-Za-z]{3}")  # the answer has started streaming
@@ -179,7 +183,7 @@ def test_ctrl_c_stops_the_answer_and_the_next_turn_works(smollm2, engine, term):
     after = t.ready()
     assert "(interrupted: the partial answer stays in the conversation)" in after
     s1 = stats(t.say("/stats"))
-    assert s1["finish"] == "interrupted" and s1["generated"] < 400
+    assert s1["finish"] == "interrupted" and s1["generated"] < 600
 
     out = t.say("/set max_tokens 24")
     assert "max_tokens = 24" in out
@@ -253,7 +257,7 @@ def test_piped_stdin_one_answer_line_per_message(smollm2, cli):
 
 
 def test_piped_answers_escape_newlines(smollm2, cli):
-    r = cli("chat", str(smollm2), "-t", "0", "-n", "64", "--ctx", "1024",
+    r = cli("chat", str(smollm2), "-t", "0", "-n", "48", "--ctx", "1024", *T1,
             input="Write a numbered list of five animals, one per line.\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1 and r.stdout.endswith("\n")
@@ -268,7 +272,7 @@ def test_piped_bad_set_and_bye(smollm2, cli):
 
 
 def test_base_model_gets_a_notice_and_a_plain_transcript(gemma, cli):
-    r = cli("chat", str(gemma), "-t", "0", "-n", "32", "--ctx", "1024", "--verbose",
+    r = cli("chat", str(gemma), "-t", "0", "-n", "32", "--ctx", "1024", "--verbose", *T1,
             input="What is the capital of France?\nAnd of Italy?\n")
     assert r.returncode == 0, r.stderr
     assert "has no chat template" in r.stderr and "User:" in r.stderr
@@ -282,7 +286,7 @@ def test_base_model_gets_a_notice_and_a_plain_transcript(gemma, cli):
 
 def test_context_full_drops_the_oldest_turns_with_a_notice(smollm2, cli):
     questions = [f"Tell me one fact about the number {n}." for n in range(1, 8)]
-    r = cli("chat", str(smollm2), "-t", "0", "-n", "32", "--ctx", "160", input="\n".join(questions) + "\n/show\n")
+    r = cli("chat", str(smollm2), "-t", "0", "-n", "32", "--ctx", "160", *T1, input="\n".join(questions) + "\n/show\n")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == len(questions)
     assert "dropped the oldest" in r.stderr
@@ -291,13 +295,13 @@ def test_context_full_drops_the_oldest_turns_with_a_notice(smollm2, cli):
 
 
 def test_message_too_long_for_the_context_is_one_line(smollm2, cli):
-    r = cli("chat", str(smollm2), "-t", "0", "-n", "16", "--ctx", "64", input=("word " * 200) + "\nHi\n")
+    r = cli("chat", str(smollm2), "-t", "0", "-n", "16", "--ctx", "64", *T1, input=("word " * 200) + "\nHi\n")
     assert r.returncode == 0, r.stderr
     assert "context holds 64" in r.stderr
     assert r.stdout.split("\n")[0] == "" and r.stdout.split("\n")[1]  # an empty line for the failed one, then an answer
 
 
-def test_save_load_and_session(smollm2, cli):
+def test_save_load_and_session(smollm2, gemma, cli):
     r = cli("chat", str(smollm2), *ARGS, input="Hello!\n/save first\n/clear\n/show\n/load first\n/show\n")
     assert r.returncode == 0, r.stderr
     assert "saved" in r.stderr and "loaded" in r.stderr
@@ -314,8 +318,10 @@ def test_save_load_and_session(smollm2, cli):
     # The restored KV cache serves the saved turn: only the new message is evaluated.
     s = stats(two.stderr)
     assert s["cached"] > 10 and s["eval_prompt"] < s["cached"]
+    other = cli("chat", str(gemma), "-n", "8", *T1, "--session", "work", input="Hi\n")
+    assert other.returncode == 1 and "session 'work'" in other.stderr  # another model's session: refused
     three = cli("chat", str(smollm2), *ARGS, "--session", "work", input="/show\n")
-    assert re.search(r"conversation:\s+2 turn", three.stderr)  # saved after every answer
+    assert re.search(r"conversation:\s+2 turn", three.stderr)  # saved after every answer, not overwritten
 
 
 def test_transcript_fallback_without_a_session_store(engine, monkeypatch, isolated_home):

@@ -6,7 +6,9 @@ Behaviour a user (and a script) can rely on:
   followed by the tokens of what the template adds after them (the end of the answer, the new message,
   the assistant header), as llama.cpp's own llama-cli does. So only those new tokens are evaluated. If
   the template renders the history differently from the last prompt (or after /load, /system), the whole
-  conversation is tokenised again and Engine.generate still reuses whatever prefix matches.
+  conversation is tokenised again and Engine.generate still reuses whatever prefix matches. The
+  end-of-turn token the model sampled (ChatML's <|im_end|>) was never decoded, so it is evaluated as the
+  first token of that glue; likewise the last token of an answer cut by --max-tokens.
 - Ctrl-C stops the answer at the next token; what was shown stays in the conversation (an answer stopped
   before its first word is dropped together with its question). A second Ctrl-C interrupts at once (a long
   prompt evaluation): the KV cache is then cleared, so it never holds tokens the conversation does not.
@@ -15,7 +17,10 @@ Behaviour a user (and a script) can rely on:
 - A model without a chat template (a base model) chats over a plain transcript ("User: ...\\nAssistant:"),
   each answer ending at the next "\\nUser:".
 - stdin not a terminal: one message per line in, one answer per line out on stdout (newlines inside an
-  answer written as \\n, backslashes as \\\\, surrounding blanks dropped); notices and stats on stderr.
+  answer written as \\n, backslashes as \\\\, surrounding blanks dropped; an empty line when a message
+  fails); slash commands work too and print only on stderr, as do notices and stats.
+- --session NAME: loaded at start when it exists (a session made by another model is refused, never
+  overwritten), saved after every answer.
 """
 
 from __future__ import annotations
@@ -65,8 +70,7 @@ class Turn:
 
     text: str
     stats: "Stats"
-    interrupted: bool = False
-    dropped_turns: int = 0  # oldest turns dropped to make room
+    interrupted: bool = False  # by Ctrl-C: `text` is what was shown
 
 
 class Conversation:
@@ -204,7 +208,7 @@ class Conversation:
                 elif isinstance(event, Piece):
                     shown.append(event.text)
                     on_piece(event.text)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a second Ctrl-C: llama.cpp may have been stopped mid-call
             events.close()
             self.reset_cache()
             raise
@@ -218,7 +222,7 @@ class Conversation:
             stats = replace(self.engine.last_stats, finish_reason="interrupted")
             if not answer:
                 self._forget_tokens()
-                return Turn("", stats, interrupted=True, dropped_turns=dropped)
+                return Turn("", stats, interrupted=True)
         else:
             stats = finished.stats
         ids = finished.tokens if finished is not None else []
@@ -227,7 +231,7 @@ class Conversation:
         content = answer if self.templated else answer.strip()
         self.messages = [*messages, {"role": "assistant", "content": content}]
         self._tokens, self._text = tokens + ids, full + answer
-        return Turn(answer, stats, interrupted=finished is None, dropped_turns=dropped)
+        return Turn(answer, stats, interrupted=finished is None)
 
 
 # -- saving and loading ------------------------------------------------------------------------------
@@ -396,6 +400,7 @@ class Chat:
         self.session = session
         self.verbose = verbose
         self.interactive = interactive
+        self.system_flag = system
         self.conv = Conversation(loaded.engine, system if system is not None else loaded.system)
         self.last: Optional[Turn] = None
         self.commands: dict[str, Callable[[str], Optional[int]]] = {
@@ -406,7 +411,7 @@ class Chat:
 
     # -- start -----------------------------------------------------------------------------------
 
-    def start(self, system_flag: Optional[str]) -> None:
+    def start(self) -> None:
         if not self.conv.templated:
             notice(
                 f"{self.loaded.name} has no chat template (a base model): chatting over a plain transcript"
@@ -415,8 +420,8 @@ class Chat:
         if self.session:
             if session_exists(self.session):
                 notice(load_conversation(self.session, self.conv, self.loaded.name))
-                if system_flag is not None and system_flag != self.conv.system:
-                    self.conv.set_system(system_flag)
+                if self.system_flag is not None and self.system_flag != self.conv.system:
+                    self.conv.set_system(self.system_flag)  # --system overrides the saved one
             else:
                 notice(f"new session {self.session}: saved after every answer")
         if self.interactive:
@@ -452,9 +457,10 @@ class Chat:
             warn(f"the answer filled the context ({self.engine.n_ctx} tokens) and was cut")
         if self.verbose:
             self.print_stats()
-        if self.interactive:
-            sys.stdout.write("\n")  # a blank line before the next prompt
-            sys.stdout.flush()
+        if self.interactive:  # a blank line before the next prompt, where the prompt is
+            spacer = sys.stdout if sys.stdout.isatty() else sys.stderr
+            spacer.write("\n")
+            spacer.flush()
         if self.session and not (turn.interrupted and not turn.text):
             try:
                 save_conversation(self.session, self.conv, self.loaded.name)
@@ -546,6 +552,9 @@ class Chat:
             return
         except LocalrunError as exc:
             err.print(exc.message, markup=False, highlight=False)
+            return
+        except ValueError as exc:  # shlex: an unclosed quote
+            err.print(f"invalid {param} {value!r}: {exc}", markup=False, highlight=False)
             return
         err.print(f"{param} = {_short(getattr(self.sampling, param))}", markup=False, highlight=False)
 
@@ -710,5 +719,5 @@ def chat_loop(loaded: "Loaded", *, system: Optional[str], session: Optional[str]
     """Run the chat until /bye, Ctrl-D or the end of stdin; return the exit code."""
     interactive = sys.stdin.isatty()
     chat = Chat(loaded, system=system, session=session, verbose=verbose, interactive=interactive)
-    chat.start(system)
+    chat.start()
     return _interactive(chat) if interactive else _piped(chat)
