@@ -1,0 +1,981 @@
+"""`localrun bench`: prefill and decode speed, TTFT, TPOT, load time, memory and perplexity, measured
+on localrun's own generation path and, with --compare llama-bench, next to llama.cpp's own tools run
+with the same settings in the same invocation.
+
+What is measured, per model and per combination of swept settings:
+  ppN      prefill: Engine._decode of N prompt tokens into a fresh context (llama-bench `-p N -n 0`)
+  tgN@dD   decode: Engine.generate with the default sampler chain and end-of-text suppressed, after a
+           D-token context, timed from the first token over N decode steps (llama-bench `-p 0 -n N -d D`)
+  ppl@cC   perplexity on the bundled text (data/wonderland.txt), llama-perplexity's method with chunks
+           of C tokens (--quality)
+After one warm-up per test, each is repeated --reps times; rows report the mean, the sample standard
+deviation (as llama-bench does) and the median of the per-repetition tokens/s.
+
+Every row of `--output json` validates against RESULT_SCHEMA below.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from .errors import EXIT_INTERRUPTED, EngineError, LocalrunError, UsageError
+
+OUTPUTS = ("table", "json", "csv", "md")
+FLASH_ATTN = ("auto", "on", "off")
+QUALITY_CTX = 512  # llama-perplexity's default chunk
+TEXT = "wonderland.txt"
+BUILD_SCRIPT = "scripts/build_llama_bench.sh"
+
+_SETTINGS = ("threads", "ctx", "batch", "kv_type", "gpu_layers", "flash_attn")
+_NUMBER = {"type": "number", "exclusiveMinimum": 0}
+_NULLABLE_NUMBER = {"type": ["number", "null"], "minimum": 0}
+
+RESULT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "localrun bench results",
+    "description": "A list of result rows, in the order measured: models in argument order, then each "
+    "combination of swept settings, then the pp tests, the tg tests (tg x depth) and the ppl test.",
+    "type": "array",
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": [
+            "model", "model_path", "test", "kind", "n_tokens", "depth", "settings", "reps", "mean_ts", "std_ts",
+            "median_ts", "samples_ts", "ttft_ms", "tpot_ms", "load_ms", "peak_rss_bytes", "kv_bytes",
+            "device_bytes", "build",
+        ],
+        "properties": {
+            "model": {"type": "string", "description": "the model as given (file name for a path)"},
+            "model_path": {"type": "string"},
+            "test": {"type": "string", "description": "ppN, tgN@dD or ppl@cC", "pattern": r"^(pp\d+|tg\d+@d\d+|ppl@c\d+)$"},
+            "kind": {"enum": ["pp", "tg", "ppl"]},
+            "n_tokens": {"type": "integer", "minimum": 1, "description": "tokens timed (ppl: tokens scored)"},
+            "depth": {"type": "integer", "minimum": 0, "description": "tokens already in the context"},
+            "settings": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": list(_SETTINGS),
+                "properties": {
+                    "threads": {"type": "integer", "minimum": 1},
+                    "ctx": {"type": "integer", "minimum": 16, "description": "context of the speed tests "
+                            "(a ppl row's chunk is the C of its test name)"},
+                    "batch": {"type": "integer", "minimum": 1},
+                    "kv_type": {"enum": ["f16", "q8_0", "q4_0"]},
+                    "gpu_layers": {"type": ["integer", "string"]},
+                    "flash_attn": {"enum": list(FLASH_ATTN)},
+                },
+            },
+            "reps": {"type": "integer", "minimum": 1},
+            "mean_ts": {**_NUMBER, "description": "tokens/s, mean over repetitions"},
+            "std_ts": {"type": "number", "minimum": 0, "description": "sample standard deviation (0 for one rep)"},
+            "median_ts": _NUMBER,
+            "samples_ts": {"type": "array", "items": _NUMBER, "minItems": 1},
+            "ttft_ms": {**_NULLABLE_NUMBER, "description": "time to first token for a prompt of the first --pp "
+                        "length, median over repetitions; the same on every row of a model+settings"},
+            "tpot_ms": {**_NULLABLE_NUMBER, "description": "time per output token (tg rows), median"},
+            "load_ms": {**_NUMBER, "description": "wall time to load the model and create the context"},
+            "peak_rss_bytes": {"type": "integer", "minimum": 1, "description": "peak resident memory while this "
+                               "model+settings ran (process-wide peak where it cannot be reset)"},
+            "kv_bytes": {"type": "integer", "minimum": 0, "description": "KV cache llama.cpp allocated"},
+            "device_bytes": {"type": ["integer", "null"], "minimum": 0, "description": "GPU buffers; null = n/a"},
+            "build": {"type": "string"},
+            "ppl": {**_NUMBER, "description": "perplexity (ppl rows)"},
+            "ppl_error": {"type": "number", "minimum": 0, "description": "its +/- (llama-perplexity's estimate)"},
+            "ref_mean_ts": {**_NULLABLE_NUMBER, "description": "llama-bench's mean tokens/s, same settings"},
+            "ref_std_ts": _NULLABLE_NUMBER,
+            "ref_ppl": {**_NUMBER, "description": "llama-perplexity's final estimate (ppl rows)"},
+            "ratio": {**_NUMBER, "description": "ours / reference: tokens/s for pp and tg, perplexity for ppl"},
+        },
+    },
+}
+
+CSV_FIELDS = [
+    "model", "test", "kind", "n_tokens", "depth", *_SETTINGS, "reps", "mean_ts", "std_ts", "median_ts",
+    "ref_mean_ts", "ref_std_ts", "ratio", "ppl", "ppl_error", "ref_ppl", "ttft_ms", "tpot_ms", "load_ms",
+    "peak_rss_bytes", "kv_bytes", "device_bytes", "build", "model_path",
+]
+
+
+# -- the plan: every argument parsed and checked before anything is loaded -------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    threads: int
+    ctx: Optional[int]  # None: sized to fit the tests
+    batch: int
+    kv_type: str
+    gpu_layers: str  # a number of layers, or "auto"
+    flash_attn: str  # auto, on, off
+
+    def n_ctx(self, tests: Sequence["Test"]) -> int:
+        return self.ctx if self.ctx is not None else max([16, *(t.context_needed for t in tests)])
+
+    def load_options(self, n_ctx: int):
+        from .engine import LoadOptions
+
+        b = self.batch
+        layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
+        fa = {"auto": None, "on": True, "off": False}[self.flash_attn]
+        return LoadOptions(n_ctx=n_ctx, n_batch=b, n_ubatch=b, n_threads=self.threads, gpu_layers=layers,
+                           flash_attn=fa, kv_type=self.kv_type)
+
+    def llama_args(self) -> list[str]:
+        """The same settings for llama-bench / llama-perplexity, resolved as Engine resolves them."""
+        from .engine import llama_cpp_module
+
+        layers = self.gpu_layers
+        if layers == "auto":
+            layers = "-1" if llama_cpp_module().llama_supports_gpu_offload() else "0"
+        fa = "on" if self.flash_attn == "auto" and self.kv_type != "f16" else self.flash_attn
+        return ["-t", str(self.threads), "-ngl", layers, "-fa", fa, "-ctk", self.kv_type, "-ctv", self.kv_type]
+
+    def as_dict(self, n_ctx: int) -> dict[str, Any]:
+        layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
+        return {"threads": self.threads, "ctx": n_ctx, "batch": self.batch, "kv_type": self.kv_type,
+                "gpu_layers": layers, "flash_attn": self.flash_attn}
+
+
+@dataclass(frozen=True)
+class Test:
+    kind: Literal["pp", "tg"]
+    n_tokens: int
+    depth: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"pp{self.n_tokens}" if self.kind == "pp" else f"tg{self.n_tokens}@d{self.depth}"
+
+    @property
+    def context_needed(self) -> int:
+        # tg: the context plus N+1 sampled tokens, the last never decoded (see decode_seconds).
+        return self.n_tokens + 1 if self.kind == "pp" else max(self.depth, 1) + self.n_tokens + 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    models: list[str]
+    tests: list[Test]
+    settings: list[Settings]
+    reps: int
+    output: str = "table"
+    llama_bench: Optional[Path] = None  # set: compare against it
+    quality: bool = False
+    plot: Optional[Path] = None
+    source: str = "auto"
+
+    @property
+    def ttft_tokens(self) -> Optional[int]:
+        return next((t.n_tokens for t in self.tests if t.kind == "pp"), None)
+
+
+def make_plan(
+    models: Sequence[str],
+    *,
+    pp: str = "512",
+    tg: str = "128",
+    depth: str = "0",
+    reps: int = 5,
+    threads: Optional[str] = None,
+    ctx: Optional[str] = None,
+    batch: str = "512",
+    kv_type: str = "f16",
+    gpu_layers: str = "0",
+    flash_attn: str = "auto",
+    output: str = "table",
+    compare: Optional[str] = None,
+    llama_bench: Optional[Path] = None,
+    quality: bool = False,
+    plot: Optional[Path] = None,
+    source: str = "auto",
+) -> Plan:
+    """Parse and check every option (naming the bad value), find llama-bench if asked to compare."""
+    from .engine import KV_TYPES, default_threads
+
+    if not models:
+        raise UsageError("give at least one model to benchmark")
+    if output not in OUTPUTS:
+        raise UsageError(f"invalid --output {output!r}: use {', '.join(OUTPUTS)}")
+    if reps < 1:
+        raise UsageError(f"invalid --reps {reps}: use 1 or more")
+    if compare not in (None, "llama-bench"):
+        raise UsageError(f"invalid --compare {compare!r}: the one reference is llama-bench")
+    pps = _ints("--pp", pp, minimum=0)
+    tgs = _ints("--tg", tg, minimum=0)
+    depths = _ints("--depth", depth, minimum=0)
+    # 0 means "no such test", as in llama-bench (-p 0 / -n 0).
+    tests = [Test("pp", n) for n in pps if n] + [Test("tg", n, d) for n in tgs if n for d in depths]
+    if not tests and not quality:
+        raise UsageError("nothing to measure: --pp and --tg are both 0 (add --quality for perplexity only)")
+    thread_values = _ints("--threads", threads, minimum=1) if threads else [default_threads()]
+    ctx_values: list[Optional[int]] = list(_ints("--ctx", ctx, minimum=16)) if ctx else [None]
+    batches = _ints("--batch", batch, minimum=1)
+    kv_types = _words("--kv-type", kv_type, KV_TYPES)
+    layer_values = [_gpu_layers(v) for v in _split("--gpu-layers", gpu_layers)]
+    fa_values = _words("--flash-attn", flash_attn, FLASH_ATTN)
+    settings = [Settings(*combo) for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values)]
+    for s in settings:
+        if s.kv_type != "f16" and s.flash_attn == "off":
+            raise UsageError(f"--kv-type {s.kv_type} quantizes the V cache, which needs flash attention: drop --flash-attn off")
+        for t in tests:
+            if s.ctx is not None and t.context_needed > s.ctx:
+                raise UsageError(f"--ctx {s.ctx} is too small for {t.name}: it needs {t.context_needed} tokens")
+    exe = None
+    if compare or llama_bench is not None:
+        exe = find_llama_bench(llama_bench)
+    if plot is not None:
+        require_matplotlib()
+    return Plan(models=list(models), tests=tests, settings=settings, reps=reps, output=output, llama_bench=exe,
+                quality=quality, plot=plot, source=source)
+
+
+def _split(flag: str, value: str) -> list[str]:
+    parts = [p.strip() for p in str(value).split(",")]
+    if not parts or any(p == "" for p in parts):
+        raise UsageError(f"invalid {flag} {value!r}: give comma-separated values, e.g. {flag} 1,2")
+    return parts
+
+
+def _ints(flag: str, value: str, minimum: int) -> list[int]:
+    out = []
+    for part in _split(flag, value):
+        try:
+            n = int(part)
+        except ValueError:
+            raise UsageError(f"invalid {flag} value {part!r}: give whole numbers, comma-separated") from None
+        if n < minimum:
+            raise UsageError(f"invalid {flag} value {n}: use {minimum} or more")
+        out.append(n)
+    return out
+
+
+def _words(flag: str, value: str, allowed: Sequence[str]) -> list[str]:
+    parts = _split(flag, value)
+    for p in parts:
+        if p not in allowed:
+            raise UsageError(f"invalid {flag} value {p!r}: use {', '.join(allowed)}")
+    return parts
+
+
+def _gpu_layers(value: str) -> str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise UsageError(f"invalid --gpu-layers value {value!r}: use a number of layers, -1 or auto for all, 0 for CPU only")
+    return str(n)
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise LocalrunError("--plot needs matplotlib: pip install matplotlib") from None
+
+
+def find_llama_bench(explicit: Optional[Path] = None) -> Path:
+    """--llama-bench PATH, else llama-bench on PATH, else the scripts/build_llama_bench.sh cache."""
+    if explicit is not None:
+        if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
+            raise UsageError(f"--llama-bench {explicit}: not an executable file")
+        return Path(explicit)
+    found = shutil.which("llama-bench")
+    if found:
+        return Path(found)
+    cached = _tools_dir() / "llama-bench"
+    if cached.is_file() and os.access(cached, os.X_OK):
+        return cached
+    raise LocalrunError(
+        f"llama-bench not found (not on PATH, nor in {cached.parent}): build it with {BUILD_SCRIPT} or pass --llama-bench PATH"
+    )
+
+
+def find_llama_perplexity(llama_bench: Optional[Path]) -> Optional[Path]:
+    """llama-perplexity next to llama-bench (the build script makes both), else on PATH, else the cache."""
+    candidates = [llama_bench.parent / "llama-perplexity"] if llama_bench else []
+    which = shutil.which("llama-perplexity")
+    candidates += [Path(which)] if which else []
+    candidates.append(_tools_dir() / "llama-perplexity")
+    return next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+def _tools_dir() -> Path:
+    from importlib.metadata import version
+
+    return Path.home() / ".cache" / "localrun" / f"llama-bench-{version('llama-cpp-python')}" / "bin"
+
+
+# -- measuring ---------------------------------------------------------------------------------------
+
+
+def text_path() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("localrun") / "data" / TEXT))
+
+
+def prompt_tokens(engine, n: int) -> list[int]:
+    """n tokens of the bundled prose (repeated past its end); speed does not depend on which tokens."""
+    tokens = engine.tokenize(text_path().read_text(encoding="utf-8"), add_special=True, parse_special=False)
+    body = tokens[1:] if engine.info.bos_token_id is not None and tokens[0] == engine.info.bos_token_id else tokens
+    while len(tokens) < n:
+        tokens = tokens + body
+    return tokens[:n]
+
+
+def _synchronize(engine) -> None:
+    from .engine import llama_cpp_module
+
+    llama_cpp_module().llama_synchronize(engine.ctx)  # a GPU backend may still be running when decode returns
+
+
+def prefill_seconds(engine, tokens: Sequence[int]) -> float:
+    engine.reset()
+    t0 = time.perf_counter()
+    engine._decode(tokens)
+    _synchronize(engine)
+    return time.perf_counter() - t0
+
+
+def decode_seconds(engine, context: Sequence[int], n: int, seed: int = 1) -> float:
+    """Seconds for n decode steps after `context`, on Engine.generate's own path, timed from the first token.
+
+    n+1 tokens are sampled so that n decodes (each followed by a sample) lie between the first and the
+    last token, as llama-bench's -n counts decodes.
+    """
+    from .engine import Token
+    from .sampling import SamplingOptions
+
+    engine.reset()
+    opts = SamplingOptions(max_tokens=n + 1, min_tokens=n + 1, seed=seed)  # default chain, end-of-text banned
+    stamps = []
+    for event in engine.generate(list(context), opts):
+        if isinstance(event, Token) and event.token_id >= 0:
+            stamps.append(time.perf_counter())
+    return stamps[-1] - stamps[0]
+
+
+def ttft_seconds(engine, prompt: Sequence[int], seed: int = 1) -> float:
+    """Wall time from calling generate() to the first token, for a fresh context."""
+    from .sampling import SamplingOptions
+
+    engine.reset()
+    t0 = time.perf_counter()
+    # As `run` samples (no min_tokens): the first event comes once the first token is sampled, be it
+    # text or end-of-text (then the event is Done).
+    events = engine.generate(list(prompt), SamplingOptions(max_tokens=1, seed=seed))
+    try:
+        next(events)
+        return time.perf_counter() - t0
+    finally:
+        events.close()
+
+
+@dataclass
+class Perplexity:
+    ppl: float
+    error: float  # llama-perplexity's +/- estimate
+    n_chunks: int
+    n_scored: int
+    seconds: float
+
+
+def perplexity(engine, text: str, n_ctx: int = QUALITY_CTX, max_chunks: Optional[int] = None) -> Perplexity:
+    """llama-perplexity's method: the text tokenized once, cut into chunks of n_ctx tokens, each evaluated
+    in a fresh context (its first token replaced by BOS where the model adds one) with logits requested
+    for the second half only; the negative log-likelihood of each next token there, averaged over all
+    chunks, gives PPL = exp(mean)."""
+    import numpy as np
+
+    from .engine import llama_cpp_module
+
+    ll = llama_cpp_module()
+    tokens = engine.tokenize(text, add_special=True, parse_special=False)
+    if len(tokens) < 2 * n_ctx:
+        raise UsageError(f"the text is {len(tokens)} tokens; perplexity with --ctx {n_ctx} needs at least {2 * n_ctx}")
+    if n_ctx > engine.n_ctx:
+        raise UsageError(f"chunks of {n_ctx} tokens do not fit the context of {engine.n_ctx}")
+    n_chunks = len(tokens) // n_ctx if max_chunks is None else min(max_chunks, len(tokens) // n_ctx)
+    add_bos = bool(ll.llama_vocab_get_add_bos(engine.vocab))
+    bos = ll.llama_vocab_bos(engine.vocab)
+    n_vocab, n_batch, first = engine.n_vocab, engine.n_batch, n_ctx // 2
+    batch = ll.llama_batch_init(n_batch, 0, 1)
+    nll = nll2 = 0.0
+    count = 0
+    t0 = time.perf_counter()
+    try:
+        for c in range(n_chunks):
+            chunk = tokens[c * n_ctx : (c + 1) * n_ctx]
+            if add_bos:
+                chunk[0] = bos
+            engine.reset()
+            for start in range(0, n_ctx, n_batch):
+                piece = chunk[start : start + n_batch]
+                batch.n_tokens = len(piece)
+                outputs = []
+                for k, tok in enumerate(piece):
+                    pos = start + k
+                    batch.token[k], batch.pos[k], batch.n_seq_id[k] = tok, pos, 1
+                    batch.seq_id[k][0] = 0
+                    batch.logits[k] = pos >= first
+                    if pos >= first and pos + 1 < n_ctx:
+                        outputs.append(pos)
+                rc = ll.llama_decode(engine.ctx, batch)
+                if rc != 0:
+                    raise EngineError(f"llama.cpp decode failed (code {rc}) in perplexity chunk {c + 1}")
+                if not outputs:
+                    continue
+                # Row i of the logits belongs to the i-th flagged token, i.e. to outputs[i].
+                n_out = sum(1 for k in range(len(piece)) if start + k >= first)
+                logits = np.ctypeslib.as_array(ll.llama_get_logits(engine.ctx), shape=(n_out, n_vocab))
+                for lo in range(0, len(outputs), 32):  # blocks keep the float64 copies small for big vocabularies
+                    targets = [chunk[p + 1] for p in outputs[lo : lo + 32]]
+                    rows = logits[lo : lo + len(targets)].astype(np.float64)
+                    top = rows.max(axis=1)
+                    log_z = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
+                    token_nll = log_z - rows[np.arange(len(targets)), targets]
+                    nll += float(token_nll.sum())
+                    nll2 += float((token_nll**2).sum())
+                    count += len(targets)
+            engine.reset()
+    finally:
+        ll.llama_batch_free(batch)
+    seconds = time.perf_counter() - t0
+    mean = nll / count
+    var = nll2 / count - mean * mean
+    ppl = math.exp(mean)
+    error = ppl * math.sqrt(var / (count - 1)) if var > 0 and count > 1 else 0.0
+    return Perplexity(ppl=ppl, error=error, n_chunks=n_chunks, n_scored=count, seconds=seconds)
+
+
+# -- memory -------------------------------------------------------------------------------------------
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM). False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import resource
+    except ImportError:  # Windows
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return int(getattr(info, "peak_wset", info.rss))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+_BUFFER = re.compile(r"^\s*\w+:\s+(?P<dev>\S+)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*(?P<mib>[\d.]+) MiB")
+
+
+def allocated_buffers(log_lines: Sequence[str]) -> tuple[Optional[int], Optional[int]]:
+    """(KV bytes, device bytes) from the buffer sizes llama.cpp logs while loading; device bytes are
+    the buffers not in host memory (None: nothing offloaded, or no such line)."""
+    kv = device = 0
+    seen_kv = seen_device = False
+    for line in "".join(log_lines).splitlines():
+        m = _BUFFER.match(line)
+        if not m:
+            continue
+        size = int(float(m["mib"]) * 1024 * 1024)
+        if m["kind"] == "KV":
+            kv += size
+            seen_kv = True
+        dev = m["dev"]
+        if not (dev.startswith("CPU") or dev.endswith("_Host")):
+            device += size
+            seen_device = True
+    return (kv if seen_kv else None), (device if seen_device else None)
+
+
+# -- running ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConfigRun:
+    """Facts about one model loaded with one combination of settings, shared by its rows."""
+
+    model: str
+    path: Path
+    settings: Settings
+    n_ctx: int
+    build: str
+    load_ms: float = 0.0
+    kv_bytes: int = 0
+    device_bytes: Optional[int] = None
+    ttft_ms: Optional[float] = None
+    peak_rss_bytes: int = 0
+
+
+@dataclass
+class Result:
+    config: ConfigRun
+    kind: Literal["pp", "tg", "ppl"]
+    test: str
+    n_tokens: int
+    depth: int
+    samples_ts: list[float]
+    tpot_ms: Optional[float] = None
+    ref: Optional[dict] = None  # llama-bench: mean_ts, std_ts
+    ppl: Optional[Perplexity] = None
+    ref_ppl: Optional[float] = None
+    compared: bool = False
+
+    @property
+    def mean_ts(self) -> float:
+        return statistics.fmean(self.samples_ts)
+
+    @property
+    def std_ts(self) -> float:
+        return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
+
+    @property
+    def median_ts(self) -> float:
+        return statistics.median(self.samples_ts)
+
+    @property
+    def ratio(self) -> Optional[float]:
+        if self.kind == "ppl":
+            return self.ppl.ppl / self.ref_ppl if self.ppl and self.ref_ppl else None
+        return self.mean_ts / self.ref["mean_ts"] if self.ref else None
+
+    def as_row(self) -> dict[str, Any]:
+        c = self.config
+        row: dict[str, Any] = {
+            "model": c.model, "model_path": str(c.path), "test": self.test, "kind": self.kind,
+            "n_tokens": self.n_tokens, "depth": self.depth, "settings": c.settings.as_dict(c.n_ctx),
+            "reps": len(self.samples_ts), "mean_ts": _r(self.mean_ts), "std_ts": _r(self.std_ts),
+            "median_ts": _r(self.median_ts), "samples_ts": [_r(s) for s in self.samples_ts],
+            "ttft_ms": _r(c.ttft_ms), "tpot_ms": _r(self.tpot_ms), "load_ms": _r(c.load_ms),
+            "peak_rss_bytes": c.peak_rss_bytes, "kv_bytes": c.kv_bytes, "device_bytes": c.device_bytes,
+            "build": c.build,
+        }
+        if self.ppl is not None:
+            row["ppl"] = round(self.ppl.ppl, 4)
+            row["ppl_error"] = round(self.ppl.error, 5)
+        if self.compared:
+            if self.kind == "ppl":
+                if self.ref_ppl is not None:
+                    row["ref_ppl"] = round(self.ref_ppl, 4)
+            else:
+                row["ref_mean_ts"] = _r(self.ref["mean_ts"]) if self.ref else None
+                row["ref_std_ts"] = _r(self.ref["std_ts"]) if self.ref else None
+            if self.ratio is not None:
+                row["ratio"] = round(self.ratio, 4)
+        return row
+
+
+def _r(x: Optional[float], digits: int = 3) -> Optional[float]:
+    return None if x is None else round(x, digits)
+
+
+Status = Callable[[str], None]
+
+
+def run(plan: Plan, status: Status = lambda _: None, notice: Status = lambda _: None) -> Iterator[Result]:
+    """Measure everything in the plan, yielding each result as soon as it is complete."""
+    from . import hub
+    from .engine import build_id
+
+    locals_ = []
+    for ref in plan.models:  # resolve (and pull) every model first: a typo fails before minutes of measuring
+        local = hub.ensure_local(ref, source=plan.source)
+        locals_.append((local.path.name if local.source == "path" else local.ref, local.path))
+    build = build_id()
+    for (name, path), settings in itertools.product(locals_, plan.settings):
+        # Perplexity alone: the context is its chunk.
+        n_ctx = settings.n_ctx(plan.tests) if plan.tests else settings.ctx or QUALITY_CTX
+        config = ConfigRun(name, path, settings, n_ctx, build)
+        yield from _run_config(plan, config, status, notice)
+
+
+def _run_config(plan: Plan, config: ConfigRun, status: Status, notice: Status) -> Iterator[Result]:
+    reset_peak_rss()
+    try:
+        if plan.tests:
+            engine = _load(config, config.n_ctx, status, notice)
+            try:
+                yield from _speed_tests(plan, config, engine, status)
+            finally:
+                engine.close()
+        if plan.quality:
+            yield _quality(plan, config, status, notice)
+    finally:
+        config.peak_rss_bytes = peak_rss_bytes()
+
+
+def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
+    from .engine import Engine, captured_llama_log
+    from .gguf_info import kv_cache_bytes
+
+    status(f"{config.model}: loading")
+    options = config.settings.load_options(n_ctx)
+    t0 = time.perf_counter()
+    with captured_llama_log() as lines:
+        engine = Engine(config.path, options)
+    load_ms = (time.perf_counter() - t0) * 1000
+    if engine.gpu_notice:
+        notice(engine.gpu_notice)
+    if not config.load_ms:  # the first load of this model+settings is the one reported
+        kv, device = allocated_buffers(lines)
+        config.load_ms = load_ms
+        try:  # exact, where the log rounds to 0.01 MiB (test_bench checks the two agree)
+            config.kv_bytes = kv_cache_bytes(engine.info, n_ctx, config.settings.kv_type, n_ubatch=options.n_ubatch)
+        except LocalrunError:
+            config.kv_bytes = kv or 0
+        config.device_bytes = device
+    return engine
+
+
+def _speed_tests(plan: Plan, config: ConfigRun, engine, status: Status) -> Iterator[Result]:
+    label = config.model
+    if plan.ttft_tokens:
+        prompt = prompt_tokens(engine, plan.ttft_tokens)
+        status(f"{label}: time to first token (pp{plan.ttft_tokens}), warm-up")
+        ttft_seconds(engine, prompt)
+        samples = []
+        for rep in range(plan.reps):
+            status(f"{label}: time to first token (pp{plan.ttft_tokens}), {rep + 1}/{plan.reps}")
+            samples.append(ttft_seconds(engine, prompt, seed=rep + 1))
+        config.ttft_ms = statistics.median(samples) * 1000
+    for test in plan.tests:
+        ref = None
+        if plan.llama_bench is not None:
+            status(f"{label}: {test.name}, llama-bench ({plan.reps} reps)")
+            ref = run_llama_bench(plan.llama_bench, config, test, plan.reps)
+        step = f"{label}: {test.name}"
+        if test.kind == "pp":
+            tokens = prompt_tokens(engine, test.n_tokens)
+            status(f"{step}, warm-up")
+            prefill_seconds(engine, tokens)
+            samples = []
+            for rep in range(plan.reps):
+                status(f"{step}, {rep + 1}/{plan.reps}")
+                samples.append(test.n_tokens / prefill_seconds(engine, tokens))
+            yield Result(config, "pp", test.name, test.n_tokens, 0, samples, ref=ref, compared=ref is not None)
+        else:
+            context = prompt_tokens(engine, max(test.depth, 1))
+            status(f"{step}, warm-up")
+            decode_seconds(engine, context[:1], 2)
+            seconds = []
+            for rep in range(plan.reps):
+                status(f"{step}, {rep + 1}/{plan.reps}")
+                seconds.append(decode_seconds(engine, context, test.n_tokens, seed=rep + 1))
+            samples = [test.n_tokens / s for s in seconds]
+            tpot_ms = statistics.median(seconds) / test.n_tokens * 1000
+            yield Result(config, "tg", test.name, test.n_tokens, test.depth, samples, tpot_ms=tpot_ms, ref=ref,
+                         compared=ref is not None)
+
+
+def _quality(plan: Plan, config: ConfigRun, status: Status, notice: Status) -> Result:
+    chunk = config.settings.ctx or QUALITY_CTX
+    engine = _load(config, chunk, status, notice)
+    try:
+        status(f"{config.model}: perplexity, chunks of {chunk} tokens")
+        result = perplexity(engine, text_path().read_text(encoding="utf-8"), chunk)
+    finally:
+        engine.close()
+    ref_ppl = None
+    if plan.llama_bench is not None:
+        exe = find_llama_perplexity(plan.llama_bench)
+        if exe is None:
+            notice(f"llama-perplexity not found next to {plan.llama_bench}: no reference perplexity ({BUILD_SCRIPT} builds both)")
+        else:
+            status(f"{config.model}: perplexity, llama-perplexity")
+            ref_ppl = run_llama_perplexity(exe, config.path, text_path(), chunk, config.settings)[0]
+    return Result(config, "ppl", f"ppl@c{chunk}", result.n_scored, 0, [chunk * result.n_chunks / result.seconds],
+                  ppl=result, ref_ppl=ref_ppl, compared=plan.llama_bench is not None)
+
+
+def run_llama_bench(exe: Path, config: ConfigRun, test: Test, reps: int) -> dict[str, float]:
+    s = config.settings
+    p, n = (test.n_tokens, 0) if test.kind == "pp" else (0, test.n_tokens)
+    cmd = [str(exe), "-m", str(config.path), "-p", str(p), "-n", str(n), "-d", str(test.depth), "-b", str(s.batch),
+           "-ub", str(s.batch), *s.llama_args(), "-r", str(reps), "-o", "json"]
+    out = _run_tool(cmd, "llama-bench")
+    try:
+        row = json.loads(out.stdout)[0]
+        return {"mean_ts": float(row["avg_ts"]), "std_ts": float(row["stddev_ts"])}
+    except (ValueError, LookupError, TypeError):
+        raise EngineError(f"llama-bench printed no result for {test.name}: run `{' '.join(cmd)}` to see why") from None
+
+
+_FINAL_PPL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
+
+
+def run_llama_perplexity(exe: Path, model: Path, text: Path, n_ctx: int, settings: Settings,
+                         max_chunks: Optional[int] = None) -> tuple[float, float]:
+    """llama.cpp's own perplexity on the same text and chunk size: (PPL, its +/-)."""
+    # -b n_ctx: one chunk per batch, as ours (a bigger batch packs several chunks; same result, more memory).
+    cmd = [str(exe), "-m", str(model), "-f", str(text), "-c", str(n_ctx), "-b", str(n_ctx), *settings.llama_args()]
+    if max_chunks is not None:
+        cmd += ["--chunks", str(max_chunks)]
+    out = _run_tool(cmd, "llama-perplexity")
+    m = _FINAL_PPL.search(out.stdout + out.stderr)
+    if not m:
+        raise EngineError(f"llama-perplexity printed no final estimate: run `{' '.join(cmd)}` to see why")
+    return float(m.group(1)), float(m.group(2))
+
+
+def _run_tool(cmd: list[str], name: str) -> subprocess.CompletedProcess:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        raise EngineError(f"cannot run {name} ({cmd[0]}): {exc.strerror}") from None
+    if out.returncode != 0:
+        lines = [ln for ln in out.stderr.strip().splitlines() if ln.strip()]
+        raise EngineError(f"{name} failed (exit {out.returncode}): {lines[-1] if lines else 'no message'}")
+    return out
+
+
+# -- output -------------------------------------------------------------------------------------------
+
+
+def rows_of(results: Sequence[Result]) -> list[dict[str, Any]]:
+    return [r.as_row() for r in results]
+
+
+def to_json(rows: Sequence[dict]) -> str:
+    return json.dumps(list(rows), indent=2) + "\n"
+
+
+def to_csv(rows: Sequence[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**row, **row["settings"]})
+    return buf.getvalue()
+
+
+def _varying(rows: Sequence[dict]) -> list[str]:
+    return [k for k in _SETTINGS if len({json.dumps(r["settings"][k]) for r in rows}) > 1]
+
+
+def _settings_label(settings: dict, keys: Sequence[str]) -> str:
+    short = {"threads": "t", "ctx": "ctx", "batch": "b", "kv_type": "kv", "gpu_layers": "ngl", "flash_attn": "fa"}
+    return " ".join(f"{short[k]}={settings[k]}" for k in keys)
+
+
+def _caption(rows: Sequence[dict]) -> str:
+    fixed = [k for k in _SETTINGS if k not in _varying(rows)]
+    text = _settings_label(rows[0]["settings"], fixed) if fixed else ""
+    reps = sorted({r["reps"] for r in rows if r["kind"] != "ppl"})
+    timing = f"; reps {','.join(map(str, reps))} (mean ± sample std)" if reps else ""
+    return f"{rows[0]['build']}; {text}{timing}"
+
+
+def _ts(row: dict) -> str:
+    return f"{row['mean_ts']:.2f} ± {row['std_ts']:.2f}"
+
+
+def _opt(x: Optional[float], fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def tables(rows: Sequence[dict]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
+    """Two tables as strings: speed tests (one row per test), then one row per model+settings."""
+    from .render import human_size
+
+    varying = _varying(rows)
+    compared = any("ratio" in r or "ref_mean_ts" in r or "ref_ppl" in r for r in rows)
+    head = ["model", *(["settings"] if varying else []), "test", "t/s", "median t/s"]
+    head += ["llama.cpp t/s", "ratio"] if compared else []
+    head += ["TPOT ms"]
+    speed = []
+    for r in rows:
+        if r["kind"] == "ppl":
+            continue
+        cells = [r["model"], *([_settings_label(r["settings"], varying)] if varying else []), r["test"], _ts(r),
+                 f"{r['median_ts']:.2f}"]
+        if compared:
+            ref = r.get("ref_mean_ts")
+            cells += [f"{ref:.2f} ± {r['ref_std_ts']:.2f}" if ref else "-", _opt(r.get("ratio"), ".3f")]
+        cells.append(_opt(r["tpot_ms"], ".2f") if r["kind"] == "tg" else "")
+        speed.append(cells)
+    ttft_n = next((r["n_tokens"] for r in rows if r["kind"] == "pp"), None)
+    has_ppl = any(r["kind"] == "ppl" for r in rows)
+    mhead = ["model", *(["settings"] if varying else []), "load ms", f"TTFT ms (pp{ttft_n})" if ttft_n else "TTFT ms",
+             "peak RSS", "KV cache", "GPU memory"]
+    mhead += ["PPL", *(["llama.cpp PPL", "ratio"] if compared else [])] if has_ppl else []
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model_path"], json.dumps(r["settings"], sort_keys=True)), []).append(r)
+    models = []
+    for group in groups.values():
+        r = group[0]
+        cells = [r["model"], *([_settings_label(r["settings"], varying)] if varying else []), f"{r['load_ms']:.0f}",
+                 _opt(r["ttft_ms"], ".1f"), human_size(r["peak_rss_bytes"]), human_size(r["kv_bytes"]),
+                 "n/a" if r["device_bytes"] is None else human_size(r["device_bytes"])]
+        ppl = next((g for g in group if g["kind"] == "ppl"), None)
+        if has_ppl:
+            cells.append(f"{ppl['ppl']:.4f} ± {ppl['ppl_error']:.4f}" if ppl else "-")
+            if compared:
+                cells += [_opt(ppl.get("ref_ppl"), ".4f"), _opt(ppl.get("ratio"), ".4f")] if ppl else ["-", "-"]
+        models.append(cells)
+    return head, speed, mhead, models
+
+
+def to_markdown(rows: Sequence[dict]) -> str:
+    if not rows:
+        return "no results\n"
+    head, speed, mhead, models = tables(rows)
+
+    def table(h: list[str], body: list[list[str]]) -> list[str]:
+        right = [i for i, name in enumerate(h) if name not in ("model", "settings", "test")]
+        sep = ["---:" if i in right else "---" for i in range(len(h))]
+        return ["| " + " | ".join(row) + " |" for row in [h, sep, *body]]
+
+    out = [_caption(rows), ""]
+    if speed:
+        out += table(head, speed) + [""]
+    out += table(mhead, models)
+    return "\n".join(out) + "\n"
+
+
+def print_tables(rows: Sequence[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    # Piped or redirected, rows stay whole rather than wrapped at 80 columns.
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+    if not rows:
+        console.print("no results")
+        return
+    head, speed, mhead, models = tables(rows)
+    for h, body, title in ((head, speed, "speed"), (mhead, models, "per model")):
+        if not body:
+            continue
+        table = Table(title=title, title_justify="left", title_style="bold", header_style="bold", box=None)
+        for name in h:
+            table.add_column(name, justify="left" if name in ("model", "settings", "test") else "right")
+        for cells in body:
+            table.add_row(*cells)
+        console.print(table)
+    console.print(_caption(rows), style="dim")
+
+
+def render(rows: Sequence[dict], output: str) -> None:
+    if output == "table":
+        print_tables(rows)
+        return
+    text = {"json": to_json, "csv": to_csv, "md": to_markdown}[output](rows)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def plot(rows: Sequence[dict], path: Path) -> None:
+    """Throughput against prompt length (pp) and against depth (tg), one line per model+settings."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    varying = _varying(rows) if rows else []
+    fig, (ax_pp, ax_tg) = plt.subplots(1, 2, figsize=(12, 4.8))
+    series: dict[tuple, dict[str, list]] = {}
+    for r in rows:
+        if r["kind"] == "ppl":
+            continue
+        label = " ".join(filter(None, [r["model"], _settings_label(r["settings"], varying)]))
+        if r["kind"] == "tg":
+            label += f" tg{r['n_tokens']}"
+        s = series.setdefault((r["kind"], label), {"x": [], "y": [], "err": [], "ref": []})
+        s["x"].append(r["n_tokens"] if r["kind"] == "pp" else r["depth"])
+        s["y"].append(r["mean_ts"])
+        s["err"].append(r["std_ts"])
+        s["ref"].append(r.get("ref_mean_ts"))
+    for (kind, label), s in series.items():
+        ax = ax_pp if kind == "pp" else ax_tg
+        line = ax.errorbar(s["x"], s["y"], yerr=s["err"], marker="o", capsize=3, label=f"{label} (localrun)")
+        if any(v is not None for v in s["ref"]):
+            xs = [x for x, v in zip(s["x"], s["ref"]) if v is not None]
+            ax.plot(xs, [v for v in s["ref"] if v is not None], linestyle="--", marker="x",
+                    color=line.lines[0].get_color(), label=f"{label} (llama.cpp)")
+    ax_pp.set(title="prefill", xlabel="prompt tokens", ylabel="tokens/s")
+    ax_tg.set(title="decode", xlabel="context depth (tokens)", ylabel="tokens/s")
+    for ax in (ax_pp, ax_tg):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    if rows:
+        fig.suptitle(_caption(rows), fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- the command --------------------------------------------------------------------------------------
+
+
+def run_from_cli(models: Sequence[str], **options: Any) -> int:
+    """`localrun bench`: measure, print results (stdout), progress on stderr. Ctrl-C prints what was
+    measured so far and returns 130."""
+    from .console import err, notice
+
+    plan = make_plan(models, **options)
+    results: list[Result] = []
+    interrupted = False
+    told: set[str] = set()
+
+    def tell(text: str) -> None:  # each notice once, not once per load
+        if text not in told:
+            told.add(text)
+            notice(text)
+    with err.status("starting", spinner="dots") as spinner:
+        def status(text: str) -> None:
+            spinner.update(text)
+
+        measuring = run(plan, status=status, notice=tell)
+        try:
+            for result in measuring:
+                results.append(result)
+                row = result.as_row()
+                summary = f"{row['ppl']:.4f} PPL" if result.kind == "ppl" else f"{_ts(row)} t/s"
+                err.print(f"[dim]{row['model']} {row['test']}: {summary}[/dim]", highlight=False)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            measuring.close()  # runs the generator's cleanup (engine freed, peak memory read) now
+    rows = rows_of(results)
+    if interrupted:
+        err.print(f"interrupted: {len(rows)} result(s) measured so far")
+    if rows or not interrupted:
+        render(rows, plan.output)
+    if plan.plot is not None and rows:
+        plot(rows, plan.plot)
+        err.print(f"plot written to {plan.plot}")
+    return EXIT_INTERRUPTED if interrupted else 0
