@@ -241,6 +241,7 @@ class Engine:
         self.load_s = time.perf_counter() - t0
         self.cached: list[int] = []  # tokens whose KV is in sequence 0, in order
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog: Optional[list[int]] = None
         self._one = (ll.llama_token * 1)()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -297,8 +298,10 @@ class Engine:
         return bool(llama_cpp_module().llama_vocab_is_eog(self.vocab, token))
 
     def eog_tokens(self) -> list[int]:
-        ll = llama_cpp_module()
-        return [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)]
+        if self._eog is None:  # a walk over the whole vocabulary (262k for gemma): once per model
+            ll = llama_cpp_module()
+            self._eog = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)]
+        return self._eog
 
     # -- chat template ---------------------------------------------------------------------
 
@@ -412,28 +415,30 @@ class Engine:
         try:
             stats.cached_tokens = self.prefill(prompt)
             sampler.accept_prompt(prompt)
-            one = self._one
             limit = sampling.max_tokens if sampling.max_tokens > 0 else 1 << 62
+            # The hot loop: locals only, one reusable 1-token batch over a fixed array.
+            one = self._one
+            step = ll.llama_batch_get_one(one, 1)
+            decode, is_eog, sample = ll.llama_decode, ll.llama_vocab_is_eog, sampler.sample
+            ctx, vocab, cached, n_ctx = self.ctx, self.vocab, self.cached, self.n_ctx
+            piece, utf8 = self.token_bytes, decoder.decode
             while True:
-                tok = sampler.sample(self.ctx, len(generated))
+                tok = sample(ctx, len(generated))
                 if t_first is None:
                     t_first = time.perf_counter()
                     stats.prompt_eval_s = t_first - t0
-                if ll.llama_vocab_is_eog(self.vocab, tok):
+                if is_eog(vocab, tok):
                     stats.finish_reason = "eos"
                     break
                 generated.append(tok)
-                yield Token(decoder.decode(self.token_bytes(tok)), tok)
-                if len(generated) >= limit:
-                    stats.finish_reason = "length"
-                    break
-                if len(self.cached) >= self.n_ctx:
-                    stats.finish_reason = "length"  # the context is full: said, never silent
+                yield Token(utf8(piece(tok)), tok)
+                if len(generated) >= limit or len(cached) >= n_ctx:
+                    stats.finish_reason = "length"  # max tokens, or the context is full: said, never silent
                     break
                 one[0] = tok
-                if ll.llama_decode(self.ctx, ll.llama_batch_get_one(one, 1)) != 0:
-                    raise EngineError(f"llama.cpp decode failed at position {len(self.cached)}: try a smaller --ctx")
-                self.cached.append(tok)
+                if decode(ctx, step) != 0:
+                    raise EngineError(f"llama.cpp decode failed at position {len(cached)}: try a smaller --ctx")
+                cached.append(tok)
             tail = decoder.decode(b"", final=True)
             if tail:
                 yield Token(tail, -1)
