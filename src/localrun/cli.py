@@ -117,6 +117,8 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="JSON Lines events on stdout")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="timing stats on stderr")] = False,
     truncate: Annotated[bool, typer.Option("--truncate", help="keep the end of a prompt that does not fit")] = False,
+    session: Annotated[Optional[str], typer.Option("--session", help="continue this named session (KV state kept on disk)")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="do not use or fill the automatic prefix cache")] = False,
     source: SourceOpt = "auto",
     temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
     typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
@@ -132,8 +134,10 @@ def run(
 
     text = runner.read_prompt(prompt or [], sys.stdin)
     loaded = _load(locals())
-    request = runner.build_request(loaded, text, system=system, raw=raw, truncate=truncate, on_notice=notice)
-    render.stream_answer(runner.stream(loaded.engine, request), as_json=as_json, verbose=verbose)
+    events = runner.answer(
+        loaded, text, system=system, raw=raw, truncate=truncate, session=session, use_cache=not no_cache, on_notice=notice
+    )
+    render.stream_answer(events, as_json=as_json, verbose=verbose)
 
 
 @app.command()
@@ -188,6 +192,59 @@ def bench(
         gpu_layers=gpu_layers, flash_attn=flash_attn, output=output, compare=compare, llama_bench=llama_bench,
         quality=quality, plot=plot, source=_source(source),
     ))
+
+
+sessions_app = typer.Typer(help="Manage saved sessions and the prefix cache.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
+
+
+@sessions_app.command("list")
+def sessions_list(
+    prefixes: Annotated[bool, typer.Option("--all", "-a", help="include unnamed prefix-cache entries")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+) -> None:
+    """Named sessions: model, tokens, size, last used."""
+    from . import render
+    from .sessions import SessionStore
+
+    with SessionStore.open() as store:
+        render.sessions_table(store.list(prefixes=prefixes), as_json)
+
+
+@sessions_app.command("show")
+def sessions_show(name: str, as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False) -> None:
+    """A session's details and messages."""
+    from . import render
+    from .sessions import SessionStore
+
+    with SessionStore.open() as store:
+        render.session_details(store.show(name), as_json)
+
+
+@sessions_app.command("rm")
+def sessions_rm(name: str) -> None:
+    """Delete a named session."""
+    from .sessions import SessionStore
+
+    with SessionStore.open() as store:
+        store.remove(name)
+    err.print(f"removed session {name}")
+
+
+@sessions_app.command("prune")
+def sessions_prune(
+    max_size: Annotated[str, typer.Option("--max-size", help="keep the store under this size, e.g. 2GB, 500M, 0")] = "2GB",
+    named: Annotated[bool, typer.Option("--named", help="also evict named sessions (least recently used first)")] = False,
+) -> None:
+    """Evict least-recently-used prefix-cache entries (and with --named, sessions) down to --max-size."""
+    from .render import human_size
+    from .config import parse_size
+    from .sessions import SessionStore
+
+    with SessionStore.open() as store:
+        removed = store.prune(parse_size(max_size), named=named)
+        total = store.total_bytes()
+    err.print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}; the store now holds {human_size(total)}")
 
 
 _SAMPLING_FLAGS = (

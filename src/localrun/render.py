@@ -169,3 +169,38 @@ def _print_table(table) -> None:
     from rich.console import Console
 
     Console(file=sys.stdout, highlight=False, soft_wrap=True).print(table)
+
+
+def sessions_table(entries: list, as_json: bool) -> None:
+    if as_json:
+        _json_out([{k: v for k, v in e.as_dict().items() if k != "messages"} for e in entries])
+        return
+    if not entries:
+        err.print("no sessions yet: `localrun chat MODEL --session NAME` or `localrun run MODEL --session NAME ...`")
+        return
+    import datetime
+
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("NAME", "MODEL", "TOKENS", "SIZE", "LAST USED"):
+        table.add_column(col)
+    for e in entries:
+        when = datetime.datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M")
+        table.add_row(e.name or "(prefix)", e.model, str(e.tokens), human_size(e.size), when)
+    _print_table(table)
+
+
+def session_details(info, as_json: bool) -> None:
+    if as_json:
+        _json_out(info.as_dict())
+        return
+    rows = [
+        ("name", info.name), ("model", f"{info.model} ({info.quant})"), ("tokens", str(info.tokens)),
+        ("context", f"{info.n_ctx} ({info.kv_type})"), ("size", human_size(info.size)), ("build", info.build),
+    ]
+    _kv_rows(rows)
+    out = sys.stdout
+    for m in info.messages:
+        out.write(f"\n[{m['role']}]\n{m['content']}\n")
+    out.flush()

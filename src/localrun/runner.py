@@ -182,15 +182,56 @@ def _gpu_layers(value: str):
     return n
 
 
-def build_request(loaded: Loaded, text: str, *, system: Optional[str], raw: bool, truncate: bool, on_notice=None) -> Request:
+def build_request(
+    loaded: Loaded, text: str, *, system: Optional[str], raw: bool, truncate: bool, on_notice=None,
+    history: Sequence[dict] = (),
+) -> Request:
     if not raw and loaded.engine.chat_template is None:
         raw = True
         if on_notice:
             on_notice(f"{loaded.name} has no chat template (a base model): running plain completion")
-    messages = []
+    messages = list(history)
     sys_prompt = system if system is not None else loaded.system
-    if sys_prompt and not raw:
+    if sys_prompt and not raw and not messages:
         messages.append({"role": "system", "content": sys_prompt})
     messages.append({"role": "user", "content": text})
     return Request(messages=messages, raw=raw, sampling=loaded.sampling, truncate=truncate)
 
+
+
+def answer(
+    loaded: Loaded, text: str, *, system: Optional[str], raw: bool, truncate: bool,
+    session: Optional[str] = None, use_cache: bool = True, on_notice=None,
+) -> Iterator[Piece | Finished]:
+    """One `run`: continue a named session (its KV state restored from disk, saved again after), or
+    else look up the automatic prefix cache before prefilling and store the result after."""
+    from .errors import SessionError
+    from .sessions import SessionStore, check_name
+
+    engine = loaded.engine
+    store = SessionStore.open() if (session or use_cache) else None
+    history: list[dict] = []
+    if session:
+        check_name(session)
+        try:
+            store.show(session)
+        except SessionError:
+            pass  # a new session: created after this answer
+        else:
+            history = store.load(session, engine)
+    request = build_request(loaded, text, system=system, raw=raw, truncate=truncate, on_notice=on_notice, history=history)
+    tokens = prompt_tokens(engine, render_prompt(engine, request), request.truncate, request.sampling.max_tokens)
+    if store is not None and use_cache and not session:
+        store.lookup_prefix(engine, tokens, on_notice=on_notice)
+    finished = None
+    for event in stream_tokens(engine, tokens, request.sampling):
+        if isinstance(event, Finished):
+            finished = event
+        yield event
+    if finished is None or store is None:
+        return
+    if session:
+        messages = request.messages + [{"role": "assistant", "content": finished.text}]
+        store.save(session, engine, messages, model_ref=loaded.name)
+    elif use_cache:
+        store.save_prefix(engine)
