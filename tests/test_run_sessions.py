@@ -1,0 +1,74 @@
+"""`run --session`, the automatic prefix cache and `localrun sessions`, end to end across processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DOC = (Path(__file__).resolve().parents[1] / "src" / "localrun" / "data" / "wonderland.txt").read_text()[:4000]
+
+
+def done(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def ask(cli, model, *args, input=None):
+    r = cli("run", str(model), "-t", "0", "-n", "16", "--ctx", "2048", "--json", *args, input=input)
+    assert r.returncode == 0, r.stderr
+    return done(r.stdout)
+
+
+def test_prefix_cache_prefills_a_shared_document_once_and_changes_nothing(smollm2, cli):
+    first = ask(cli, smollm2, "Who is the story about?", input=DOC)
+    assert first["stats"]["cached_tokens"] == 0
+    second = ask(cli, smollm2, "Where did Alice fall?", input=DOC)
+    # Everything up to the question was restored from disk in this new process.
+    assert second["stats"]["cached_tokens"] > 0.9 * first["stats"]["prompt_tokens"]
+    assert second["stats"]["prompt_eval_tokens"] < 30
+    cold = ask(cli, smollm2, "--no-cache", "Where did Alice fall?", input=DOC)
+    assert cold["stats"]["cached_tokens"] == 0
+    assert cold["tokens"] == second["tokens"]  # fidelity: a restored prefix gives the same greedy answer
+
+
+def test_named_session_resumes_in_a_new_process(smollm2, cli):
+    one = ask(cli, smollm2, "--session", "trip", "I am planning a trip to Lisbon.")
+    two = ask(cli, smollm2, "--session", "trip", "What city did I mention?")
+    assert two["stats"]["cached_tokens"] >= one["stats"]["prompt_tokens"]
+    r = cli("sessions", "show", "trip", "--json")
+    info = json.loads(r.stdout)
+    assert [m["role"] for m in info["messages"]] == ["user", "assistant", "user", "assistant"]  # a path model: no system prompt
+    assert info["messages"][-1]["content"] == two["text"]
+    listed = json.loads(cli("sessions", "list", "--json").stdout)
+    assert [s["name"] for s in listed] == ["trip"]
+
+
+def test_session_from_another_model_is_refused(smollm2, gemma, cli):
+    ask(cli, smollm2, "--session", "mine", "Hello there.")
+    r = cli("run", str(gemma), "-n", "4", "--session", "mine", "Hello again.")
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "mine" in r.stderr
+
+
+def test_prune_keeps_named_sessions_and_rm_removes(smollm2, cli):
+    ask(cli, smollm2, "--session", "keep", "Remember the number 7.")
+    ask(cli, smollm2, "Summarise:", input=DOC)  # fills the prefix cache
+    entries = json.loads(cli("sessions", "list", "--all", "--json").stdout)
+    assert any(e["kind"] == "prefix" for e in entries)
+    r = cli("sessions", "prune", "--max-size", "0")
+    assert r.returncode == 0, r.stderr
+    entries = json.loads(cli("sessions", "list", "--all", "--json").stdout)
+    assert [e["name"] for e in entries] == ["keep"]
+    assert cli("sessions", "rm", "keep").returncode == 0
+    assert json.loads(cli("sessions", "list", "--json").stdout) == []
+    r = cli("sessions", "rm", "keep")
+    assert r.returncode == 1 and "no session named" in r.stderr
+
+
+def test_bad_session_name_is_a_usage_error(smollm2, cli):
+    r = cli("run", str(smollm2), "--session", "../etc", "hi")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
