@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time to first token for a ~2,000-token conversation, resumed from a saved session vs evaluated cold.
 
-    python scripts/bench_sessions.py [--runs 3] [--tokens 2000] [--ctx 4096] [--model PATH ...]
+    python scripts/bench_sessions.py [--runs 3] [--tokens 2000] [--ctx 4096] [--threads N] [--model PATH ...]
 
 Each timing is a whole new process, as a user starting `localrun chat --session` would pay: Python start,
 imports, model load, then either evaluating the history (cold) or loading its saved KV state (resumed),
@@ -51,7 +51,7 @@ def history_text(target_tokens: int, tokenize) -> str:
     return "\n".join(turns)
 
 
-def child(mode: str, model: str, work: Path, ctx: int) -> None:
+def child(mode: str, model: str, work: Path, ctx: int, threads: int | None) -> None:
     """One timed process: print 'first' at the first generated token, then a JSON line with the details."""
     t0 = time.perf_counter()
     from localrun.engine import Engine, LoadOptions, Token
@@ -59,7 +59,7 @@ def child(mode: str, model: str, work: Path, ctx: int) -> None:
     from localrun.sessions import SessionStore
 
     t_import = time.perf_counter()
-    engine = Engine(model, LoadOptions(n_ctx=ctx))
+    engine = Engine(model, LoadOptions(n_ctx=ctx, n_threads=threads))
     t_load = time.perf_counter()
     history = json.loads((work / "history.json").read_text())
     question = json.loads((work / "question.json").read_text())
@@ -83,10 +83,11 @@ def child(mode: str, model: str, work: Path, ctx: int) -> None:
     }), flush=True)
 
 
-def timed_child(mode: str, model: Path, work: Path, ctx: int) -> tuple[float, dict]:
+def timed_child(mode: str, model: Path, work: Path, ctx: int, threads: int | None) -> tuple[float, dict]:
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", mode, str(model), str(work), "--ctx", str(ctx)],
+        [sys.executable, __file__, "--child", mode, str(model), str(work), "--ctx", str(ctx)]
+        + (["--threads", str(threads)] if threads else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
     )
     line = proc.stdout.readline()
@@ -97,13 +98,13 @@ def timed_child(mode: str, model: Path, work: Path, ctx: int) -> tuple[float, di
     return wall, json.loads(rest.strip().splitlines()[-1])
 
 
-def prepare(model: Path, work: Path, ctx: int, target: int) -> dict:
+def prepare(model: Path, work: Path, ctx: int, target: int, threads: int | None) -> dict:
     """Evaluate the history once, save it as session 'bench'; time saves; the no-restore continuation."""
     from localrun.engine import Engine, LoadOptions
     from localrun.sampling import SamplingOptions
     from localrun.sessions import SessionStore
 
-    engine = Engine(model, LoadOptions(n_ctx=ctx))
+    engine = Engine(model, LoadOptions(n_ctx=ctx, n_threads=threads))
     history = engine.tokenize(history_text(target, engine.tokenize))
     question = engine.tokenize(QUESTION, add_special=False)
     (work / "history.json").write_text(json.dumps(history))
@@ -132,6 +133,10 @@ def prepare(model: Path, work: Path, ctx: int, target: int) -> dict:
     }
 
 
+def breakdown(runs: list[tuple[float, dict]]) -> dict:
+    return {k: round(statistics.median(d[k] for _, d in runs), 4) for k in ("import_s", "load_s", "restore_s", "first_token_s")}
+
+
 def agree(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -141,16 +146,16 @@ def agree(a: list[int], b: list[int]) -> int:
     return n
 
 
-def bench_model(model: Path, runs: int, ctx: int, target: int) -> dict:
+def bench_model(model: Path, runs: int, ctx: int, target: int, threads: int | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-sessions-") as tmp:
         work = Path(tmp)
-        prep = prepare(model, work, ctx, target)
-        timed_child("cold", model, work, ctx)  # warm-ups: page cache, CPU frequency
-        timed_child("resumed", model, work, ctx)
+        prep = prepare(model, work, ctx, target, threads)
+        timed_child("cold", model, work, ctx, threads)  # warm-ups: page cache, CPU frequency
+        timed_child("resumed", model, work, ctx, threads)
         cold, resumed = [], []
         for _ in range(runs):
-            cold.append(timed_child("cold", model, work, ctx))
-            resumed.append(timed_child("resumed", model, work, ctx))
+            cold.append(timed_child("cold", model, work, ctx, threads))
+            resumed.append(timed_child("resumed", model, work, ctx, threads))
     cold_s = statistics.median(w for w, _ in cold)
     res_s = statistics.median(w for w, _ in resumed)
     res_tokens = [d["tokens"] for _, d in resumed]
@@ -163,8 +168,8 @@ def bench_model(model: Path, runs: int, ctx: int, target: int) -> dict:
         "ratio": cold_s / res_s,
         "cold_runs_s": [round(w, 3) for w, _ in cold],
         "resumed_runs_s": [round(w, 3) for w, _ in resumed],
-        "resumed_breakdown_s": {k: round(statistics.median(d[k] for _, d in resumed), 4)
-                                for k in ("import_s", "load_s", "restore_s", "first_token_s")},
+        "resumed_breakdown_s": breakdown(resumed),
+        "cold_breakdown_s": breakdown(cold),
         "resumed_cached_tokens": resumed[0][1]["cached_tokens"],
         "fidelity_exact": all(t == prep["direct_tokens"] for t in res_tokens),
         "follow_tokens": len(prep["direct_tokens"]),
@@ -185,23 +190,30 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=2000, help="history length to aim for")
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--threads", type=int, help="llama.cpp threads (default: the engine's, all usable cores)")
     ap.add_argument("--model", type=Path, action="append", help="GGUF file (repeatable); default: the test models")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "MODEL", "WORK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         mode, model, work = args.child
-        child(mode, model, Path(work), args.ctx)
+        child(mode, model, Path(work), args.ctx, args.threads)
         return
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     models = args.model or default_models()
-    print(f"threads: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; ctx {args.ctx}; medians of {args.runs} runs\n")
+    from localrun.engine import default_threads
+
+    threads = args.threads or default_threads()
+    print(
+        f"{os.cpu_count()} CPUs, {threads} llama.cpp thread(s), load average {os.getloadavg()[0]:.2f};"
+        f" ctx {args.ctx}; medians of {args.runs} runs\n"
+    )
     print("| model | history tokens | cold TTFT s | resumed TTFT s | ratio | fidelity | MB per 1k tokens | save ms | restore ms |")
     print("|---|---|---|---|---|---|---|---|---|")
     results = []
     for model in models:
-        r = bench_model(model, args.runs, args.ctx, args.tokens)
+        r = bench_model(model, args.runs, args.ctx, args.tokens, args.threads)
         results.append(r)
         fidelity = f"exact ({r['follow_tokens']} tok)" if r["fidelity_exact"] else "DIFFERS"
         print(
@@ -212,12 +224,18 @@ def main() -> None:
         )
     print()
     for r in results:
-        b = r["resumed_breakdown_s"]
+        b, c = r["resumed_breakdown_s"], r["cold_breakdown_s"]
+        # The part a session replaces, without the process start and model load both paths pay.
+        session_ratio = c["first_token_s"] / (b["restore_s"] + b["first_token_s"])
         print(
-            f"{r['model']}: resumed = import {b['import_s']:.2f} s + model load {b['load_s']:.2f} s + session load "
-            f"{b['restore_s'] * 1000:.0f} ms + new tokens {b['first_token_s']:.2f} s "
-            f"({r['resumed_cached_tokens']} tokens reused); cold runs {r['cold_runs_s']}, resumed runs {r['resumed_runs_s']}; "
-            f"cold single-pass prefill agrees with the resumed continuation for {r['cold_agrees_for']}/{r['follow_tokens']} tokens"
+            f"{r['model']}:\n  cold    = import {c['import_s']:.2f} s + model load {c['load_s']:.2f} s"
+            f" + history and question {c['first_token_s']:.2f} s; runs {r['cold_runs_s']}\n"
+            f"  resumed = import {b['import_s']:.2f} s + model load {b['load_s']:.2f} s + session load"
+            f" {b['restore_s'] * 1000:.0f} ms + question {b['first_token_s']:.2f} s"
+            f" ({r['resumed_cached_tokens']} tokens reused); runs {r['resumed_runs_s']}\n"
+            f"  after the model load: cold {c['first_token_s']:.2f} s vs resumed {b['restore_s'] + b['first_token_s']:.2f} s"
+            f" = {session_ratio:.0f}x\n"
+            f"  cold single-pass prefill agrees with the resumed continuation for {r['cold_agrees_for']}/{r['follow_tokens']} tokens"
         )
     if args.json:
         print(json.dumps(results, indent=2))

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from filelock import FileLock, Timeout
 
@@ -61,7 +61,7 @@ LOCK_TIMEOUT_S = 30.0
 ORPHAN_AGE_S = 600.0  # an unreferenced state file younger than this may be a save about to commit
 ALL_SEQUENCES = -1
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -229,7 +229,7 @@ def cache_max_bytes() -> int:
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise UsageError(
-            f"invalid session name {name!r}: use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            f"invalid session name {name!r}: use up to 100 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return name
 
@@ -367,7 +367,7 @@ class SessionStore:
                 raise
             if old is not None:
                 self._unlink(old["state_file"])
-        return self.show(name)
+            return self.show(name)
 
     def load(self, name: str, engine: "Engine") -> list[dict]:
         """Restore session `name` into the engine (replacing its KV cache) and return its messages.
