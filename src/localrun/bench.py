@@ -98,15 +98,16 @@ RESULT_SCHEMA: dict[str, Any] = {
             "ppl_error": {"type": "number", "minimum": 0, "description": "its +/- (llama-perplexity's estimate)"},
             "ref_mean_ts": {**_NULLABLE_NUMBER, "description": "llama-bench's mean tokens/s, same settings"},
             "ref_std_ts": _NULLABLE_NUMBER,
+            "ref_median_ts": {**_NULLABLE_NUMBER, "description": "llama-bench's median tokens/s (the ratio's denominator)"},
             "ref_ppl": {**_NUMBER, "description": "llama-perplexity's final estimate (ppl rows)"},
-            "ratio": {**_NUMBER, "description": "ours / reference: tokens/s for pp and tg, perplexity for ppl"},
+            "ratio": {**_NUMBER, "description": "ours / reference: median tokens/s for pp and tg, perplexity for ppl"},
         },
     },
 }
 
 CSV_FIELDS = [
     "model", "test", "kind", "n_tokens", "depth", *_SETTINGS, "reps", "mean_ts", "std_ts", "median_ts",
-    "ref_mean_ts", "ref_std_ts", "ratio", "ppl", "ppl_error", "ref_ppl", "ttft_ms", "tpot_ms", "load_ms",
+    "ref_mean_ts", "ref_std_ts", "ref_median_ts", "ratio", "ppl", "ppl_error", "ref_ppl", "ttft_ms", "tpot_ms", "load_ms",
     "peak_rss_bytes", "kv_bytes", "device_bytes", "build", "model_path",
 ]
 
@@ -570,7 +571,8 @@ class Result:
     def ratio(self) -> Optional[float]:
         if self.kind == "ppl":
             return self.ppl.ppl / self.ref_ppl if self.ppl and self.ref_ppl else None
-        return self.mean_ts / self.ref["mean_ts"] if self.ref else None
+        # Medians: one slow repetition on a shared machine should not move the verdict.
+        return self.median_ts / self.ref["median_ts"] if self.ref else None
 
     def as_row(self) -> dict[str, Any]:
         c = self.config
@@ -593,6 +595,7 @@ class Result:
             else:
                 row["ref_mean_ts"] = _r(self.ref["mean_ts"]) if self.ref else None
                 row["ref_std_ts"] = _r(self.ref["std_ts"]) if self.ref else None
+                row["ref_median_ts"] = _r(self.ref["median_ts"]) if self.ref else None
             if self.ratio is not None:
                 row["ratio"] = round(self.ratio, 4)
         return row
@@ -672,10 +675,15 @@ def _speed_tests(plan: Plan, config: ConfigRun, engine, status: Status) -> Itera
             samples.append(ttft_seconds(engine, prompt, seed=rep + 1))
         config.ttft_ms = statistics.median(samples) * 1000
     for test in plan.tests:
-        ref = None
-        if plan.llama_bench is not None:
-            status(f"{label}: {test.name}, llama-bench ({plan.reps} reps)")
-            ref = run_llama_bench(plan.llama_bench, config, test, plan.reps)
+        # With a reference, each repetition runs llama-bench once and then ours once, so a burst of
+        # load from elsewhere on a shared machine hits both sides alike.
+        ref_samples: list[float] = []
+
+        def reference(rep: int) -> None:
+            if plan.llama_bench is not None:
+                status(f"{label}: {test.name}, llama-bench {rep + 1}/{plan.reps}")
+                ref_samples.append(run_llama_bench(plan.llama_bench, config, test, 1)["median_ts"])
+
         step = f"{label}: {test.name}"
         if test.kind == "pp":
             tokens = prompt_tokens(engine, test.n_tokens)
@@ -683,8 +691,10 @@ def _speed_tests(plan: Plan, config: ConfigRun, engine, status: Status) -> Itera
             prefill_seconds(engine, tokens)
             samples = []
             for rep in range(plan.reps):
+                reference(rep)
                 status(f"{step}, {rep + 1}/{plan.reps}")
                 samples.append(test.n_tokens / prefill_seconds(engine, tokens))
+            ref = _summary(ref_samples)
             yield Result(config, "pp", test.name, test.n_tokens, 0, samples, ref=ref, compared=ref is not None)
         else:
             context = prompt_tokens(engine, max(test.depth, 1))
@@ -692,9 +702,11 @@ def _speed_tests(plan: Plan, config: ConfigRun, engine, status: Status) -> Itera
             decode_seconds(engine, context[:1], 2)
             seconds = []
             for rep in range(plan.reps):
+                reference(rep)
                 status(f"{step}, {rep + 1}/{plan.reps}")
                 seconds.append(decode_seconds(engine, context, test.n_tokens, seed=rep + 1))
             samples = [test.n_tokens / s for s in seconds]
+            ref = _summary(ref_samples)
             tpot_ms = statistics.median(seconds) / test.n_tokens * 1000
             yield Result(config, "tg", test.name, test.n_tokens, test.depth, samples, tpot_ms=tpot_ms, ref=ref,
                          compared=ref is not None)
@@ -720,6 +732,13 @@ def _quality(plan: Plan, config: ConfigRun, status: Status, notice: Status) -> R
                   ppl=result, ref_ppl=ref_ppl, compared=plan.llama_bench is not None)
 
 
+def _summary(samples: list[float]) -> Optional[dict[str, float]]:
+    if not samples:
+        return None
+    std = statistics.stdev(samples) if len(samples) > 1 else 0.0
+    return {"mean_ts": statistics.fmean(samples), "std_ts": std, "median_ts": statistics.median(samples)}
+
+
 def run_llama_bench(exe: Path, config: ConfigRun, test: Test, reps: int) -> dict[str, float]:
     s = config.settings
     p, n = (test.n_tokens, 0) if test.kind == "pp" else (0, test.n_tokens)
@@ -728,7 +747,8 @@ def run_llama_bench(exe: Path, config: ConfigRun, test: Test, reps: int) -> dict
     out = _run_tool(cmd, "llama-bench")
     try:
         row = json.loads(out.stdout)[0]
-        return {"mean_ts": float(row["avg_ts"]), "std_ts": float(row["stddev_ts"])}
+        samples = [float(x) for x in row.get("samples_ts") or [row["avg_ts"]]]
+        return {"mean_ts": float(row["avg_ts"]), "std_ts": float(row["stddev_ts"]), "median_ts": statistics.median(samples)}
     except (ValueError, LookupError, TypeError):
         raise EngineError(f"llama-bench printed no result for {test.name}: run `{' '.join(cmd)}` to see why") from None
 
