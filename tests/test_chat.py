@@ -324,28 +324,6 @@ def test_save_load_and_session(smollm2, gemma, cli):
     assert re.search(r"conversation:\s+2 turn", three.stderr)  # saved after every answer, not overwritten
 
 
-def test_transcript_fallback_without_a_session_store(engine, monkeypatch, isolated_home):
-    import sys
-
-    from localrun import chat
-    from localrun.errors import SessionError
-
-    monkeypatch.setitem(sys.modules, "localrun.sessions", None)  # as if the store were not built
-    conv = chat.Conversation(engine, "Be brief.")
-    conv.replace([*conv.messages, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])
-    assert not chat.session_exists("t1")
-    assert "saved transcript t1" in chat.save_conversation("t1", conv, "smol")
-    assert chat.session_exists("t1") and (isolated_home / "transcripts" / "t1.json").exists()
-    other = chat.Conversation(engine, None)
-    assert "saved with smol" in chat.load_conversation("t1", other, "another")
-    assert other.messages == conv.messages and other.system == "Be brief."
-    with pytest.raises(SessionError, match="no saved conversation"):
-        chat.load_conversation("missing", other, "smol")
-    (isolated_home / "transcripts" / "bad.json").write_text('{"messages": [{"role": "robot"}]}')
-    with pytest.raises(SessionError, match="not a localrun transcript"):
-        chat.load_conversation("bad", other, "smol")
-
-
 # -- the pieces --------------------------------------------------------------------------------------------
 
 

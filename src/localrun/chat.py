@@ -25,9 +25,6 @@ Behaviour a user (and a script) can rely on:
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import shlex
 import signal
 import sys
@@ -38,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from .console import err, notice, render_error, warn
-from .errors import ContextOverflow, LocalrunError, SessionError, UsageError
+from .errors import ContextOverflow, LocalrunError, SessionError
 
 if TYPE_CHECKING:
     from .engine import Engine, Stats
@@ -236,83 +233,33 @@ class Conversation:
 
 # -- saving and loading ------------------------------------------------------------------------------
 
-_NAME = re.compile(r"^[A-Za-z0-9][\w.-]{0,99}$")
-
-
-@contextmanager
-def _session_store():
-    """The KV-cache session store, or None where this build has none (then transcripts are saved as JSON)."""
-    try:
-        from .sessions import SessionStore
-    except ImportError:
-        yield None
-        return
-    with SessionStore.open() as store:
-        yield store
-
-
-def _transcript_path(name: str) -> Path:
-    from .config import home
-
-    if not _NAME.match(name):
-        raise UsageError(f"invalid session name {name!r}: use letters, digits, '.', '_' or '-'")
-    return home() / "transcripts" / f"{name}.json"
-
-
 def save_conversation(name: str, conv: Conversation, model_ref: str) -> str:
-    """Save; return a one-line description of what was saved."""
-    with _session_store() as store:
-        if store is not None:
-            info = store.save(name, conv.engine, conv.messages, model_ref=model_ref)
-            return f"saved session {name} ({conv.turns} turn(s), {info.tokens} tokens of KV cache)"
-    path = _transcript_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    record = {"format": "localrun-transcript/1", "model": model_ref, "messages": conv.messages}
-    tmp.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
-    return f"saved transcript {name} -> {path}"
+    """Save messages and KV cache in the session store; return a one-line description."""
+    from .sessions import SessionStore
+
+    with SessionStore.open() as store:
+        info = store.save(name, conv.engine, conv.messages, model_ref=model_ref)
+    return f"saved session {name} ({conv.turns} turn(s), {info.tokens} tokens of KV cache)"
 
 
 def session_exists(name: str) -> bool:
     """Whether `name` was saved (a bad name raises UsageError)."""
-    with _session_store() as store:
-        if store is not None:
-            try:
-                store.show(name)
-            except SessionError:
-                return False
-            return True
-    return _transcript_path(name).exists()
+    from .sessions import SessionStore
+
+    with SessionStore.open() as store:
+        try:
+            store.show(name)
+        except SessionError:
+            return False
+    return True
 
 
 def load_conversation(name: str, conv: Conversation, model_ref: str) -> str:
-    with _session_store() as store:
-        if store is not None:
-            conv.replace(store.load(name, conv.engine))  # the store restores the KV cache too
-            return f"loaded session {name} ({conv.turns} turn(s), {len(conv.engine.cached)} tokens cached)"
-    path = _transcript_path(name)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SessionError(f"no saved conversation named {name!r} (looked for {path})") from None
-    except (OSError, ValueError) as exc:
-        raise SessionError(f"cannot read the transcript {path}: {exc}") from None
-    messages = data.get("messages") if isinstance(data, dict) else None
-    if not isinstance(messages, list) or not all(_is_message(m) for m in messages):
-        raise SessionError(f"{path} is not a localrun transcript (no valid 'messages' list)")
-    conv.replace(messages)
-    saved_with = data.get("model")
-    other = f"; it was saved with {saved_with}" if saved_with and saved_with != model_ref else ""
-    return f"loaded transcript {name} ({conv.turns} turn(s)){other}; it is read again on the next turn"
+    from .sessions import SessionStore
 
-
-def _is_message(m) -> bool:
-    return (
-        isinstance(m, dict)
-        and m.get("role") in ("system", "user", "assistant")
-        and isinstance(m.get("content"), str)
-    )
+    with SessionStore.open() as store:
+        conv.replace(store.load(name, conv.engine))  # the store restores the KV cache too
+    return f"loaded session {name} ({conv.turns} turn(s), {len(conv.engine.cached)} tokens cached)"
 
 
 # -- the REPL ---------------------------------------------------------------------------------------

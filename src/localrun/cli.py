@@ -242,7 +242,7 @@ def sessions_prune(
     from .sessions import SessionStore
 
     with SessionStore.open() as store:
-        removed = store.prune(parse_size(max_size), named=named)
+        removed = store.prune(parse_size(max_size, f"--max-size {max_size!r}"), named=named)
         total = store.total_bytes()
     err.print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}; the store now holds {human_size(total)}")
 

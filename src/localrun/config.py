@@ -182,13 +182,14 @@ def entry_for(ref: str) -> Optional[ModelEntry]:
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
-def parse_size(text: str, what: str = "--max-size") -> int:
-    """'2GB', '500M', '1.5GiB', '0' -> bytes (decimal units unless 'i' is given)."""
+def parse_size(text: str, label: str) -> int:
+    """'2GB', '500M', '1.5GiB', '0' -> bytes (decimal units unless 'i' is given). `label` names the
+    value in the error, e.g. "--max-size '2XB'"."""
     from .errors import UsageError
 
     m = _SIZE.match(text)
     if not m:
-        raise UsageError(f"invalid {what} {text!r}: use a size such as 2GB, 500M or 0")
+        raise UsageError(f"invalid {label}: use a size such as 2GB, 500M or 0")
     number, unit, binary = float(m.group(1)), m.group(2).lower(), bool(m.group(3))
     power = " kmgt".index(unit) if unit else 0
     return int(number * (1024 if binary else 1000) ** power)

@@ -62,7 +62,6 @@ ORPHAN_AGE_S = 600.0  # an unreferenced state file younger than this may be a sa
 ALL_SEQUENCES = -1
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
 # -- what the store reports ------------------------------------------------------------------
@@ -215,15 +214,12 @@ def _check_single_sequence(engine: "Engine") -> None:
 
 def cache_max_bytes() -> int:
     """$LOCALRUN_CACHE_MAX: bytes the prefix cache may use ("2GB", "500M", "1.5GiB", "0" to disable)."""
+    from .config import parse_size
+
     raw = os.environ.get("LOCALRUN_CACHE_MAX", "")
     if not raw.strip():
         return DEFAULT_CACHE_MAX
-    m = _SIZE.match(raw)
-    if not m:
-        raise UsageError(f"invalid LOCALRUN_CACHE_MAX={raw!r}: use a size such as 2GB, 500M or 0 to disable the prefix cache")
-    number, unit, binary = float(m.group(1)), m.group(2).lower(), bool(m.group(3))
-    power = " kmgt".index(unit) if unit else 0
-    return int(number * (1024 if binary else 1000) ** power)
+    return parse_size(raw, f"LOCALRUN_CACHE_MAX={raw!r} (0 disables the prefix cache)")
 
 
 def check_name(name: str) -> str:
