@@ -206,7 +206,7 @@ def make_plan(
     source: str = "auto",
 ) -> Plan:
     """Parse and check every option (naming the bad value), find llama-bench if asked to compare."""
-    from .engine import KV_TYPES, default_threads
+    from .engine import KV_TYPES, default_threads, parse_gpu_layers
 
     if not models:
         raise UsageError("give at least one model to benchmark")
@@ -227,7 +227,7 @@ def make_plan(
     ctx_values: list[Optional[int]] = list(_ints("--ctx", ctx, minimum=16)) if ctx else [None]
     batches = _ints("--batch", batch, minimum=1)
     kv_types = _words("--kv-type", kv_type, KV_TYPES)
-    layer_values = [_gpu_layers(v) for v in _split("--gpu-layers", gpu_layers)]
+    layer_values = [str(parse_gpu_layers(v)) for v in _split("--gpu-layers", gpu_layers)]
     fa_values = _words("--flash-attn", flash_attn, FLASH_ATTN)
     settings = [Settings(*combo) for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values)]
     for s in settings:
@@ -271,18 +271,6 @@ def _words(flag: str, value: str, allowed: Sequence[str]) -> list[str]:
         if p not in allowed:
             raise UsageError(f"invalid {flag} value {p!r}: use {', '.join(allowed)}")
     return parts
-
-
-def _gpu_layers(value: str) -> str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = -2
-    if n < -1:
-        raise UsageError(f"invalid --gpu-layers value {value!r}: use a number of layers, -1 or auto for all, 0 for CPU only")
-    return str(n)
 
 
 def require_matplotlib() -> None:

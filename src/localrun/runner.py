@@ -142,7 +142,7 @@ def load(
     """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp."""
     from . import hub
     from .config import entry_for
-    from .engine import LoadOptions
+    from .engine import LoadOptions, parse_gpu_layers
     from .errors import UsageError
     from .sampling import build_options, parse_logit_bias, read_grammar, read_json_schema
 
@@ -153,7 +153,7 @@ def load(
     overrides["grammar"] = read_grammar(grammar)
     overrides["json_schema"] = read_json_schema(json_schema)
     sampling = build_options(entry.sampling if entry else {}, overrides)
-    layers = _gpu_layers(gpu_layers)
+    layers = parse_gpu_layers(gpu_layers)
     if batch < 1:
         raise UsageError(f"invalid --batch {batch}: use 1 or more")
     n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
@@ -166,20 +166,6 @@ def load(
     if engine.gpu_notice and on_notice:
         on_notice(engine.gpu_notice)
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=sampling, system=entry.system if entry else None)
-
-
-def _gpu_layers(value: str):
-    from .errors import UsageError
-
-    if value == "auto":
-        return "auto"
-    try:
-        n = int(value)
-    except ValueError:
-        n = -2
-    if n < -1:
-        raise UsageError(f"invalid --gpu-layers {value!r}: use a number of layers, auto, or 0 for CPU only")
-    return n
 
 
 def build_request(

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Optional
 from filelock import FileLock, Timeout
 
 from .errors import EngineError, SessionError, UsageError
+from .files import fsync_dir
 
 if TYPE_CHECKING:
     import numpy as np
@@ -258,14 +259,6 @@ def _checksum(data: bytes | bytearray | memoryview) -> str:
     # CRC-32 guards against torn and damaged files (sizes are checked too) at ~4 GB/s; sha256 would
     # cost about 5x more on every load, and the model's identity is carried by its own sha256.
     return f"crc32:{zlib.crc32(data):08x}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _has_sliding_window(engine: "Engine") -> bool:
@@ -646,7 +639,7 @@ class SessionStore:
                     view = view[f.write(view):]
                 os.fsync(f.fileno())
             os.replace(tmp, self.states / name)
-            _fsync_dir(self.states)
+            fsync_dir(self.states)
         except BaseException:
             self._unlink(tmp.name)
             raise
