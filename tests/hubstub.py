@@ -230,13 +230,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
         return repo
 
-    def _model_info(self, repo_id: str, revision: str, blobs: bool) -> None:
+    def _repo_at(self, repo_id: str, revision: str) -> Optional[tuple[StubRepo, str]]:
+        """The repo and the commit `revision` names, or None once a 404 like the Hub's has been sent."""
         repo = self._repo(repo_id)
         if repo is None:
-            return
+            return None
         commit = repo.resolve(revision)
         if commit is None:
-            return self._json(404, {"error": f"Invalid rev id: {revision}"}, {"X-Error-Code": "RevisionNotFound"})
+            self._json(404, {"error": f"Invalid rev id: {revision}"}, {"X-Error-Code": "RevisionNotFound"})
+            return None
+        return repo, commit
+
+    def _model_info(self, repo_id: str, revision: str, blobs: bool) -> None:
+        found = self._repo_at(repo_id, revision)
+        if found is None:
+            return
+        repo, commit = found
         siblings = []
         for f in repo.files.values():
             sibling: dict = {"rfilename": f.name}
@@ -253,12 +262,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, {"id": repo.repo_id, "modelId": repo.repo_id, "sha": commit, "private": False, "siblings": siblings})
 
     def _resolve(self, method: str, repo_id: str, revision: str, filename: str) -> None:
-        repo = self._repo(repo_id)
-        if repo is None:
+        found = self._repo_at(repo_id, revision)
+        if found is None:
             return
-        commit = repo.resolve(revision)
-        if commit is None:
-            return self._json(404, {"error": f"Invalid rev id: {revision}"}, {"X-Error-Code": "RevisionNotFound"})
+        repo, commit = found
         f = repo.files.get(filename)
         if f is None:
             return self._json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": commit})
