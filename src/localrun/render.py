@@ -168,7 +168,9 @@ def _kv_rows(rows) -> None:
 def _print_table(table) -> None:
     from rich.console import Console
 
-    Console(file=sys.stdout, highlight=False, soft_wrap=True).print(table)
+    # In a pipe nothing is cut to fit a terminal's width: scripts get whole paths.
+    width = None if sys.stdout.isatty() else 100_000
+    Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width).print(table)
 
 
 def sessions_table(entries: list, as_json: bool) -> None:
