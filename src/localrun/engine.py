@@ -404,7 +404,7 @@ class Engine:
                 f"raise --ctx (up to the model's {self.info.context_length}) or pass --truncate to keep its end"
             )
 
-    def generate(self, prompt: Sequence[int], sampling: SamplingOptions, sampler=None) -> Iterator[Event]:
+    def generate(self, prompt: Sequence[int], sampling: SamplingOptions) -> Iterator[Event]:
         """Stream tokens for `prompt` (token ids). The last event is Done with stats.
 
         Stops at end-of-generation (EOS), max_tokens or a full context (finish reason 'length').
@@ -418,9 +418,7 @@ class Engine:
             raise UsageError("empty prompt: give some text as an argument or on stdin")
         self.check_fits(len(prompt))
         stats = Stats(load_s=self.load_s, prompt_tokens=len(prompt))
-        own_sampler = sampler is None
-        if own_sampler:
-            sampler = make_sampler(self, sampling)
+        sampler = make_sampler(self, sampling)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         generated: list[int] = []
         t0 = time.perf_counter()
@@ -470,6 +468,5 @@ class Engine:
             stats.eval_tokens = max(0, len(generated) - 1)
             stats.eval_s = t_end - t_first if len(generated) > 1 else 0.0
             self.last_stats = stats
-            if own_sampler:
-                sampler.close()
+            sampler.close()
         yield Done(stats, generated)

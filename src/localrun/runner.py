@@ -58,18 +58,12 @@ def prompt_tokens(engine: Engine, text: str, truncate: bool, max_tokens: int) ->
     return head + tokens[len(tokens) - keep + len(head) :]
 
 
-def stream(engine: Engine, request: Request) -> Iterator[Piece | Finished]:
-    """Yield answer text as it is decoded (stop sequences removed), then Finished."""
-    text = render_prompt(engine, request)
-    tokens = prompt_tokens(engine, text, request.truncate, request.sampling.max_tokens)
-    yield from stream_tokens(engine, tokens, request.sampling)
-
-
 def stream_tokens(engine: Engine, tokens: Sequence[int], sampling: SamplingOptions) -> Iterator[Piece | Finished]:
     matcher = StopMatcher(sampling.stop)
     answer: list[str] = []
     ids: list[int] = []
     gen = engine.generate(tokens, sampling)
+    stats = None
     try:
         for event in gen:
             if isinstance(event, Token):
@@ -82,17 +76,17 @@ def stream_tokens(engine: Engine, tokens: Sequence[int], sampling: SamplingOptio
                 if matcher.stopped is not None:
                     break
             elif isinstance(event, Done):
-                out = matcher.flush()
+                stats = event.stats
+                out = matcher.flush()  # may still find a stop in the text it held back
                 if out:
                     answer.append(out)
                     yield Piece(out)
-                yield Finished(event.stats, "".join(answer), event.tokens)
-                return
     finally:
         gen.close()
-    # Stopped by a stop sequence: the generator was closed early, its stats are on the engine.
-    stats = engine.last_stats
-    stats.finish_reason = "stop"
+    if stats is None:
+        stats = engine.last_stats  # closed early by a stop sequence: the engine kept its stats
+    if matcher.stopped is not None:
+        stats.finish_reason = "stop"
     yield Finished(stats, "".join(answer), ids, stopped_by=matcher.stopped)
 
 
