@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own llama-bench (and llama-perplexity) from the llama.cpp source that the pinned
+# Build llama.cpp's own llama-bench (and llama-perplexity, llama-batched-bench) from the llama.cpp source that the pinned
 # llama-cpp-python vendors, with the same CPU flags as scripts/build_llama_cpp.sh cpu, so the
 # comparison in `scripts/bench_decode.py` and `localrun bench --compare llama-bench` is like for like.
 #
@@ -8,7 +8,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 VERSION="$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' "$HERE/../pyproject.toml")"
 OUT="${LOCALRUN_LLAMA_BENCH_DIR:-$HOME/.cache/localrun/llama-bench-$VERSION}"
-[ -x "$OUT/bin/llama-bench" ] && { echo "$OUT/bin/llama-bench"; exit 0; }
+[ -x "$OUT/bin/llama-bench" ] && [ -x "$OUT/bin/llama-batched-bench" ] && { echo "$OUT/bin/llama-bench"; exit 0; }
 PY="${PYTHON:-python3}"
 SRC="$(mktemp -d)"
 trap 'rm -rf "$SRC"' EXIT
@@ -21,7 +21,7 @@ FLAGS="$(bash "$HERE/build_llama_cpp.sh" --print-cmake-args cpu)"
 cmake -S "$LLAMA" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
   $(echo "$FLAGS" | sed 's/-DLLAMA_BUILD_TOOLS=OFF//') >&2
-cmake --build "$SRC/build" --config Release -j "$(nproc)" --target llama-bench llama-perplexity >&2
+cmake --build "$SRC/build" --config Release -j "$(nproc)" --target llama-bench llama-perplexity llama-batched-bench >&2
 mkdir -p "$OUT/bin"
-cp "$SRC/build/bin/llama-bench" "$SRC/build/bin/llama-perplexity" "$OUT/bin/"
+cp "$SRC/build/bin/llama-bench" "$SRC/build/bin/llama-perplexity" "$SRC/build/bin/llama-batched-bench" "$OUT/bin/"
 echo "$OUT/bin/llama-bench"

@@ -43,6 +43,23 @@ if TYPE_CHECKING:
     from .sampling import SamplingOptions
 
 PLAIN_STOP = "\nUser:"
+
+
+def render_messages(engine: "Engine", messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The model's chat template, or for a base model a plain transcript that PLAIN_STOP ends."""
+    if engine.chat_template is not None:
+        return engine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    parts = []
+    for m in messages:
+        if m["role"] == "system":
+            parts.append(m["content"] + "\n\n")
+        elif m["role"] == "user":
+            parts.append(f"User: {m['content']}\n")
+        else:
+            parts.append(f"Assistant: {m['content']}\n")
+    if add_generation_prompt:
+        parts.append("Assistant:")
+    return "".join(parts)
 PROMPT = ">>> "
 CONTINUATION = "... "
 BLOCK = '"""'
@@ -118,19 +135,7 @@ class Conversation:
     # -- prompt --------------------------------------------------------------------------------
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        if self.templated:
-            return self.engine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        parts = []
-        for m in messages:
-            if m["role"] == "system":
-                parts.append(m["content"] + "\n\n")
-            elif m["role"] == "user":
-                parts.append(f"User: {m['content']}\n")
-            else:
-                parts.append(f"Assistant: {m['content']}\n")
-        if add_generation_prompt:
-            parts.append("Assistant:")
-        return "".join(parts)
+        return render_messages(self.engine, messages, add_generation_prompt)
 
     def prompt(self, messages: list[dict]) -> tuple[list[int], str]:
         """The prompt tokens for `messages` and the text they spell."""

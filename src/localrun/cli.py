@@ -165,9 +165,46 @@ def chat(
 
 
 @app.command()
+def serve(
+    model: ModelArg,
+    parallel: Annotated[int, typer.Option("--parallel", "-np", help="sequences decoded together (slots)")] = 4,
+    host: Annotated[str, typer.Option("--host", help="address to listen on (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="port to listen on (0 = any free port)")] = 11435,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
+    queue: Annotated[int, typer.Option("--queue", help="requests that may wait for a slot; more get 429")] = 64,
+    prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="prompt tokens per step while others decode")] = 256,
+    source: SourceOpt = "auto",
+    temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
+    typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
+    presence_penalty: PresencePenaltyOpt = None, frequency_penalty: FrequencyPenaltyOpt = None,
+    mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
+    seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
+    logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
+    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
+    threads: ThreadsOpt = None, batch: BatchOpt = 512,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API, many requests decoded together."""
+    from .server import ServeOptions, serve as run_server
+
+    for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0)):
+        if value < least or (flag == "--port" and value > 65535):
+            raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
+    loaded = _load(locals(), parallel=parallel)
+    slot_ctx = loaded.engine.n_ctx // parallel
+    options = ServeOptions(parallel=parallel, slot_ctx=slot_ctx, max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key)
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        notice(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
+
+    def ready(bound: int) -> None:
+        err.print(f"[ok]serving[/ok] {loaded.name} on http://{host}:{bound}/v1 ({parallel} slots x {slot_ctx} tokens); Ctrl-C stops")
+
+    run_server(loaded, options, host=host, port=port, on_ready=ready)
+
+
+@app.command()
 def bench(
-    models: Annotated[list[str], typer.Argument(help="one or more models (alias, owner/repo[:QUANT] or .gguf path)")],
-    pp: Annotated[str, typer.Option("--pp", "-p", help="prompt lengths for prefill tests, comma-separated")] = "512",
+    models: Annotated[Optional[list[str]], typer.Argument(help="one or more models (alias, owner/repo[:QUANT] or .gguf path)")] = None,
+    pp: Annotated[Optional[str], typer.Option("--pp", "-p", help="prompt lengths for prefill tests, comma-separated (default 512; with --serve, prompt words, default 32)")] = None,
     tg: Annotated[str, typer.Option("--tg", "-n", help="tokens to decode in decode tests, comma-separated")] = "128",
     depth: Annotated[str, typer.Option("--depth", "-d", help="context depths for decode tests, comma-separated")] = "0",
     reps: Annotated[int, typer.Option("--reps", "-r", help="repetitions after one warm-up")] = 5,
@@ -182,13 +219,26 @@ def bench(
     llama_bench: Annotated[Optional[Path], typer.Option("--llama-bench", help="path to the llama-bench binary (default: PATH, then the scripts/build_llama_bench.sh cache)")] = None,
     quality: Annotated[bool, typer.Option("--quality", help="also measure perplexity on the bundled text")] = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw throughput vs prompt length/depth to this PNG (needs matplotlib)")] = None,
+    serve: Annotated[Optional[str], typer.Option("--serve", help="load-test this OpenAI-compatible API instead, e.g. http://127.0.0.1:11435/v1")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="with --serve: concurrent streams (sweep: 1,8)")] = "1,8",
+    requests: Annotated[Optional[int], typer.Option("--requests", help="with --serve: requests per level (default 4 x streams)")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="with --serve: bearer key")] = None,
     source: SourceOpt = "auto",
 ) -> None:
-    """Measure prefill and decode speed, TTFT, TPOT, load time, memory (and perplexity), optionally vs llama-bench."""
+    """Measure prefill and decode speed, TTFT, TPOT, load time, memory (and perplexity), optionally vs llama-bench;
+    or with --serve, load-test a running server with concurrent streams."""
     from . import bench as benchmark
 
+    if serve is not None:
+        from . import loadtest
+
+        raise typer.Exit(loadtest.run_from_cli(serve, concurrency=concurrency, requests=requests, tg=tg,
+                                               pp=pp or "32", output=output, api_key=api_key))
+    if not models:
+        raise UsageError("give one or more models to benchmark (or --serve URL to load-test a server)")
+
     raise typer.Exit(benchmark.run_from_cli(
-        models, pp=pp, tg=tg, depth=depth, reps=reps, threads=threads, ctx=ctx, batch=batch, kv_type=kv_type,
+        models, pp=pp or "512", tg=tg, depth=depth, reps=reps, threads=threads, ctx=ctx, batch=batch, kv_type=kv_type,
         gpu_layers=gpu_layers, flash_attn=flash_attn, output=output, compare=compare, llama_bench=llama_bench,
         quality=quality, plot=plot, source=_source(source),
     ))
@@ -253,8 +303,8 @@ _SAMPLING_FLAGS = (
 )
 
 
-def _load(args: dict):
-    """Resolve and load the model with the options `run` and `chat` share (their signatures name them alike)."""
+def _load(args: dict, parallel: int = 1):
+    """Resolve and load the model with the options `run`, `chat` and `serve` share (their signatures name them alike)."""
     from . import runner
 
     return runner.load(
@@ -262,6 +312,7 @@ def _load(args: dict):
         flash_attn=args["flash_attn"], kv_type=args["kv_type"], threads=args["threads"], batch=args["batch"],
         sampling_flags={k: args[k] for k in _SAMPLING_FLAGS}, logit_bias=args["logit_bias"] or [],
         stop=args["stop"] or [], grammar=args["grammar"], json_schema=args["json_schema"], on_notice=notice,
+        parallel=parallel,
     )
 
 

@@ -233,6 +233,7 @@ class Engine:
         cparams.type_k = _GGML_TYPES[options.kv_type]
         cparams.type_v = _GGML_TYPES[options.kv_type]
         cparams.swa_full = options.swa_full
+        cparams.kv_unified = False  # a KV stream per sequence: each one's output does not depend on the others
         cparams.no_perf = True
         if options.flash_attn is None:
             # A quantized V cache needs flash attention; otherwise let llama.cpp pick.

@@ -132,6 +132,7 @@ def load(
     grammar=None,
     json_schema=None,
     on_notice=None,
+    parallel: int = 1,
 ) -> Loaded:
     """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp."""
     from . import hub
@@ -151,9 +152,14 @@ def load(
     if batch < 1:
         raise UsageError(f"invalid --batch {batch}: use 1 or more")
     n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
+    if parallel < 1:
+        raise UsageError(f"invalid --parallel {parallel}: use 1 or more")
+    # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
+    # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
+    # another order, and greedy output would depend on what else is in the batch.
     options = LoadOptions(
-        n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
-        flash_attn=flash_attn, kv_type=kv_type,
+        n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
+        flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
     )
     local = hub.ensure_local(model, source=source)
     engine = Engine(local.path, options)

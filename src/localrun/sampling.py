@@ -191,13 +191,14 @@ class Sampler:
             for t in tokens[-(self.options.repeat_last_n if self.options.repeat_last_n > 0 else len(tokens)) :]:
                 self._ll.llama_sampler_accept(pen, t)
 
-    def sample(self, ctx, n_generated: int) -> int:
+    def sample(self, ctx, n_generated: int, idx: int = -1) -> int:
+        """Pick the next token from the logits of batch position `idx` (-1: the last one)."""
         ll = self._ll
         if self.early is not None and n_generated < self.options.min_tokens:
-            tok = ll.llama_sampler_sample(self.early, ctx, -1)
+            tok = ll.llama_sampler_sample(self.early, ctx, idx)
             ll.llama_sampler_accept(self.chain, tok)
             return tok
-        tok = ll.llama_sampler_sample(self.chain, ctx, -1)
+        tok = ll.llama_sampler_sample(self.chain, ctx, idx)
         if self.early is not None:
             ll.llama_sampler_accept(self.early, tok)
         return tok

@@ -1,0 +1,281 @@
+"""`localrun serve` end to end: the real `openai` client against a server this test starts on loopback,
+serving the real SmolLM2 through real llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import jsonschema
+import pytest
+
+from conftest import LOCALRUN
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+KEY = "test-key-123"
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, stderr: list[str]):
+        self.proc, self.port, self.stderr = proc, port, stderr
+        self.url = f"http://127.0.0.1:{port}"
+
+    def client(self, key: str = KEY, **kw) -> "openai.OpenAI":
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
+
+    def stop(self) -> int:
+        """Ctrl-C: a graceful stop, exit 130 (interrupted) like every other command, never a traceback."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        time.sleep(0.2)  # the drain thread reads the last lines
+        assert "Traceback" not in "".join(self.stderr), "".join(self.stderr)
+        return self.proc.returncode
+
+
+def start_server(model, home, *args: str) -> Server:
+    env = {**os.environ, "LOCALRUN_HOME": str(home)}
+    # --threads 1: llama.cpp's threads spin, and the test client shares this machine's few cores.
+    proc = subprocess.Popen(
+        [LOCALRUN, "serve", str(model), "--port", "0", "--threads", "1", *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        if m:
+            threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()  # keep draining
+            return Server(proc, int(m.group(1)), lines)
+    proc.kill()
+    raise AssertionError(f"server did not start: {''.join(lines)}")
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    srv = start_server(smollm2, tmp_path_factory.mktemp("home"), "--parallel", "8", "--ctx", "1024", "--api-key", KEY)
+    yield srv
+    assert srv.stop() == 130
+
+
+def complete(client, prompt: str, **kw):
+    return client.completions.create(model="smollm2", prompt=prompt, temperature=0, **kw)
+
+
+def stream_text(client, prompt: str, **kw) -> tuple[str, str]:
+    parts, finish = [], None
+    for chunk in client.completions.create(model="smollm2", prompt=prompt, temperature=0, stream=True, **kw):
+        if chunk.choices:
+            parts.append(chunk.choices[0].text)
+            finish = chunk.choices[0].finish_reason or finish
+    return "".join(parts), finish
+
+
+def test_models_and_health(server):
+    models = server.client().models.list().data
+    assert [m.id for m in models] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    health = httpx.get(server.url + "/health").json()  # no key needed
+    assert health["status"] == "ok" and health["slots_idle"] + health["slots_processing"] == 8
+
+
+def test_api_key_is_enforced(server):
+    with pytest.raises(openai.AuthenticationError):
+        server.client(key="wrong-key").models.list()
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_chat_non_streaming_and_streaming_agree(server):
+    client = server.client()
+    messages = [{"role": "system", "content": "You are concise."}, {"role": "user", "content": "Name a primary colour."}]
+    whole = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=40)
+    text = whole.choices[0].message.content
+    assert whole.choices[0].message.role == "assistant" and text.strip()
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens > 0 and whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    chunks = list(client.chat.completions.create(
+        model="smollm2", messages=messages, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [whole.choices[0].finish_reason]
+
+
+def test_greedy_output_equals_localrun_run(server, smollm2, cli):
+    """The server's batched path decodes the same tokens as `localrun run` (one sequence, no batching)."""
+    prompt = "The three most common gases in the air are"
+    served = complete(server.client(), prompt, max_tokens=24).choices[0].text
+    ran = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "24", "--no-cache", "--threads", "1", prompt)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == served + "\n"  # run ends the answer with a newline on stdout
+
+
+def test_stop_sequence_cut_exactly(server):
+    client = server.client()
+    prompt = "Here is a list of fruits: apple, banana,"
+    full = complete(client, prompt, max_tokens=40).choices[0].text
+    words = full.split()
+    assert len(words) > 4, full
+    stop = " ".join(words[2:4])  # spans at least two tokens, in the middle of the text
+    cut = full[: full.index(stop)]
+    got = complete(client, prompt, max_tokens=40, stop=[stop, "zzzz-never"])
+    assert got.choices[0].text == cut and got.choices[0].finish_reason == "stop"
+    streamed, finish = stream_text(client, prompt, max_tokens=40, stop=stop)
+    assert streamed == cut and finish == "stop"
+
+
+def test_concurrent_requests_finish_independently_with_solo_output(server):
+    """8 greedy requests together: each ends on its own (short ones first) with exactly what it gives alone."""
+    client = server.client()
+    prompts = [f"Write a sentence about the number {i}." for i in range(8)]
+    lengths = [4, 64, 8, 64, 16, 64, 32, 64]
+    solo = [complete(client, p, max_tokens=n, extra_body={"ignore_eos": True}).choices[0].text for p, n in zip(prompts, lengths)]
+    results, ends = [None] * 8, [0.0] * 8
+    barrier = threading.Barrier(8)
+
+    def one(i):
+        barrier.wait()
+        results[i], _ = stream_text(client, prompts[i], max_tokens=lengths[i], extra_body={"ignore_eos": True})
+        ends[i] = time.monotonic()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert results == solo
+    assert max(ends[i] for i in (0, 2)) < min(ends[i] for i in (1, 3, 5, 7))  # 4 and 8 tokens done before any 64
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    # Some step decoded more than one sequence at once: they really were batched together.
+    batched = _metric(metrics, 'localrun_batch_sequences_count') - _metric(metrics, 'localrun_batch_sequences_bucket{le="1.0"}')
+    assert batched > 0, metrics
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in metrics")
+
+
+def test_shared_prefix_is_reused_across_requests(server):
+    client = server.client()
+    system = "You are a helpful assistant for a bakery. " * 20
+    first = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=4, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": "Do you sell bread?"}])
+    second = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=4, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": "When do you open?"}])
+    assert first.usage.prompt_tokens > 150
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 20
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": "Count forever:", "max_tokens": 900, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(5)]
+        assert any(line.startswith("data: ") for line in got)
+        assert httpx.get(server.url + "/health").json()["slots_processing"] >= 1
+    deadline = time.monotonic() + 10
+    while httpx.get(server.url + "/health").json()["slots_processing"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(server.url + "/health").json()["slots_processing"] == 0  # long before 900 tokens
+    assert complete(server.client(), "Hello", max_tokens=3).choices[0].text  # still serving
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"{not json", "malformed JSON"),
+    (b"[1, 2]", "JSON object"),
+    (json.dumps({"prompt": "hi", "max_tokens": 0}).encode(), "max_tokens"),
+    (json.dumps({"prompt": "hi", "max_tokens": "many"}).encode(), "max_tokens"),
+    (json.dumps({"prompt": "hi", "temperature": -1}).encode(), "temperature"),
+    (json.dumps({"prompt": "hi", "frobnicate": True}).encode(), "frobnicate"),
+    (json.dumps({"max_tokens": 3}).encode(), "prompt"),
+    (json.dumps({"prompt": "hi", "stop": [""]}).encode(), "stop"),
+    (json.dumps({"prompt": "word " * 1100}).encode(), "1024"),
+    (json.dumps({"prompt": "hi", "response_format": {"type": "xml"}}).encode(), "response_format"),
+])
+def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragment):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    r = httpx.post(server.url + "/v1/completions", content=body, headers=headers)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert fragment in error["message"] and error["type"] == "invalid_request_error"
+    assert complete(server.client(), "Hi", max_tokens=2).choices[0].text is not None
+
+
+def test_context_overflow_is_a_bad_request_in_the_client(server):
+    with pytest.raises(openai.BadRequestError) as exc:
+        server.client().chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "word " * 1100}])
+    assert exc.value.code == "context_length_exceeded"
+
+
+def test_json_schema_response_format(server):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    out = server.client().chat.completions.create(
+        model="smollm2", temperature=0, max_tokens=60,
+        messages=[{"role": "user", "content": "Give me a person as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+    )
+    jsonschema.validate(json.loads(out.choices[0].message.content), schema)
+
+
+def test_metrics_are_prometheus_text(server):
+    complete(server.client(), "Hi", max_tokens=3)
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert _metric(text, 'localrun_requests_total{endpoint="/v1/completions",status="200"}') >= 1
+    assert _metric(text, "localrun_time_to_first_token_seconds_count") >= 1
+    assert _metric(text, "localrun_generated_tokens_total") >= 3
+    assert _metric(text, "localrun_slots") == 8
+    assert _metric(text, "localrun_kv_cache_capacity_tokens") == 8 * 1024
+
+
+def test_full_queue_gets_429_and_ctrl_c_stops_cleanly(smollm2, tmp_path):
+    srv = start_server(smollm2, tmp_path / "home", "--parallel", "1", "--queue", "1")
+    try:
+        body = {"prompt": "Count:", "max_tokens": 3000, "temperature": 0, "stream": True, "ignore_eos": True}
+        answers = []
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as running:
+            lines = running.iter_lines()  # kept referenced: a dropped iterator closes the stream
+            next(lines)  # holds the only slot (until this client goes away)
+            waiting = threading.Thread(target=lambda: answers.append(httpx.post(
+                srv.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 5}, timeout=60)))
+            waiting.start()
+            deadline = time.monotonic() + 10
+            while httpx.get(srv.url + "/health").json()["requests_waiting"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert httpx.get(srv.url + "/health").json()["requests_waiting"] == 1
+            with pytest.raises(openai.RateLimitError):
+                srv.client().completions.create(model="m", prompt="hi", max_tokens=2)
+        waiting.join(timeout=120)
+        assert answers[0].status_code == 200 and answers[0].json()["usage"]["completion_tokens"] == 5
+    finally:
+        assert srv.stop() == 130
+
+
+def test_serve_bad_options(smollm2, cli):
+    r = cli("serve", str(smollm2), "--port", "70000")
+    assert r.returncode == 2 and "--port" in r.stderr and "Traceback" not in r.stderr
+    r = cli("serve", str(smollm2), "--parallel", "0")
+    assert r.returncode == 2 and "--parallel" in r.stderr
