@@ -279,3 +279,26 @@ def test_serve_bad_options(smollm2, cli):
     assert r.returncode == 2 and "--port" in r.stderr and "Traceback" not in r.stderr
     r = cli("serve", str(smollm2), "--parallel", "0")
     assert r.returncode == 2 and "--parallel" in r.stderr
+
+
+def test_bench_serve_load_test(server, cli):
+    """`localrun bench --serve`: concurrent streams against the running server, one row per level."""
+    r = cli("bench", "--serve", server.url + "/v1", "--concurrency", "1,3", "--requests", "3", "--tg", "8",
+            "--output", "json", "--api-key", KEY)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["concurrency"] for row in rows] == [1, 3]
+    for row in rows:
+        assert row["requests"] == 3 and row["failed"] == 0 and row["tokens"] == 3 * 8  # ignore_eos: exactly --tg each
+        assert row["tokens_per_s"] > 0 and row["requests_per_s"] > 0
+        assert 0 < row["ttft_p50_s"] <= row["ttft_p95_s"] and 0 < row["tpot_p50_s"] <= row["tpot_p95_s"]
+    assert rows[0]["speedup_vs_first"] == 1.0 and rows[1]["speedup_vs_first"] > 0
+
+
+def test_bench_serve_bad_target(server, cli):
+    r = cli("bench", "--serve", server.url + "/v1", "--requests", "1")  # no key
+    assert r.returncode == 2 and "--api-key" in r.stderr and "Traceback" not in r.stderr
+    r = cli("bench", "--serve", "http://127.0.0.1:9/v1")
+    assert r.returncode == 2 and "cannot reach" in r.stderr
+    r = cli("bench", "--serve", "localhost:8080")
+    assert r.returncode == 2 and "base URL" in r.stderr
