@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -41,7 +41,7 @@ QUALITY_CTX = 512  # llama-perplexity's default chunk
 TEXT = "wonderland.txt"
 BUILD_SCRIPT = "scripts/build_llama_bench.sh"
 
-_SETTINGS = ("threads", "ctx", "batch", "kv_type", "gpu_layers", "flash_attn")
+_SETTINGS = ("threads", "ctx", "batch", "kv_type", "gpu_layers", "flash_attn", "decode")
 _NUMBER = {"type": "number", "exclusiveMinimum": 0}
 _NULLABLE_NUMBER = {"type": ["number", "null"], "minimum": 0}
 
@@ -78,6 +78,7 @@ RESULT_SCHEMA: dict[str, Any] = {
                     "kv_type": {"enum": ["f16", "q8_0", "q4_0"]},
                     "gpu_layers": {"type": ["integer", "string"]},
                     "flash_attn": {"enum": list(FLASH_ATTN)},
+                    "decode": {"type": "string", "description": "plain, lookup, draft:MODEL or beamsN"},
                 },
             },
             "reps": {"type": "integer", "minimum": 1},
@@ -123,6 +124,7 @@ class Settings:
     kv_type: str
     gpu_layers: str  # a number of layers, or "auto"
     flash_attn: str  # auto, on, off
+    decode: str = "plain"  # plain, lookup, draft:MODEL or beamsN (decoding.py)
 
     def n_ctx(self, tests: Sequence["Test"]) -> int:
         return self.ctx if self.ctx is not None else max([16, *(t.context_needed for t in tests)])
@@ -133,8 +135,25 @@ class Settings:
         b = self.batch
         layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
         fa = {"auto": None, "on": True, "off": False}[self.flash_attn]
-        return LoadOptions(n_ctx=n_ctx, n_batch=b, n_ubatch=b, n_threads=self.threads, gpu_layers=layers,
-                           flash_attn=fa, kv_type=self.kv_type)
+        options = LoadOptions(n_ctx=n_ctx, n_batch=b, n_ubatch=b, n_threads=self.threads, gpu_layers=layers,
+                              flash_attn=fa, kv_type=self.kv_type)
+        beams = self.decoding().beams
+        if beams > 1:  # as runner.load does for --beams: room for N answers in one shared KV pool
+            options = replace(options, n_ctx=n_ctx * (beams + 1), n_seq_max=2 * beams + 1, kv_unified=True)
+        elif self.decode != "plain" and fa is None:
+            options = replace(options, flash_attn=False)  # as runner.load does for --draft
+        return options
+
+    def decoding(self):
+        from .decoding import DecodeOptions
+
+        if self.decode.startswith("beams"):
+            return DecodeOptions(beams=int(self.decode[5:]))
+        if self.decode == "lookup":
+            return DecodeOptions(draft="lookup")
+        if self.decode.startswith("draft:"):
+            return DecodeOptions(draft=self.decode[6:])
+        return DecodeOptions()
 
     def llama_args(self) -> list[str]:
         """The same settings for llama-bench / llama-perplexity, resolved as Engine resolves them."""
@@ -149,7 +168,7 @@ class Settings:
     def as_dict(self, n_ctx: int) -> dict[str, Any]:
         layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
         return {"threads": self.threads, "ctx": n_ctx, "batch": self.batch, "kv_type": self.kv_type,
-                "gpu_layers": layers, "flash_attn": self.flash_attn}
+                "gpu_layers": layers, "flash_attn": self.flash_attn, "decode": self.decode}
 
 
 @dataclass(frozen=True)
@@ -198,6 +217,7 @@ def make_plan(
     kv_type: str = "f16",
     gpu_layers: str = "0",
     flash_attn: str = "auto",
+    decode: str = "plain",
     output: str = "table",
     compare: Optional[str] = None,
     llama_bench: Optional[Path] = None,
@@ -229,7 +249,8 @@ def make_plan(
     kv_types = _words("--kv-type", kv_type, KV_TYPES)
     layer_values = [str(parse_gpu_layers(v)) for v in _split("--gpu-layers", gpu_layers)]
     fa_values = _words("--flash-attn", flash_attn, FLASH_ATTN)
-    settings = [Settings(*combo) for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values)]
+    decodes = [_decode_value(v) for v in _split("--decode", decode)]
+    settings = [Settings(*combo) for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values, decodes)]
     for s in settings:
         if s.kv_type != "f16" and s.flash_attn == "off":
             raise UsageError(f"--kv-type {s.kv_type} quantizes the V cache, which needs flash attention: drop --flash-attn off")
@@ -243,6 +264,14 @@ def make_plan(
         require_matplotlib()
     return Plan(models=list(models), tests=tests, settings=settings, reps=reps, output=output, llama_bench=exe,
                 quality=quality, plot=plot, source=source)
+
+
+def _decode_value(value: str) -> str:
+    if value in ("plain", "lookup") or value.startswith("draft:") and len(value) > 6:
+        return value
+    if value.startswith("beams") and value[5:].isdigit() and 1 < int(value[5:]) <= 64:
+        return value
+    raise UsageError(f"invalid --decode {value!r}: use plain, lookup, draft:MODEL or beamsN (e.g. beams4)")
 
 
 def _split(flag: str, value: str) -> list[str]:
@@ -353,7 +382,14 @@ def decode_seconds(engine, context: Sequence[int], n: int, seed: int = 1) -> flo
     from .engine import Token
     from .sampling import SamplingOptions
 
+    from .decoding import BeamSearch
+    from .engine import Done
+
     engine.reset()
+    if isinstance(engine.strategy, BeamSearch):  # not streamed: its own clock, end-of-text banned
+        opts = SamplingOptions(max_tokens=n + 1, logit_bias={t: float("-inf") for t in engine.eog_tokens()})
+        done = [e for e in engine.generate(list(context), opts) if isinstance(e, Done)][0]
+        return done.stats.eval_s
     opts = SamplingOptions(max_tokens=n + 1, min_tokens=n + 1, seed=seed)  # default chain, end-of-text banned
     stamps = []
     for event in engine.generate(list(context), opts):
@@ -638,6 +674,15 @@ def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
     with captured_llama_log() as lines:
         engine = Engine(config.path, options)
     load_ms = (time.perf_counter() - t0) * 1000
+    decoding = config.settings.decoding()
+    if decoding.beams > 1 or decoding.draft:
+        from . import hub
+        from .decoding import make_strategy
+
+        draft = None
+        if decoding.draft not in (None, "lookup"):
+            draft = Engine(hub.ensure_local(decoding.draft, source="auto").path, replace(options, n_seq_max=1))
+        engine.strategy = make_strategy(decoding, engine, draft)
     if engine.gpu_notice:
         notice(engine.gpu_notice)
     if not config.load_ms:  # the first load of this model+settings is the one reported
@@ -794,7 +839,7 @@ def _varying(rows: Sequence[dict]) -> list[str]:
 
 
 def _settings_label(settings: dict, keys: Sequence[str]) -> str:
-    short = {"threads": "t", "ctx": "ctx", "batch": "b", "kv_type": "kv", "gpu_layers": "ngl", "flash_attn": "fa"}
+    short = {"threads": "t", "ctx": "ctx", "batch": "b", "kv_type": "kv", "gpu_layers": "ngl", "flash_attn": "fa", "decode": "decode"}
     return " ".join(f"{short[k]}={settings[k]}" for k in keys)
 
 

@@ -15,7 +15,7 @@ from .options import (
     BatchOpt, CtxOpt, FlashAttnOpt, FrequencyPenaltyOpt, GpuLayersOpt, GrammarOpt, JsonSchemaOpt, KvTypeOpt,
     LogitBiasOpt, MaxTokensOpt, MinPOpt, MinTokensOpt, MirostatEtaOpt, MirostatOpt, MirostatTauOpt, ModelArg,
     PresencePenaltyOpt, RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, SourceOpt, StopOpt, TemperatureOpt,
-    ThreadsOpt, TopKOpt, TopPOpt, TypicalPOpt,
+    ThreadsOpt, TopKOpt, TopPOpt, TypicalPOpt, DraftOpt, DraftMaxOpt, BeamsOpt, LengthPenaltyOpt,
 )
 
 app = typer.Typer(
@@ -128,6 +128,7 @@ def run(
     logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
     ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
     threads: ThreadsOpt = None, batch: BatchOpt = 512,
+    draft: DraftOpt = None, draft_max: DraftMaxOpt = 16, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
 ) -> None:
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
     from . import render, runner
@@ -155,6 +156,7 @@ def chat(
     logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
     ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
     threads: ThreadsOpt = None, batch: BatchOpt = 512,
+    draft: DraftOpt = None, draft_max: DraftMaxOpt = 16, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
 ) -> None:
     """Chat interactively with the model's own chat template (/help lists the commands)."""
     from . import chat as chat_repl
@@ -214,6 +216,7 @@ def bench(
     kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache type (sweep: f16,q8_0)")] = "f16",
     gpu_layers: Annotated[str, typer.Option("--gpu-layers", help="layers to offload (sweep)")] = "0",
     flash_attn: Annotated[str, typer.Option("--flash-attn", help="auto, on, off (sweep)")] = "auto",
+    decode: Annotated[str, typer.Option("--decode", help="plain, lookup, draft:MODEL, beamsN (sweep: plain,lookup)")] = "plain",
     output: Annotated[str, typer.Option("--output", "-o", help="table, json, csv or md")] = "table",
     compare: Annotated[Optional[str], typer.Option("--compare", help="llama-bench: run it with the same settings and print ratios")] = None,
     llama_bench: Annotated[Optional[Path], typer.Option("--llama-bench", help="path to the llama-bench binary (default: PATH, then the scripts/build_llama_bench.sh cache)")] = None,
@@ -239,7 +242,7 @@ def bench(
 
     raise typer.Exit(benchmark.run_from_cli(
         models, pp=pp or "512", tg=tg, depth=depth, reps=reps, threads=threads, ctx=ctx, batch=batch, kv_type=kv_type,
-        gpu_layers=gpu_layers, flash_attn=flash_attn, output=output, compare=compare, llama_bench=llama_bench,
+        gpu_layers=gpu_layers, flash_attn=flash_attn, decode=decode, output=output, compare=compare, llama_bench=llama_bench,
         quality=quality, plot=plot, source=_source(source),
     ))
 
@@ -306,13 +309,17 @@ _SAMPLING_FLAGS = (
 def _load(args: dict, parallel: int = 1):
     """Resolve and load the model with the options `run`, `chat` and `serve` share (their signatures name them alike)."""
     from . import runner
+    from .decoding import DecodeOptions
 
+    decoding = None
+    if "beams" in args:
+        decoding = DecodeOptions(draft=args["draft"], draft_max=args["draft_max"], beams=args["beams"], length_penalty=args["length_penalty"])
     return runner.load(
         args["model"], source=_source(args["source"]), ctx=args["ctx"], gpu_layers=args["gpu_layers"],
         flash_attn=args["flash_attn"], kv_type=args["kv_type"], threads=args["threads"], batch=args["batch"],
         sampling_flags={k: args[k] for k in _SAMPLING_FLAGS}, logit_bias=args["logit_bias"] or [],
         stop=args["stop"] or [], grammar=args["grammar"], json_schema=args["json_schema"], on_notice=notice,
-        parallel=parallel,
+        parallel=parallel, decoding=decoding,
     )
 
 

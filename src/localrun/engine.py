@@ -35,6 +35,9 @@ class LoadOptions:
     kv_type: str = "f16"
     swa_full: bool = True  # keep the whole cache for sliding-window layers: prefix reuse and session restore need it
     n_seq_max: int = 1
+    # One KV pool for all sequences: beam search forks hypotheses cheaply there. The server keeps a stream
+    # per sequence instead, so that a request's output does not depend on what else is in the batch.
+    kv_unified: bool = False
     verbose: bool = False
 
     def __post_init__(self) -> None:
@@ -81,6 +84,9 @@ class Stats:
     eval_s: float = 0.0
     ttft_s: float = 0.0
     finish_reason: FinishReason = "stop"
+    target_steps: int = 0  # speculative decoding / beam search: batched decode calls of the target
+    draft_tokens: int = 0  # speculative decoding: tokens proposed by the drafter
+    draft_accepted: int = 0  # of those, tokens the target agreed with
 
     @property
     def prompt_eval_tokens(self) -> int:
@@ -113,7 +119,13 @@ class Stats:
             "ttft_s": round(self.ttft_s, 6),
             "tpot_s": round(self.tpot_s, 6),
             "finish_reason": self.finish_reason,
+            **({"target_steps": self.target_steps, "draft_tokens": self.draft_tokens, "draft_accepted": self.draft_accepted,
+                "acceptance_rate": round(self.acceptance_rate, 4)} if self.target_steps else {}),
         }
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0
 
 
 @dataclass
@@ -233,7 +245,7 @@ class Engine:
         cparams.type_k = _GGML_TYPES[options.kv_type]
         cparams.type_v = _GGML_TYPES[options.kv_type]
         cparams.swa_full = options.swa_full
-        cparams.kv_unified = False  # a KV stream per sequence: each one's output does not depend on the others
+        cparams.kv_unified = options.kv_unified
         cparams.no_perf = True
         if options.flash_attn is None:
             # A quantized V cache needs flash attention; otherwise let llama.cpp pick.
@@ -257,6 +269,7 @@ class Engine:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog: Optional[list[int]] = None
         self._one = (ll.llama_token * 1)()
+        self.strategy = None  # decoding.Speculative or decoding.BeamSearch: generate() delegates to it
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -264,6 +277,9 @@ class Engine:
         ll = _llama
         if ll is None:
             return
+        if getattr(self, "strategy", None) is not None:
+            self.strategy.close()
+            self.strategy = None
         if getattr(self, "ctx", None):
             ll.llama_free(self.ctx)
             self.ctx = None
@@ -408,10 +424,17 @@ class Engine:
     def generate(self, prompt: Sequence[int], sampling: SamplingOptions) -> Iterator[Event]:
         """Stream tokens for `prompt` (token ids). The last event is Done with stats.
 
+        With a strategy set (speculative decoding, beam search; see decoding.py) it decodes instead.
+
         Stops at end-of-generation (EOS), max_tokens or a full context (finish reason 'length').
         Stop sequences on text are the caller's business (see stops.StopMatcher), so it can cut
         mid-token and report 'stop'.
         """
+        if self.strategy is not None:
+            return self.strategy.generate(self, prompt, sampling)
+        return self._generate(prompt, sampling)
+
+    def _generate(self, prompt: Sequence[int], sampling: SamplingOptions) -> Iterator[Event]:
         from .sampling import make_sampler
 
         ll = llama_cpp_module()

@@ -39,3 +39,9 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU thread
 BatchOpt = Annotated[int, typer.Option("--batch", help="prompt tokens per decode call", rich_help_panel=_M)]
 SourceOpt = Annotated[str, typer.Option("--source", help="auto (Hub, else mirror), hub or mirror")]
 
+
+_D = "Decoding"
+DraftOpt = Annotated[Optional[str], typer.Option("--draft", help="speculative decoding: lookup (prompt n-grams) or a draft MODEL with the same vocabulary", rich_help_panel=_D)]
+DraftMaxOpt = Annotated[int, typer.Option("--draft-max", help="most tokens drafted per step (adapts below it)", rich_help_panel=_D)]
+BeamsOpt = Annotated[int, typer.Option("--beams", help="beam search with N beams (deterministic; 1 = off)", rich_help_panel=_D)]
+LengthPenaltyOpt = Annotated[float, typer.Option("--length-penalty", help="beam score = logprob / length**P", rich_help_panel=_D)]

@@ -7,7 +7,7 @@ fits it in the context, drives Engine.generate and cuts stop sequences out of th
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .engine import Done, Engine, Stats, Token
@@ -133,6 +133,7 @@ def load(
     json_schema=None,
     on_notice=None,
     parallel: int = 1,
+    decoding=None,
 ) -> Loaded:
     """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp."""
     from . import hub
@@ -152,6 +153,13 @@ def load(
     if batch < 1:
         raise UsageError(f"invalid --batch {batch}: use 1 or more")
     n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
+    if flash_attn is None and (parallel > 1 or (decoding is not None and decoding.draft)):
+        # llama.cpp's CPU flash-attention kernel rounds differently for one query than for several, so
+        # with it the same text evaluated in other batch shapes (a verified draft, a prompt chunked
+        # beside other requests) can come out a different greedy token. Off, results do not depend on
+        # batching: speculative output equals plain decoding, and a server request's output does not
+        # depend on what else runs. --flash-attn still turns it on.
+        flash_attn = False
     if parallel < 1:
         raise UsageError(f"invalid --parallel {parallel}: use 1 or more")
     # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
@@ -161,10 +169,26 @@ def load(
         n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
         flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
     )
+    if decoding is not None and decoding.beams > 1:
+        # The prompt in sequence 0, the beams in two banks of N; one KV pool, so a fork shares cells.
+        answer_room = min(n_ctx, sampling.max_tokens) if sampling.max_tokens > 0 else n_ctx
+        options = replace(options, n_ctx=n_ctx + decoding.beams * answer_room, n_seq_max=2 * decoding.beams + 1, kv_unified=True)
+    draft_local = hub.ensure_local(decoding.draft, source=source) if decoding is not None and decoding.draft not in (None, "lookup") else None
     local = hub.ensure_local(model, source=source)
     engine = Engine(local.path, options)
     if engine.gpu_notice and on_notice:
         on_notice(engine.gpu_notice)
+    if decoding is not None:
+        from .decoding import make_strategy
+
+        draft_engine = Engine(draft_local.path, replace(options, n_seq_max=1, kv_unified=False)) if draft_local else None
+        try:
+            engine.strategy = make_strategy(decoding, engine, draft_engine)
+        except Exception:
+            if draft_engine is not None:
+                draft_engine.close()
+            engine.close()
+            raise
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=sampling, system=entry.system if entry else None)
 
 
