@@ -120,10 +120,11 @@ def test_chat_non_streaming_and_streaming_agree(server):
 
 
 def test_greedy_output_equals_localrun_run(server, smollm2, cli):
-    """The server's batched path decodes the same tokens as `localrun run` (one sequence, no batching)."""
+    """The server's batched path decodes the same tokens as `localrun run` (one sequence, no batching;
+    flash attention off, as serve has it by default)."""
     prompt = "The three most common gases in the air are"
     served = complete(server.client(), prompt, max_tokens=24).choices[0].text
-    ran = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "24", "--no-cache", "--threads", "1", prompt)
+    ran = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "24", "--no-cache", "--threads", "1", "--no-flash-attn", prompt)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == served + "\n"  # run ends the answer with a newline on stdout
 
