@@ -1,7 +1,7 @@
 # localrun: `make demo` and `make test` do all the set-up on a fresh machine.
 PYTHON ?= python3
 VENV ?= .venv
-BACKEND ?= cpu            # cpu (safe on any x86-64), cuda or metal: see scripts/build_llama_cpp.sh
+BACKEND ?= cpu            # cpu (safe on any x86-64), cpu-exact, cuda or metal: see scripts/build_llama_cpp.sh
 PY := $(VENV)/bin/python
 DEMO_MODEL ?= smollm2
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.

@@ -2,6 +2,9 @@
 # Build llama-cpp-python (the exact version localrun pins) for one backend and install it into a venv.
 #
 #   scripts/build_llama_cpp.sh cpu    [VENV]   # default: safe on any x86-64 CPU, see below
+#   scripts/build_llama_cpp.sh cpu-exact [VENV] # cpu without llamafile's sgemm: results do not depend on
+#                                              # batch shape (speculative decoding token-identical to plain
+#                                              # decoding), at up to ~35% slower prefill on K-quants
 #   scripts/build_llama_cpp.sh cuda   [VENV]   # NVIDIA: CUDA_ARCHS="90" (H100/H200), "89;86" ..., default "native"
 #   scripts/build_llama_cpp.sh metal  [VENV]   # Apple silicon
 #
@@ -24,7 +27,7 @@ JOBS="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || sysctl -n hw.ncpu)}"
 has_flag() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }
 
 case "$VARIANT" in
-  cpu)
+  cpu|cpu-exact)
     ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
     if [ "$(uname -m)" = "x86_64" ]; then
       if has_flag avx512f && has_flag avx512bw && has_flag avx512vl && has_flag avx512dq; then
@@ -38,6 +41,7 @@ case "$VARIANT" in
     else
       ARGS="-DGGML_NATIVE=OFF"
     fi
+    [ "$VARIANT" = cpu-exact ] && ARGS="$ARGS -DGGML_LLAMAFILE=OFF"
     ;;
   cuda)
     ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-native} -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
@@ -46,7 +50,7 @@ case "$VARIANT" in
     ARGS="-DGGML_METAL=on"
     ;;
   *)
-    echo "usage: $0 cpu|cuda|metal [VENV]" >&2
+    echo "usage: $0 cpu|cpu-exact|cuda|metal [VENV]" >&2
     exit 2
     ;;
 esac

@@ -128,7 +128,7 @@ def run(
     logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
     ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
     threads: ThreadsOpt = None, batch: BatchOpt = 512,
-    draft: DraftOpt = None, draft_max: DraftMaxOpt = 16, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
+    draft: DraftOpt = None, draft_max: DraftMaxOpt = 8, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
 ) -> None:
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
     from . import render, runner
@@ -156,7 +156,7 @@ def chat(
     logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
     ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
     threads: ThreadsOpt = None, batch: BatchOpt = 512,
-    draft: DraftOpt = None, draft_max: DraftMaxOpt = 16, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
+    draft: DraftOpt = None, draft_max: DraftMaxOpt = 8, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
 ) -> None:
     """Chat interactively with the model's own chat template (/help lists the commands)."""
     from . import chat as chat_repl

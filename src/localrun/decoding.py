@@ -38,7 +38,7 @@ from .sampling import SamplingOptions, make_sampler
 @dataclass(frozen=True)
 class DecodeOptions:
     draft: Optional[str] = None  # "lookup", or a model reference for a draft model
-    draft_max: int = 16  # most tokens drafted per step
+    draft_max: int = 8  # most tokens drafted per step (a CPU pays for every rejected one)
     beams: int = 1
     length_penalty: float = 1.0
 
