@@ -138,12 +138,9 @@ def breakdown(runs: list[tuple[float, dict]]) -> dict:
 
 
 def agree(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    from localrun.engine import common_prefix
+
+    return common_prefix(a, b)
 
 
 def bench_model(model: Path, runs: int, ctx: int, target: int, threads: int | None) -> dict:

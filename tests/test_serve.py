@@ -120,11 +120,10 @@ def test_chat_non_streaming_and_streaming_agree(server):
 
 
 def test_greedy_output_equals_localrun_run(server, smollm2, cli):
-    """The server's batched path decodes the same tokens as `localrun run` (one sequence, no batching;
-    flash attention off, as serve has it by default)."""
+    """The server's batched path decodes the same tokens as `localrun run` (one sequence, no batching)."""
     prompt = "The three most common gases in the air are"
     served = complete(server.client(), prompt, max_tokens=24).choices[0].text
-    ran = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "24", "--no-cache", "--threads", "1", "--no-flash-attn", prompt)
+    ran = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "24", "--no-cache", "--threads", "1", prompt)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == served + "\n"  # run ends the answer with a newline on stdout
 
@@ -147,6 +146,7 @@ def test_concurrent_requests_finish_independently_with_solo_output(server):
     """8 greedy requests together: each ends on its own (short ones first) with exactly what it gives alone."""
     client = server.client()
     prompts = [f"Write a sentence about the number {i}." for i in range(8)]
+    prompts[7] = "Summarise: " + "the cat sat on the mat and looked at the dog. " * 40  # > one prefill chunk (256)
     lengths = [4, 64, 8, 64, 16, 64, 32, 64]
     solo = [complete(client, p, max_tokens=n, extra_body={"ignore_eos": True}).choices[0].text for p, n in zip(prompts, lengths)]
     results, ends = [None] * 8, [0.0] * 8

@@ -174,7 +174,7 @@ def serve(
     port: Annotated[int, typer.Option("--port", help="port to listen on (0 = any free port)")] = 11435,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
     queue: Annotated[int, typer.Option("--queue", help="requests that may wait for a slot; more get 429")] = 64,
-    prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="prompt tokens per step while others decode")] = 256,
+    prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="prompt tokens evaluated per step (smaller: running streams stall less)")] = 256,
     source: SourceOpt = "auto",
     temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
     typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,

@@ -203,6 +203,16 @@ def default_threads() -> int:
 _GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two token lists share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class Engine:
     """One model, one context. Tracks which tokens sit in the KV cache of sequence 0 so that a
     prompt sharing a prefix with the previous one only evaluates the new tokens."""
@@ -403,12 +413,7 @@ class Engine:
     def prefill(self, tokens: Sequence[int]) -> int:
         """Make the KV cache hold exactly `tokens`, reusing the longest cached prefix, and leave the
         logits of the last token ready to sample from. Returns how many tokens were reused."""
-        common = 0
-        for a, b in zip(self.cached, tokens):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(tokens) - 1)  # the last token is always evaluated: its logits are needed
+        common = min(common_prefix(self.cached, tokens), len(tokens) - 1)  # the last token is always evaluated: its logits are needed
         if common < len(self.cached) and not self._forget_after(common):
             common = 0
         self._decode(tokens[common:])

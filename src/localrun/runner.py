@@ -153,12 +153,11 @@ def load(
     if batch < 1:
         raise UsageError(f"invalid --batch {batch}: use 1 or more")
     n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
-    if flash_attn is None and (parallel > 1 or (decoding is not None and decoding.draft)):
+    if flash_attn is None and decoding is not None and decoding.draft:
         # llama.cpp's CPU flash-attention kernel rounds differently for one query than for several, so
-        # with it the same text evaluated in other batch shapes (a verified draft, a prompt chunked
-        # beside other requests) can come out a different greedy token. Off, results do not depend on
-        # batching: speculative output equals plain decoding, and a server request's output does not
-        # depend on what else runs. --flash-attn still turns it on.
+        # with it a verified draft (several queries) can come out a different greedy token than one-
+        # token steps. Off (and on a build without llamafile's sgemm: make BACKEND=cpu-exact),
+        # speculative output equals plain decoding. --flash-attn still turns it on.
         flash_attn = False
     if parallel < 1:
         raise UsageError(f"invalid --parallel {parallel}: use 1 or more")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .engine import Engine, llama_cpp_module
+from .engine import Engine, common_prefix, llama_cpp_module
 from .sampling import Sampler
 from .stops import StopMatcher
 
@@ -82,15 +82,6 @@ class Slot:
     last_used: float = 0.0
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 @dataclass
 class StepStats:
     """What the last steps did, for /metrics (read without a lock: plain ints and floats)."""
@@ -128,6 +119,8 @@ class Scheduler:
         self.stopping = False
         self.stats = StepStats()
         self.capacity = max(engine.n_batch, parallel)
+        # Room for every slot's decode token beside one full chunk, or a prompt could wait forever.
+        self.prefill_chunk = max(1, min(self.prefill_chunk, self.capacity - parallel))
         self.batch = self.ll.llama_batch_init(self.capacity, 0, 1)
         self.thread = threading.Thread(target=self._run, name="localrun-scheduler", daemon=True)
         self.fatal: Optional[str] = None
@@ -258,17 +251,18 @@ class Scheduler:
             batch.logits[n] = 1
             job.batch_index = n
             n += 1
-        # Prompts: a bounded chunk while others decode, so a long prompt never stalls running streams for long.
-        budget = self.prefill_chunk if decoding else self.capacity
-        budget = min(budget, self.capacity - n)
+        # Prompts go in chunks of at most prefill_chunk tokens, so a long prompt never stalls running
+        # streams for long. A chunk's size depends only on its prompt (never on the load: a chunk that
+        # does not fit waits a step), because llama.cpp's kernels round differently for other batch
+        # shapes and a request's output must not depend on what else runs.
         chunks: list[tuple[Job, int]] = []
         for job in self.running:
-            if budget <= 0:
-                break
             if job.next_token is not None:
                 continue
             start = job.n_prefilled
-            take = min(len(job.prompt) - start, budget)
+            take = min(len(job.prompt) - start, self.prefill_chunk)
+            if n + take > self.capacity:
+                continue
             seq, pos0 = job.slot.seq_id, len(job.slot.tokens)
             for k in range(take):
                 batch.token[n] = job.prompt[start + k]
@@ -282,7 +276,6 @@ class Scheduler:
                 batch.logits[n - 1] = 1
                 job.batch_index = n - 1
             chunks.append((job, take))
-            budget -= take
         if n == 0:
             return
         batch.n_tokens = n
