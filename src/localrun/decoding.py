@@ -149,15 +149,15 @@ class ModelDrafter:
 class DraftLength:
     """How many tokens to draft next. Verifying k+1 tokens costs a CPU about 1 + k/2 single steps,
     so drafting pays only while most drafted tokens are kept: below half (a running average),
-    drafting pauses (8, 16, ... 64 steps) and then probes with 2 tokens. The length doubles after
+    drafting pauses (16, 32, ... 128 steps) and then probes with 2 tokens. The length doubles after
     a fully accepted draft and drops to just past the last agreement after a miss."""
 
     def __init__(self, k_max: int):
         self.k_max = k_max
-        self.k = min(4, k_max)
-        self.rate = 1.0
+        self.k = min(2, k_max)  # start cheap: one miss of a short draft costs little
+        self.rate = 0.6  # a first full miss already pauses
         self.pause = 0
-        self.backoff = 8
+        self.backoff = 16
 
     def next(self) -> int:
         if self.pause > 0:
@@ -171,9 +171,9 @@ class DraftLength:
         self.rate = 0.7 * self.rate + 0.3 * (accepted / drafted)
         self.k = min(self.k_max, self.k * 2) if accepted == drafted else max(1, min(self.k_max, accepted + 1))
         if self.rate < 0.5:
-            self.pause, self.backoff = self.backoff, min(64, self.backoff * 2)
+            self.pause, self.backoff = self.backoff, min(128, self.backoff * 2)
         else:
-            self.backoff = 8
+            self.backoff = 16
 
 
 # -- speculative generation ------------------------------------------------------------------------
