@@ -303,3 +303,29 @@ def test_bench_serve_bad_target(server, cli):
     assert r.returncode == 2 and "cannot reach" in r.stderr
     r = cli("bench", "--serve", "localhost:8080")
     assert r.returncode == 2 and "base URL" in r.stderr
+
+
+def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path):
+    """gemma-3 (sliding-window attention, no chat template): batched output equals solo output, and a
+    cached prefix is reused. (Its answer is not compared with a fresh evaluation: llama.cpp's K-quant
+    kernels round a last token evaluated alone differently from one inside a prompt batch.)"""
+    srv = start_server(gemma, tmp_path / "home", "--parallel", "2", "--ctx", "512")
+    try:
+        client = srv.client(key="unused")
+        prompts = ["The tallest mountain in Europe is", "A recipe for bread needs flour, water,"]
+        solo = [complete(client, p, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+        together = [None, None]
+        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, complete(
+            client, prompts[i], max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert together == solo
+        shared = "Facts about the planets of the solar system, one per line. " * 12
+        first = complete(client, shared + "Mars:", max_tokens=12)
+        again = complete(client, shared + "Mars:", max_tokens=12)  # the whole prompt but its last token is reused
+        assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+        assert again.usage.completion_tokens == 12 and again.choices[0].text.strip()
+    finally:
+        assert srv.stop() == 130
