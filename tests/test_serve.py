@@ -329,3 +329,20 @@ def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path)
         assert again.usage.completion_tokens == 12 and again.choices[0].text.strip()
     finally:
         assert srv.stop() == 130
+
+
+def test_requests_that_would_crash_llama_cpp_are_refused(server, smollm2, cli, tmp_path):
+    """ignore_eos with a grammar (a finished grammar allows only end-of-text) and batches larger than
+    --batch would abort llama.cpp: both are refused up front."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(server.url + "/v1/completions", headers=headers, json={
+        "prompt": "JSON:", "max_tokens": 20, "ignore_eos": True, "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and "ignore_eos" in r.json()["error"]["message"]
+    grammar = tmp_path / "yes.gbnf"
+    grammar.write_text('root ::= "yes"\n')
+    for args, flag in ((["serve", "--parallel", "4", "--batch", "2"], "--parallel"),
+                       (["run", "--draft", "lookup", "--batch", "4", "hi"], "--draft-max"),
+                       (["run", "--min-tokens", "5", "--grammar", str(grammar), "hi"], "min"),
+                       (["run", "--grammar", str(smollm2), "hi"], "UTF-8")):
+        res = cli(args[0], str(smollm2), *args[1:])
+        assert res.returncode == 2 and flag in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .engine import Done, Engine, Stats, Token, llama_cpp_module
-from .errors import EngineError, UsageError
+from .errors import ContextOverflow, EngineError, UsageError
 from .sampling import SamplingOptions, make_sampler
 
 
@@ -300,9 +300,10 @@ class BeamSearch:
     """N hypotheses decoded together. Needs a context with 2N sequences (Engine n_seq_max): the live
     beams use one bank of N sequence ids while their children are forked into the other."""
 
-    def __init__(self, beams: int, length_penalty: float):
+    def __init__(self, beams: int, length_penalty: float, ctx_limit: Optional[int] = None):
         self.beams = beams
         self.length_penalty = length_penalty
+        self.ctx_limit = ctx_limit  # the --ctx asked for (the context itself holds N answers more)
 
     def close(self) -> None:
         pass
@@ -326,12 +327,17 @@ class BeamSearch:
         if not prompt:
             raise UsageError("empty prompt: give some text as an argument or on stdin")
         n_beams = self.beams
-        if ll.llama_n_seq_max(engine.ctx) < 2 * n_beams:
-            raise EngineError(f"beam search with {n_beams} beams needs a context made for {2 * n_beams} sequences")
-        engine.check_fits(len(prompt))
+        if ll.llama_n_seq_max(engine.ctx) < 2 * n_beams + 1:
+            raise EngineError(f"beam search with {n_beams} beams needs a context made for {2 * n_beams + 1} sequences")
+        n_ctx = self.ctx_limit or engine.n_ctx  # the context asked for; the pool is larger, for N answers
+        if len(prompt) >= n_ctx:
+            raise ContextOverflow(f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}: raise --ctx or pass --truncate")
         stats = Stats(load_s=engine.load_s, prompt_tokens=len(prompt))
-        limit = sampling.max_tokens if sampling.max_tokens > 0 else engine.n_ctx
-        limit = min(limit, engine.n_ctx - len(prompt))
+        limit = sampling.max_tokens if sampling.max_tokens > 0 else n_ctx
+        limit = min(limit, n_ctx - len(prompt))
+        for tok in sampling.logit_bias:
+            if not 0 <= tok < engine.n_vocab:
+                raise UsageError(f"invalid --logit-bias token {tok}: this model's token ids run 0..{engine.n_vocab - 1}")
         mask = None
         if allowed is not None or sampling.logit_bias:
             mask = np.zeros(engine.n_vocab, dtype=np.float32)
@@ -440,10 +446,13 @@ class BeamSearch:
         return max(h.score(lp) for h in live) <= kept[-1]
 
 
-def make_strategy(options: DecodeOptions, engine: Engine, draft_engine: Optional[Engine] = None):
+def make_strategy(options: DecodeOptions, engine: Engine, draft_engine: Optional[Engine] = None,
+                  ctx_limit: Optional[int] = None):
     """The strategy Engine.generate delegates to, or None for plain decoding."""
+    if options.beams > engine.n_batch or (options.draft and options.draft_max + 1 > engine.n_batch):
+        raise UsageError(f"--batch {engine.n_batch} is too small for --beams/--draft-max: use at least {max(options.beams, options.draft_max + 1)}")
     if options.beams > 1:
-        return BeamSearch(options.beams, options.length_penalty)
+        return BeamSearch(options.beams, options.length_penalty, ctx_limit)
     if options.draft == "lookup":
         return Speculative(LookupDrafter(), options.draft_max)
     if options.draft:

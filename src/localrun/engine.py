@@ -332,7 +332,16 @@ class Engine:
         return self._piece_buf.raw[:n]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+        # Its own buffer, not token_bytes' shared one: the server calls this outside the decode thread.
+        ll = llama_cpp_module()
+        buf, out = ctypes.create_string_buffer(256), []
+        for t in tokens:
+            n = ll.llama_token_to_piece(self.vocab, t, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, t, buf, len(buf), 0, False)
+            out.append(buf.raw[:n])
+        return b"".join(out).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp_module().llama_vocab_is_eog(self.vocab, token))

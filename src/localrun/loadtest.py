@@ -80,7 +80,8 @@ def stream_once(client, url: str, body: dict, headers: dict) -> Outcome:
     """One streaming completion, timed from the request to the first text and to the end."""
     t0 = time.perf_counter()
     first: Optional[float] = None
-    tokens = 0
+    tokens = chunks = 0
+    done = False
     try:
         with client.stream("POST", url, json=body, headers=headers) as r:
             if r.status_code != 200:
@@ -91,16 +92,22 @@ def stream_once(client, url: str, body: dict, headers: dict) -> Outcome:
                     continue
                 data = line[6:]
                 if data == "[DONE]":
+                    done = True
                     break
                 event = json.loads(data)
                 if "error" in event:
                     return Outcome(False, error=str(event["error"].get("message")))
                 if event.get("usage"):
                     tokens = event["usage"]["completion_tokens"]
-                elif first is None and event["choices"] and event["choices"][0].get("text"):
-                    first = time.perf_counter()
+                elif event["choices"] and event["choices"][0].get("text"):
+                    chunks += 1
+                    if first is None:
+                        first = time.perf_counter()
     except Exception as exc:  # noqa: BLE001 - any transport failure is a failed request, counted, not fatal
         return Outcome(False, error=f"{type(exc).__name__}: {exc}")
+    if not done:
+        return Outcome(False, error="the stream ended before [DONE]")
+    tokens = tokens or chunks  # a server that ignores include_usage: count the text chunks
     end = time.perf_counter()
     if first is None:
         first = end
@@ -154,8 +161,11 @@ def check_endpoint(base_url: str, api_key: Optional[str]) -> str:
         raise UsageError(f"{base_url} wants an API key: pass --api-key (or set LOCALRUN_API_KEY)")
     if r.status_code != 200:
         raise UsageError(f"{base_url}/models answered HTTP {r.status_code}: is this an OpenAI-compatible API's /v1 URL?")
-    data = r.json().get("data") or [{}]
-    return data[0].get("id", "default")
+    try:
+        data = r.json().get("data") or [{}]
+        return data[0].get("id", "default")
+    except (ValueError, AttributeError, IndexError, TypeError):
+        raise UsageError(f"{base_url}/models did not answer an OpenAI model list: is this an OpenAI-compatible API's /v1 URL?") from None
 
 
 def filler_prompt(n_words: int) -> str:

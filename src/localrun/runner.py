@@ -161,6 +161,12 @@ def load(
         flash_attn = False
     if parallel < 1:
         raise UsageError(f"invalid --parallel {parallel}: use 1 or more")
+    if parallel > batch:
+        raise UsageError(f"--parallel {parallel} needs --batch of at least {parallel} (one token per sequence per step)")
+    if decoding is not None and decoding.draft and decoding.draft_max + 1 > batch:
+        raise UsageError(f"--draft-max {decoding.draft_max} needs --batch of at least {decoding.draft_max + 1}")
+    if decoding is not None and decoding.beams > batch:
+        raise UsageError(f"--beams {decoding.beams} needs --batch of at least {decoding.beams}")
     # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
     # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
     # another order, and greedy output would depend on what else is in the batch.
@@ -182,7 +188,7 @@ def load(
 
         draft_engine = Engine(draft_local.path, replace(options, n_seq_max=1, kv_unified=False)) if draft_local else None
         try:
-            engine.strategy = make_strategy(decoding, engine, draft_engine)
+            engine.strategy = make_strategy(decoding, engine, draft_engine, ctx_limit=n_ctx)
         except Exception:
             if draft_engine is not None:
                 draft_engine.close()

@@ -47,6 +47,9 @@ class SamplingOptions(BaseModel):
     def _one_constraint(self) -> "SamplingOptions":
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("give either a grammar or a JSON schema, not both")
+        if self.min_tokens > 0 and (self.grammar is not None or self.json_schema is not None):
+            # A complete grammar allows only end-of-text, which min_tokens bans: llama.cpp would abort.
+            raise ValueError("min_tokens cannot combine with a grammar or JSON schema (the grammar decides where the text ends)")
         if self.max_tokens not in (-1,) and self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1 (or -1 for no limit)")
         return self
@@ -98,6 +101,8 @@ def read_grammar(path: Optional[Path]) -> Optional[str]:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read --grammar {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--grammar {path} is not a UTF-8 text file: give a GBNF grammar") from None
 
 
 def read_json_schema(path: Optional[Path]) -> Optional[dict[str, Any]]:
@@ -107,6 +112,8 @@ def read_json_schema(path: Optional[Path]) -> Optional[dict[str, Any]]:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot read --json-schema {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--json-schema {path} is not a UTF-8 text file: give a JSON schema") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--json-schema {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict):

@@ -164,6 +164,7 @@ class Scheduler:
     # -- the scheduler thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        out: list[tuple[Job, object]] = []
         try:
             while True:
                 with self.cond:
@@ -171,13 +172,13 @@ class Scheduler:
                         self.cond.wait()
                     if self.stopping:
                         break
-                    out: list[tuple[Job, object]] = []
                     self._drop_cancelled(out)
                     self._admit()
                 if self.running:
                     self._step(out)
                 if out:
                     self.deliver(out)
+                out = []
         except BaseException as exc:  # noqa: BLE001 - a dead scheduler must fail every request, loudly
             self.fatal = f"the scheduler stopped: {type(exc).__name__}: {exc}"
             raise
@@ -186,7 +187,8 @@ class Scheduler:
                 leftovers = list(self.running) + list(self.waiting)
                 self.running.clear()
                 self.waiting.clear()
-            out = [(job, self._finish(job, "error" if self.fatal else "cancelled", self.fatal or "the server is shutting down")) for job in leftovers]
+            # Events of this step not yet delivered (a failure mid-step), then every job still open.
+            out += [(job, self._finish(job, "error" if self.fatal else "cancelled", self.fatal or "the server is shutting down")) for job in leftovers]
             if out:
                 self.deliver(out)
 
@@ -224,9 +226,12 @@ class Scheduler:
             # A whole-sequence copy, then trim: per-slot KV streams only support copying a whole sequence.
             ll.llama_memory_seq_rm(mem, slot.seq_id, 0, -1)
             ll.llama_memory_seq_cp(mem, donor.seq_id, slot.seq_id, -1, -1)
-            ll.llama_memory_seq_rm(mem, slot.seq_id, donor_keep, -1)
-            slot.tokens = donor.tokens[:donor_keep]
-            keep = donor_keep
+            if ll.llama_memory_seq_rm(mem, slot.seq_id, donor_keep, -1):
+                slot.tokens = donor.tokens[:donor_keep]
+                keep = donor_keep
+            else:  # a memory that cannot trim (recurrent): start from nothing
+                ll.llama_memory_seq_rm(mem, slot.seq_id, 0, -1)
+                slot.tokens, keep = [], 0
         elif not ll.llama_memory_seq_rm(mem, slot.seq_id, keep, -1):
             ll.llama_memory_seq_rm(mem, slot.seq_id, 0, -1)
             keep = 0
@@ -236,6 +241,7 @@ class Scheduler:
         job.slot = slot
         job.n_prefilled = keep
         job.cached_tokens = keep
+        job.sampler.accept_prompt(job.prompt)  # repetition penalties see the prompt, as in `run`
 
     def _step(self, out: list) -> None:
         ll, batch = self.ll, self.batch

@@ -134,7 +134,10 @@ class Service:
     def _deliver(self, events: list[tuple[Job, object]]) -> None:
         loop = self.loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(_dispatch, events)
+            try:
+                loop.call_soon_threadsafe(_dispatch, events)
+            except RuntimeError:  # the loop closed in between: shutting down, nobody is listening
+                pass
 
     # -- building a job ---------------------------------------------------------------------------
 
@@ -195,6 +198,8 @@ class Service:
             asked = base.max_tokens if base.max_tokens > 0 else room
         asked = max(1, min(asked, room))
         if body.ignore_eos:
+            if options.grammar is not None or options.json_schema is not None:
+                raise ApiError(400, "ignore_eos cannot combine with response_format (the grammar decides where the text ends)", param="ignore_eos")
             options = options.model_copy(update={"min_tokens": asked})
         try:
             sampler = Sampler(self.engine, options)
@@ -320,6 +325,10 @@ def build_app(service: Service):
             job = service.job_for(body)
         except ApiError as exc:
             return error_response(exc, endpoint)
+        except LocalrunError as exc:
+            return error_response(ApiError(400, exc.message), endpoint)
+        except Exception as exc:  # noqa: BLE001 - e.g. a chat template that raises on these messages
+            return error_response(ApiError(400, f"cannot build the prompt: {type(exc).__name__}: {exc}"), endpoint)
         job.sink = asyncio.Queue()
         if not scheduler.submit(job):
             job.sampler.close()
@@ -339,6 +348,9 @@ def build_app(service: Service):
             )
         try:
             text, fin = await _collect(job)
+        except BaseException:
+            scheduler.cancel(job)  # the handler itself was cancelled (shutdown): free the slot
+            raise
         finally:
             watcher.cancel()
         metrics.finished(fin)
