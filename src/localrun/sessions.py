@@ -314,10 +314,20 @@ class SessionStore:
         try:
             db = sqlite3.connect(index, timeout=LOCK_TIMEOUT_S, isolation_level=None)
             db.row_factory = sqlite3.Row
-            if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            migrate(db)
+            # Switching a new index to WAL takes an exclusive lock that SQLite does not wait for (the busy
+            # timeout does not apply): two processes opening a fresh store at once retry here.
+            deadline = time.monotonic() + LOCK_TIMEOUT_S
+            while True:
+                try:
+                    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                        db.execute("PRAGMA journal_mode=WAL")
+                    db.execute("PRAGMA synchronous=FULL")
+                    migrate(db)
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
         except sqlite3.DatabaseError as exc:
             raise SessionError(f"the session index {index} is unusable ({exc}): move it aside to start afresh") from None
         return cls(root, db)
