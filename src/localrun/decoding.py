@@ -24,7 +24,6 @@ log-probability / length ** length_penalty, and the best is returned.
 
 from __future__ import annotations
 
-import codecs
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Optional
 
 from .engine import Done, Engine, Stats, Token, llama_cpp_module
 from .errors import ContextOverflow, EngineError, UsageError
-from .sampling import SamplingOptions, make_sampler
+from .sampling import SamplingOptions
 
 
 @dataclass(frozen=True)
@@ -189,12 +188,7 @@ class Speculative:
 
     def generate(self, engine: Engine, prompt: Sequence[int], sampling: SamplingOptions) -> Iterator:
         ll = llama_cpp_module()
-        if not prompt:
-            raise UsageError("empty prompt: give some text as an argument or on stdin")
-        engine.check_fits(len(prompt))
-        stats = Stats(load_s=engine.load_s, prompt_tokens=len(prompt))
-        sampler = make_sampler(engine, sampling)
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stats, sampler, utf8 = engine.begin(prompt, sampling)
         drafter, length = self.drafter, DraftLength(self.draft_max)
         generated: list[int] = []
         cap = self.draft_max + 1
@@ -265,20 +259,9 @@ class Speculative:
             raise
         finally:
             ll.llama_batch_free(batch)
-            _close_stats(engine, stats, t0, t_first, len(generated))
+            engine.end(stats, t0, t_first, len(generated))
             sampler.close()
         yield Done(stats, generated)
-
-
-def _close_stats(engine: Engine, stats: Stats, t0: float, t_first: Optional[float], n: int) -> None:
-    t_end = time.perf_counter()
-    if t_first is None:
-        t_first = t_end
-        stats.prompt_eval_s = t_end - t0
-    stats.ttft_s = t_first - t0
-    stats.eval_tokens = max(0, n - 1)
-    stats.eval_s = t_end - t_first if n > 1 else 0.0
-    engine.last_stats = stats
 
 
 # -- beam search -----------------------------------------------------------------------------------
@@ -433,7 +416,7 @@ class BeamSearch:
             stats.finish_reason = "length"
         else:
             stats.finish_reason = "eos"
-        _close_stats(engine, stats, t0, t_first, len(best.tokens))
+        engine.end(stats, t0, t_first, len(best.tokens))
         return best, stats
 
     def _done(self, finished: list[Hypothesis], live: list[Hypothesis], n_beams: int) -> bool:

@@ -448,16 +448,30 @@ class Engine:
             return self.strategy.generate(self, prompt, sampling)
         return self._generate(prompt, sampling)
 
-    def _generate(self, prompt: Sequence[int], sampling: SamplingOptions) -> Iterator[Event]:
+    def begin(self, prompt: Sequence[int], sampling: SamplingOptions):
+        """What every decoding path starts with: checks, fresh stats, the sampler chain, a UTF-8 decoder."""
         from .sampling import make_sampler
 
-        ll = llama_cpp_module()
         if not prompt:
             raise UsageError("empty prompt: give some text as an argument or on stdin")
         self.check_fits(len(prompt))
         stats = Stats(load_s=self.load_s, prompt_tokens=len(prompt))
-        sampler = make_sampler(self, sampling)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return stats, make_sampler(self, sampling), codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def end(self, stats: Stats, t0: float, t_first: Optional[float], n_generated: int) -> None:
+        """What every decoding path ends with: timings filled in (also after an interruption), kept as last_stats."""
+        t_end = time.perf_counter()
+        if t_first is None:
+            t_first = t_end
+            stats.prompt_eval_s = t_end - t0
+        stats.ttft_s = t_first - t0
+        stats.eval_tokens = max(0, n_generated - 1)
+        stats.eval_s = t_end - t_first if n_generated > 1 else 0.0
+        self.last_stats = stats
+
+    def _generate(self, prompt: Sequence[int], sampling: SamplingOptions) -> Iterator[Event]:
+        ll = llama_cpp_module()
+        stats, sampler, decoder = self.begin(prompt, sampling)
         generated: list[int] = []
         t0 = time.perf_counter()
         t_first = None
@@ -498,13 +512,6 @@ class Engine:
             stats.finish_reason = "interrupted"
             raise
         finally:
-            t_end = time.perf_counter()
-            if t_first is None:
-                t_first = t_end
-                stats.prompt_eval_s = t_end - t0
-            stats.ttft_s = t_first - t0
-            stats.eval_tokens = max(0, len(generated) - 1)
-            stats.eval_s = t_end - t_first if len(generated) > 1 else 0.0
-            self.last_stats = stats
+            self.end(stats, t0, t_first, len(generated))
             sampler.close()
         yield Done(stats, generated)
