@@ -215,6 +215,9 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     (json.dumps({"prompt": "hi", "stop": [""]}).encode(), "stop"),
     (json.dumps({"prompt": "word " * 1100}).encode(), "1024"),
     (json.dumps({"prompt": "hi", "response_format": {"type": "xml"}}).encode(), "response_format"),
+    (json.dumps({"prompt": "hi", "logprobs": 5}).encode(), "logprobs"),
+    (json.dumps({"prompt": "hi", "echo": True}).encode(), "echo"),
+    (json.dumps({"prompt": "hi", "n": 2}).encode(), "'n'"),
 ])
 def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragment):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -223,6 +226,20 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragmen
     error = r.json()["error"]
     assert fragment in error["message"] and error["type"] == "invalid_request_error"
     assert complete(server.client(), "Hi", max_tokens=2).choices[0].text is not None
+
+
+def test_fields_common_clients_send_with_their_off_values_are_accepted(server):
+    out = server.client().chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0,
+        n=1, logprobs=False, stream=False, tool_choice="none", parallel_tool_calls=False, user="u1", store=False,
+        extra_body={"tools": []},
+    )
+    assert out.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as exc:
+        server.client().chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    assert "tools" in str(exc.value)
 
 
 def test_context_overflow_is_a_bad_request_in_the_client(server):

@@ -54,10 +54,41 @@ class _Body(BaseModel):
     logit_bias: Optional[dict[int, float]] = None
     response_format: Optional[dict[str, Any]] = None
     ignore_eos: bool = Field(False, description="llama.cpp server's extension: generate exactly max_tokens")
+    # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
+    logprobs: Union[bool, int, None] = None
+    top_logprobs: Optional[int] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[Any]] = None
+    function_call: Union[str, dict[str, Any], None] = None
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, Any]] = None
+    service_tier: Optional[str] = None
+
+    def unsupported(self) -> Optional[str]:
+        """The first feature asked for that localrun does not do, or None."""
+        if self.logprobs or self.top_logprobs:
+            return "logprobs"
+        if self.tools or self.functions or self.tool_choice not in (None, "none") or self.function_call not in (None, "none"):
+            return "tools" if (self.tools or self.tool_choice not in (None, "none")) else "functions"
+        return None
 
 
 class CompletionBody(_Body):
     prompt: Union[str, list[int]]
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    def unsupported(self) -> Optional[str]:
+        if self.echo:
+            return "echo"
+        if self.best_of not in (None, 1):
+            return "best_of"
+        if self.suffix:
+            return "suffix"
+        return super().unsupported()
 
 
 class _Part(BaseModel):
@@ -174,6 +205,9 @@ class Service:
     def job_for(self, body: Union[CompletionBody, ChatBody]) -> Job:
         from .sampling import Sampler, SamplingOptions
 
+        feature = body.unsupported()
+        if feature is not None:
+            raise ApiError(400, f"{feature!r} is not supported by localrun serve: leave it out", param=feature)
         tokens, extra_stops = self.prompt_for(body)
         base = self.loaded.sampling
         update: dict[str, Any] = {
