@@ -86,8 +86,6 @@ class Slot:
 class StepStats:
     """What the last steps did, for /metrics (read without a lock: plain ints and floats)."""
 
-    steps: int = 0
-    batch_tokens: int = 0
     running: int = 0
     waiting: int = 0
     kv_tokens: int = 0
@@ -301,8 +299,6 @@ class Scheduler:
         ctx = self.engine.ctx
         for job in sampling:
             self._sample(job, ctx, out)
-        self.stats.steps += 1
-        self.stats.batch_tokens = n
         self.stats.running = len(self.running)
         self.stats.kv_tokens = sum(len(s.tokens) for s in self.slots)
         if self.on_step is not None:

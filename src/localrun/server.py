@@ -270,7 +270,7 @@ class Metrics:
     """Prometheus metrics in their own registry (prometheus_client is thread-safe)."""
 
     def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
         r = self.registry = CollectorRegistry()
         self.requests = Counter("localrun_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
@@ -293,10 +293,11 @@ class Metrics:
             "localrun_batch_sequences", "sequences decoding together per step", registry=r,
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
         )
-        self._gauges = (Gauge, r)
 
     def watch(self, scheduler: Scheduler, kv_capacity: int) -> None:
-        Gauge, r = self._gauges
+        from prometheus_client import Gauge
+
+        r = self.registry
         Gauge("localrun_requests_running", "requests holding a slot", registry=r).set_function(lambda: scheduler.stats.running)
         Gauge("localrun_requests_waiting", "requests queued for a slot", registry=r).set_function(lambda: scheduler.stats.waiting)
         Gauge("localrun_kv_cache_tokens", "tokens held in the slots' KV sequences", registry=r).set_function(lambda: scheduler.stats.kv_tokens)
@@ -508,12 +509,17 @@ async def _sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: st
     try:
         if chat:
             yield chunk(None, None, role=True)
+        pending = None
         while True:
-            event = await job.sink.get()
+            event, pending = pending or await job.sink.get(), None
             if isinstance(event, Piece):
                 text = event.text
-                while not job.sink.empty() and isinstance(job.sink._queue[0], Piece):  # coalesce what is already here
-                    text += job.sink.get_nowait().text
+                while not job.sink.empty():  # coalesce the pieces already here; keep the end for the next turn
+                    more = job.sink.get_nowait()
+                    if not isinstance(more, Piece):
+                        pending = more
+                        break
+                    text += more.text
                 yield chunk(text, None)
                 continue
             finished = True
