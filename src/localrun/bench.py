@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -135,25 +135,14 @@ class Settings:
         b = self.batch
         layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
         fa = {"auto": None, "on": True, "off": False}[self.flash_attn]
+        from .decoding import context_options
+
         options = LoadOptions(n_ctx=n_ctx, n_batch=b, n_ubatch=b, n_threads=self.threads, gpu_layers=layers,
                               flash_attn=fa, kv_type=self.kv_type)
-        beams = self.decoding().beams
-        if beams > 1:  # as runner.load does for --beams: room for N answers in one shared KV pool
-            options = replace(options, n_ctx=n_ctx * (beams + 1), n_seq_max=2 * beams + 1, kv_unified=True)
-        elif self.decode != "plain" and fa is None:
-            options = replace(options, flash_attn=False)  # as runner.load does for --draft
-        return options
+        return context_options(self.decoding(), options, answer_room=n_ctx)
 
     def decoding(self):
-        from .decoding import DecodeOptions
-
-        if self.decode.startswith("beams"):
-            return DecodeOptions(beams=int(self.decode[5:]))
-        if self.decode == "lookup":
-            return DecodeOptions(draft="lookup")
-        if self.decode.startswith("draft:"):
-            return DecodeOptions(draft=self.decode[6:])
-        return DecodeOptions()
+        return parse_decode(self.decode)
 
     def llama_args(self) -> list[str]:
         """The same settings for llama-bench / llama-perplexity, resolved as Engine resolves them."""
@@ -249,7 +238,9 @@ def make_plan(
     kv_types = _words("--kv-type", kv_type, KV_TYPES)
     layer_values = [str(parse_gpu_layers(v)) for v in _split("--gpu-layers", gpu_layers)]
     fa_values = _words("--flash-attn", flash_attn, FLASH_ATTN)
-    decodes = [_decode_value(v) for v in _split("--decode", decode)]
+    decodes = _split("--decode", decode)
+    for value in decodes:
+        parse_decode(value)  # refused here, before anything runs
     settings = [Settings(*combo) for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values, decodes)]
     for s in settings:
         if s.kv_type != "f16" and s.flash_attn == "off":
@@ -266,11 +257,16 @@ def make_plan(
                 quality=quality, plot=plot, source=source)
 
 
-def _decode_value(value: str) -> str:
-    if value in ("plain", "lookup") or value.startswith("draft:") and len(value) > 6:
-        return value
+def parse_decode(value: str):
+    """A --decode value as decoding.DecodeOptions: plain, lookup, draft:MODEL or beamsN."""
+    from .decoding import DecodeOptions
+
+    if value == "plain":
+        return DecodeOptions()
+    if value == "lookup" or value.startswith("draft:") and len(value) > 6:
+        return DecodeOptions(draft=value.removeprefix("draft:"))
     if value.startswith("beams") and value[5:].isdigit() and 1 < int(value[5:]) <= 64:
-        return value
+        return DecodeOptions(beams=int(value[5:]))
     raise UsageError(f"invalid --decode {value!r}: use plain, lookup, draft:MODEL or beamsN (e.g. beams4)")
 
 
@@ -676,13 +672,13 @@ def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
     load_ms = (time.perf_counter() - t0) * 1000
     decoding = config.settings.decoding()
     if decoding.beams > 1 or decoding.draft:
-        from . import hub
-        from .decoding import make_strategy
+        from .decoding import attach
 
-        draft = None
-        if decoding.draft not in (None, "lookup"):
-            draft = Engine(hub.ensure_local(decoding.draft, source="auto").path, replace(options, n_seq_max=1))
-        engine.strategy = make_strategy(decoding, engine, draft)
+        try:
+            attach(engine, decoding, ctx_limit=n_ctx)
+        except Exception:
+            engine.close()
+            raise
     if engine.gpu_notice:
         notice(engine.gpu_notice)
     if not config.load_ms:  # the first load of this model+settings is the one reported

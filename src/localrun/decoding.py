@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
-from .engine import Done, Engine, Stats, Token, llama_cpp_module
+from .engine import Done, Engine, LoadOptions, Stats, Token, llama_cpp_module
 from .errors import ContextOverflow, EngineError, UsageError
 from .sampling import SamplingOptions
 
@@ -429,11 +429,45 @@ class BeamSearch:
         return max(h.score(lp) for h in live) <= kept[-1]
 
 
+def context_options(decoding: DecodeOptions, options: LoadOptions, answer_room: int) -> LoadOptions:
+    """The context a strategy needs, from the one plain decoding would get (options.n_ctx: the context
+    asked for). Refuses, before any model is loaded, a --batch that cannot hold one step of it."""
+    if decoding.draft and decoding.draft_max + 1 > options.n_batch:
+        raise UsageError(f"--draft-max {decoding.draft_max} needs --batch of at least {decoding.draft_max + 1}")
+    if decoding.beams > options.n_batch:
+        raise UsageError(f"--beams {decoding.beams} needs --batch of at least {decoding.beams}")
+    if decoding.beams > 1:
+        # The prompt in sequence 0, the beams in two banks of N; one KV pool, so a fork shares cells.
+        return replace(options, n_ctx=options.n_ctx + decoding.beams * answer_room,
+                       n_seq_max=2 * decoding.beams + 1, kv_unified=True)
+    if decoding.draft and options.flash_attn is None:
+        # llama.cpp's CPU flash-attention kernel rounds differently for one query than for several, so
+        # with it a verified draft (several queries) can come out a different greedy token than one-
+        # token steps. Off (and on a build without llamafile's sgemm: make BACKEND=cpu-exact),
+        # speculative output equals plain decoding. --flash-attn still turns it on.
+        return replace(options, flash_attn=False)
+    return options
+
+
+def attach(engine: Engine, decoding: DecodeOptions, *, ctx_limit: int, source: str = "auto") -> None:
+    """Give `engine` the strategy `decoding` asks for, loading the draft model if one is named."""
+    draft = None
+    if decoding.draft not in (None, "lookup"):
+        from . import hub
+
+        draft = Engine(hub.ensure_local(decoding.draft, source=source).path,
+                       replace(engine.options, n_seq_max=1, kv_unified=False))
+    try:
+        engine.strategy = make_strategy(decoding, engine, draft, ctx_limit)
+    except Exception:
+        if draft is not None:
+            draft.close()
+        raise
+
+
 def make_strategy(options: DecodeOptions, engine: Engine, draft_engine: Optional[Engine] = None,
                   ctx_limit: Optional[int] = None):
     """The strategy Engine.generate delegates to, or None for plain decoding."""
-    if options.beams > engine.n_batch or (options.draft and options.draft_max + 1 > engine.n_batch):
-        raise UsageError(f"--batch {engine.n_batch} is too small for --beams/--draft-max: use at least {max(options.beams, options.draft_max + 1)}")
     if options.beams > 1:
         return BeamSearch(options.beams, options.length_penalty, ctx_limit)
     if options.draft == "lookup":

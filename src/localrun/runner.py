@@ -7,7 +7,7 @@ fits it in the context, drives Engine.generate and cuts stop sequences out of th
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional
 
 from .engine import Done, Engine, Stats, Token
@@ -153,20 +153,10 @@ def load(
     if batch < 1:
         raise UsageError(f"invalid --batch {batch}: use 1 or more")
     n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
-    if flash_attn is None and decoding is not None and decoding.draft:
-        # llama.cpp's CPU flash-attention kernel rounds differently for one query than for several, so
-        # with it a verified draft (several queries) can come out a different greedy token than one-
-        # token steps. Off (and on a build without llamafile's sgemm: make BACKEND=cpu-exact),
-        # speculative output equals plain decoding. --flash-attn still turns it on.
-        flash_attn = False
     if parallel < 1:
         raise UsageError(f"invalid --parallel {parallel}: use 1 or more")
     if parallel > batch:
         raise UsageError(f"--parallel {parallel} needs --batch of at least {parallel} (one token per sequence per step)")
-    if decoding is not None and decoding.draft and decoding.draft_max + 1 > batch:
-        raise UsageError(f"--draft-max {decoding.draft_max} needs --batch of at least {decoding.draft_max + 1}")
-    if decoding is not None and decoding.beams > batch:
-        raise UsageError(f"--beams {decoding.beams} needs --batch of at least {decoding.beams}")
     # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
     # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
     # another order, and greedy output would depend on what else is in the batch.
@@ -174,24 +164,21 @@ def load(
         n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
         flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
     )
-    if decoding is not None and decoding.beams > 1:
-        # The prompt in sequence 0, the beams in two banks of N; one KV pool, so a fork shares cells.
+    if decoding is not None:
+        from .decoding import context_options
+
         answer_room = min(n_ctx, sampling.max_tokens) if sampling.max_tokens > 0 else n_ctx
-        options = replace(options, n_ctx=n_ctx + decoding.beams * answer_room, n_seq_max=2 * decoding.beams + 1, kv_unified=True)
-    draft_local = hub.ensure_local(decoding.draft, source=source) if decoding is not None and decoding.draft not in (None, "lookup") else None
+        options = context_options(decoding, options, answer_room)
     local = hub.ensure_local(model, source=source)
     engine = Engine(local.path, options)
     if engine.gpu_notice and on_notice:
         on_notice(engine.gpu_notice)
     if decoding is not None:
-        from .decoding import make_strategy
+        from .decoding import attach
 
-        draft_engine = Engine(draft_local.path, replace(options, n_seq_max=1, kv_unified=False)) if draft_local else None
         try:
-            engine.strategy = make_strategy(decoding, engine, draft_engine, ctx_limit=n_ctx)
+            attach(engine, decoding, ctx_limit=n_ctx, source=source)
         except Exception:
-            if draft_engine is not None:
-                draft_engine.close()
             engine.close()
             raise
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=sampling, system=entry.system if entry else None)
