@@ -11,12 +11,7 @@ import typer
 from . import __version__
 from .console import err, notice, render_error
 from .errors import EXIT_INTERRUPTED, UsageError
-from .options import (
-    BatchOpt, CtxOpt, FlashAttnOpt, FrequencyPenaltyOpt, GpuLayersOpt, GrammarOpt, JsonSchemaOpt, KvTypeOpt,
-    LogitBiasOpt, MaxTokensOpt, MinPOpt, MinTokensOpt, MirostatEtaOpt, MirostatOpt, MirostatTauOpt, ModelArg,
-    PresencePenaltyOpt, RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, SourceOpt, StopOpt, TemperatureOpt,
-    ThreadsOpt, TopKOpt, TopPOpt, TypicalPOpt, DraftOpt, DraftMaxOpt, BeamsOpt, LengthPenaltyOpt,
-)
+from .options import CtxOpt, KvTypeOpt, ModelArg, SourceOpt, shared_options
 
 app = typer.Typer(
     name="localrun",
@@ -109,6 +104,7 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout"
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
+@shared_options(decoding=True)
 def run(
     model: ModelArg,
     prompt: Annotated[Optional[list[str]], typer.Argument(help="the prompt; piped stdin comes first")] = None,
@@ -119,22 +115,13 @@ def run(
     truncate: Annotated[bool, typer.Option("--truncate", help="keep the end of a prompt that does not fit")] = False,
     session: Annotated[Optional[str], typer.Option("--session", help="continue this named session (KV state kept on disk)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="do not use or fill the automatic prefix cache")] = False,
-    source: SourceOpt = "auto",
-    temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
-    typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
-    presence_penalty: PresencePenaltyOpt = None, frequency_penalty: FrequencyPenaltyOpt = None,
-    mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
-    seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
-    logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
-    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
-    threads: ThreadsOpt = None, batch: BatchOpt = 512,
-    draft: DraftOpt = None, draft_max: DraftMaxOpt = 8, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
+    **options,
 ) -> None:
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
     from . import render, runner
 
     text = runner.read_prompt(prompt or [], sys.stdin)
-    loaded = _load(locals())
+    loaded = _load(model, options)
     events = runner.answer(
         loaded, text, system=system, raw=raw, truncate=truncate, session=session, use_cache=not no_cache, on_notice=notice
     )
@@ -142,31 +129,24 @@ def run(
 
 
 @app.command()
+@shared_options(decoding=True)
 def chat(
     model: ModelArg,
     system: Annotated[Optional[str], typer.Option("--system", help="system prompt")] = None,
     session: Annotated[Optional[str], typer.Option("--session", help="resume and keep saving this named session")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="timing stats after each answer")] = False,
-    source: SourceOpt = "auto",
-    temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
-    typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
-    presence_penalty: PresencePenaltyOpt = None, frequency_penalty: FrequencyPenaltyOpt = None,
-    mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
-    seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
-    logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
-    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
-    threads: ThreadsOpt = None, batch: BatchOpt = 512,
-    draft: DraftOpt = None, draft_max: DraftMaxOpt = 8, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
+    **options,
 ) -> None:
     """Chat interactively with the model's own chat template (/help lists the commands)."""
     from . import chat as chat_repl
 
-    loaded = _load(locals())
+    loaded = _load(model, options)
     code = chat_repl.chat_loop(loaded, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)
 
 
 @app.command()
+@shared_options()
 def serve(
     model: ModelArg,
     parallel: Annotated[int, typer.Option("--parallel", "-np", help="sequences decoded together (slots)")] = 4,
@@ -175,15 +155,7 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
     queue: Annotated[int, typer.Option("--queue", help="requests that may wait for a slot; more get 429")] = 64,
     prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="prompt tokens evaluated per step (smaller: running streams stall less)")] = 256,
-    source: SourceOpt = "auto",
-    temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
-    typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
-    presence_penalty: PresencePenaltyOpt = None, frequency_penalty: FrequencyPenaltyOpt = None,
-    mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
-    seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
-    logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
-    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
-    threads: ThreadsOpt = None, batch: BatchOpt = 512,
+    **options,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, many requests decoded together."""
     from .server import ServeOptions, serve as run_server
@@ -191,7 +163,7 @@ def serve(
     for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0)):
         if value < least or (flag == "--port" and value > 65535):
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
-    loaded = _load(locals(), parallel=parallel)
+    loaded = _load(model, options, parallel=parallel)
     slot_ctx = loaded.engine.n_ctx // parallel
     options = ServeOptions(parallel=parallel, slot_ctx=slot_ctx, max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -306,19 +278,20 @@ _SAMPLING_FLAGS = (
 )
 
 
-def _load(args: dict, parallel: int = 1):
-    """Resolve and load the model with the options `run`, `chat` and `serve` share (their signatures name them alike)."""
+def _load(model: str, options: dict, parallel: int = 1):
+    """Resolve and load the model with the options `run`, `chat` and `serve` share (options.shared_options)."""
     from . import runner
     from .decoding import DecodeOptions
 
     decoding = None
-    if "beams" in args:
-        decoding = DecodeOptions(draft=args["draft"], draft_max=args["draft_max"], beams=args["beams"], length_penalty=args["length_penalty"])
+    if "beams" in options:
+        decoding = DecodeOptions(draft=options["draft"], draft_max=options["draft_max"], beams=options["beams"],
+                                 length_penalty=options["length_penalty"])
     return runner.load(
-        args["model"], source=_source(args["source"]), ctx=args["ctx"], gpu_layers=args["gpu_layers"],
-        flash_attn=args["flash_attn"], kv_type=args["kv_type"], threads=args["threads"], batch=args["batch"],
-        sampling_flags={k: args[k] for k in _SAMPLING_FLAGS}, logit_bias=args["logit_bias"] or [],
-        stop=args["stop"] or [], grammar=args["grammar"], json_schema=args["json_schema"], on_notice=notice,
+        model, source=_source(options["source"]), ctx=options["ctx"], gpu_layers=options["gpu_layers"],
+        flash_attn=options["flash_attn"], kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
+        sampling_flags={k: options[k] for k in _SAMPLING_FLAGS}, logit_bias=options["logit_bias"] or [],
+        stop=options["stop"] or [], grammar=options["grammar"], json_schema=options["json_schema"], on_notice=notice,
         parallel=parallel, decoding=decoding,
     )
 

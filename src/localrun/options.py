@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -45,3 +48,44 @@ DraftOpt = Annotated[Optional[str], typer.Option("--draft", help="speculative de
 DraftMaxOpt = Annotated[int, typer.Option("--draft-max", help="most tokens drafted per step (adapts below it)", rich_help_panel=_D)]
 BeamsOpt = Annotated[int, typer.Option("--beams", help="beam search with N beams (deterministic; 1 = off)", rich_help_panel=_D)]
 LengthPenaltyOpt = Annotated[float, typer.Option("--length-penalty", help="beam score = logprob / length**P", rich_help_panel=_D)]
+
+
+def _generation(
+    source: SourceOpt = "auto",
+    temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
+    typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
+    presence_penalty: PresencePenaltyOpt = None, frequency_penalty: FrequencyPenaltyOpt = None,
+    mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
+    seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
+    logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
+    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
+    threads: ThreadsOpt = None, batch: BatchOpt = 512,
+) -> None:
+    """The options run, chat and serve share: where the model comes from, sampling, model and hardware."""
+
+
+def _decoding(
+    draft: DraftOpt = None, draft_max: DraftMaxOpt = 8, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
+) -> None:
+    """The decoding strategy options run and chat share."""
+
+
+def shared_options(*, decoding: bool = False) -> Callable[[Callable], Callable]:
+    """Give a Typer command the shared options (after its own), passed to it as keyword arguments
+    (its `**options`). Typer reads a command's parameters from its signature, so one list serves all."""
+    templates = [_generation, _decoding] if decoding else [_generation]
+    extra = [p for t in templates for p in inspect.signature(t, eval_str=True).parameters.values()]
+
+    def decorate(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True)
+        params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD] + extra
+
+        @functools.wraps(command)
+        def with_options(**kwargs):
+            return command(**kwargs)
+
+        with_options.__signature__ = own.replace(parameters=params)
+        with_options.__annotations__ = {p.name: p.annotation for p in params}
+        return with_options
+
+    return decorate
