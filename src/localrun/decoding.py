@@ -271,8 +271,9 @@ class Speculative:
 class Hypothesis:
     tokens: list[int]
     logprob: float
-    seq: int = -1
-    text: str = ""
+    seq: int = -1  # the KV sequence holding it
+    parent: int = -1  # a new child: the index of the live hypothesis it extends
+    text: str = ""  # set when a stop sequence cut it, else once it is chosen
     stopped_by: Optional[str] = None
 
     def score(self, length_penalty: float) -> float:
@@ -363,17 +364,16 @@ class BeamSearch:
                 for lp, b, t in candidates:
                     parent = live[b]
                     if eog[t]:
-                        finished.append(Hypothesis(parent.tokens, lp, text=parent.text))
+                        finished.append(Hypothesis(parent.tokens, lp))
                         continue
-                    child = Hypothesis(parent.tokens + [t], lp, seq=b)  # seq: parent index for now
-                    matcher = StopMatcher(sampling.stop)
-                    text = engine.detokenize(child.tokens)
-                    cut = matcher.feed(text) + (matcher.flush() if matcher.stopped is not None else "")
-                    if matcher.stopped is not None:
-                        child.text, child.stopped_by = cut, matcher.stopped
-                        finished.append(child)
-                        continue
-                    child.text = text
+                    child = Hypothesis(parent.tokens + [t], lp, parent=b)
+                    if sampling.stop:  # the whole text each time: a stop may span the tokens
+                        matcher = StopMatcher(sampling.stop)
+                        cut = matcher.feed(engine.detokenize(child.tokens))
+                        if matcher.stopped is not None:
+                            child.text, child.stopped_by = cut, matcher.stopped
+                            finished.append(child)
+                            continue
                     if len(child.tokens) >= limit:
                         finished.append(child)
                         continue
@@ -385,7 +385,7 @@ class BeamSearch:
                 # Fork: each child's sequence is a copy of its parent's, then gets its new token.
                 other = 1 + n_beams if bank == 1 else 1
                 for j, child in enumerate(children):
-                    parent = live[child.seq]
+                    parent = live[child.parent]
                     dst = other + j
                     ll.llama_memory_seq_rm(mem, dst, 0, -1)
                     ll.llama_memory_seq_cp(mem, parent.seq, dst, -1, -1)
@@ -410,6 +410,8 @@ class BeamSearch:
             for s in range(1, 2 * n_beams + 1):
                 ll.llama_memory_seq_rm(mem, s, 0, -1)
         best = max(finished, key=lambda h: h.score(self.length_penalty))
+        if best.stopped_by is None:
+            best.text = engine.detokenize(best.tokens)
         if best.stopped_by is not None:
             stats.finish_reason = "stop"
         elif len(best.tokens) >= limit:
