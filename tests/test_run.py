@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -174,6 +175,27 @@ def test_gpu_layers_on_a_cpu_build_prints_one_notice_and_runs(smollm2, cli):
     r = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "4", "--gpu-layers", "99", "Hi")
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("no GPU backend") == 1
+
+
+@pytest.mark.parametrize("how", ["runner", "engine", "show"])
+def test_llama_cpp_is_loaded_before_numpy(smollm2, how):
+    """Found on a CUDA build (H100, CUDA 13, /opt/gcc toolchain): libggml-cuda.so there exports its own copy of
+    libstdc++'s locale symbols, and when numpy (which the gguf package imports) has loaded the system libstdc++
+    first, the tokenizer's std::regex segfaults inside llama_model_load_from_file. Loading llama.cpp's libraries
+    before numpy avoids it, so every path that loads a model does that first. Checked here by recording the order
+    in which imports start (the CPU build would not crash either way)."""
+    load = {"runner": f"from localrun.runner import load; load({str(smollm2)!r}, ctx=64, threads=1)",
+            "engine": "from localrun.engine import Engine, LoadOptions; "
+                      f"Engine({str(smollm2)!r}, LoadOptions(n_ctx=64, n_threads=1))",
+            "show": f"from localrun.cli import main; sys.argv = ['localrun', 'show', {str(smollm2)!r}]\n"
+                    "try:\n    main()\nexcept SystemExit:\n    pass"}[how]
+    code = ("import sys\norder = []\nclass Seen:\n    def find_spec(self, name, path=None, target=None):\n"
+            "        order.append(name)\nsys.meta_path.insert(0, Seen())\n"
+            f"{load}\nprint('order', order.index('llama_cpp'), order.index('numpy'), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    llama_at, numpy_at = map(int, out.stderr.split("order ")[-1].split())
+    assert llama_at < numpy_at
 
 
 def test_min_tokens_suppresses_end_of_generation(smollm2, cli):

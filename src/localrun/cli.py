@@ -81,6 +81,10 @@ def show(
     from . import hub, render
     from .report import describe
 
+    if measure:
+        from .engine import llama_cpp_module
+
+        llama_cpp_module()  # before gguf/numpy: see llama_cpp_module()
     local = hub.resolve_local(model)
     render.model_details(describe(local, ctx, kv_type, measure), as_json)
 
@@ -186,7 +190,7 @@ def bench(
     ctx: Annotated[Optional[str], typer.Option("--ctx", "-c", help="context size (sweep); default: fits the tests")] = None,
     batch: Annotated[str, typer.Option("--batch", "-b", help="batch size (sweep)")] = "512",
     kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache type (sweep: f16,q8_0)")] = "f16",
-    gpu_layers: Annotated[str, typer.Option("--gpu-layers", help="layers to offload (sweep)")] = "0",
+    gpu_layers: Annotated[str, typer.Option("--gpu-layers", help="layers to offload (sweep); auto: all, on a GPU build")] = "auto",
     flash_attn: Annotated[str, typer.Option("--flash-attn", help="auto, on, off (sweep)")] = "auto",
     decode: Annotated[str, typer.Option("--decode", help="plain, lookup, draft:MODEL, beamsN (sweep: plain,lookup)")] = "plain",
     output: Annotated[str, typer.Option("--output", "-o", help="table, json, csv or md")] = "table",

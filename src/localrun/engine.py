@@ -140,7 +140,13 @@ _llama = None  # the llama_cpp module, imported on first use
 
 
 def llama_cpp_module():
-    """Import llama_cpp lazily (it loads a shared library) and silence its logging."""
+    """Import llama_cpp lazily (it loads a shared library) and silence its logging.
+
+    Call it before anything imports numpy (the gguf package does) wherever a model is loaded. On a CUDA
+    build made with some toolchains (seen on an H100 machine: CUDA 13, CXX=/opt/gcc/bin/g++),
+    libggml-cuda.so exports its own copy of libstdc++'s locale symbols; when numpy has already loaded the
+    system libstdc++, the tokenizer's std::regex segfaults inside llama_model_load_from_file.
+    """
     global _llama
     if _llama is None:
         import llama_cpp
@@ -218,12 +224,12 @@ class Engine:
     prompt sharing a prefix with the previous one only evaluates the new tokens."""
 
     def __init__(self, model_path: Path | str, options: LoadOptions = LoadOptions()):
+        ll = llama_cpp_module()  # before gguf_info, whose gguf imports numpy: see llama_cpp_module()
         from .gguf_info import read_info
 
         self.path = Path(model_path)
         self.info = read_info(self.path)  # refuses non-GGUF, truncated, unknown arch before llama.cpp sees it
         self.options = options
-        ll = llama_cpp_module()
         self.gpu_notice: Optional[str] = None
         t0 = time.perf_counter()
 
@@ -237,7 +243,7 @@ class Engine:
                 "(rebuild with scripts/build_llama_cpp.sh cuda|metal for offload)"
             )
             gpu_layers = 0
-        mparams.n_gpu_layers = int(gpu_layers)
+        mparams.n_gpu_layers = self.gpu_layers = int(gpu_layers)  # -1: all
         self.model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self.model:
             raise EngineError(f"llama.cpp could not load {self.path}: check the file with `localrun show`")
