@@ -157,7 +157,7 @@ def test_json_rows_validate_and_are_sane(json_run, smollm2):
         assert r["ttft_ms"] > 0 and r["load_ms"] > 0 and r["peak_rss_bytes"] > 50e6 and r["kv_bytes"] > 0
         assert r["device_bytes"] is None  # the CPU build: no GPU memory to report
         assert r["settings"] == {"threads": 1, "ctx": 32 + 1, "batch": 512,
-                                 "kv_type": "f16", "gpu_layers": 0, "flash_attn": "auto", "decode": "plain"}
+                                 "kv_type": "f16", "gpu_layers": "auto", "flash_attn": "auto", "decode": "plain"}
         assert "ratio" not in r and "ref_mean_ts" not in r
         assert (r["tpot_ms"] is None) == (r["kind"] == "pp")
         if r["kind"] == "tg":

@@ -204,7 +204,7 @@ def make_plan(
     ctx: Optional[str] = None,
     batch: str = "512",
     kv_type: str = "f16",
-    gpu_layers: str = "0",
+    gpu_layers: str = "auto",
     flash_attn: str = "auto",
     decode: str = "plain",
     output: str = "table",

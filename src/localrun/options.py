@@ -35,7 +35,7 @@ JsonSchemaOpt = Annotated[Optional[Path], typer.Option("--json-schema", help="JS
 
 _M = "Model and hardware"
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context window (tokens); default from models.yaml", rich_help_panel=_M)]
-GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", help="layers to offload: N, auto or 0", rich_help_panel=_M)]
+GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", help="layers to offload to the GPU: N, auto (all, on a GPU build) or 0", rich_help_panel=_M)]
 FlashAttnOpt = Annotated[Optional[bool], typer.Option("--flash-attn/--no-flash-attn", help="default: llama.cpp decides", rich_help_panel=_M)]
 KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache type: f16, q8_0 or q4_0", rich_help_panel=_M)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)", rich_help_panel=_M)]
@@ -58,7 +58,7 @@ def _generation(
     mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
     seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
     logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
-    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "0", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
+    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "auto", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
     threads: ThreadsOpt = None, batch: BatchOpt = 512,
 ) -> None:
     """The options run, chat and serve share: where the model comes from, sampling, model and hardware."""
