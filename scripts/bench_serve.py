@@ -33,10 +33,11 @@ from localrun import loadtest  # noqa: E402
 DEFAULT_MODEL = Path.home() / ".cache" / "localrun-test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def start_server(model: Path, parallel: int, threads: int, ctx: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: Path, parallel: int, threads: int, ctx: int, gpu_layers: str) -> tuple[subprocess.Popen, str]:
     exe = shutil.which("localrun") or str(Path(sys.executable).with_name("localrun"))
     proc = subprocess.Popen(
-        [exe, "serve", str(model), "--port", "0", "--parallel", str(parallel), "--threads", str(threads), "--ctx", str(ctx)],
+        [exe, "serve", str(model), "--port", "0", "--parallel", str(parallel), "--threads", str(threads), "--ctx", str(ctx),
+         "--gpu-layers", gpu_layers],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     for line in proc.stderr:
@@ -46,13 +47,13 @@ def start_server(model: Path, parallel: int, threads: int, ctx: int) -> tuple[su
     raise SystemExit(f"the server did not start (exit {proc.wait()})")
 
 
-def batched_bench(model: Path, threads: int, tokens: int, prompt: int) -> dict[int, float]:
+def batched_bench(model: Path, threads: int, tokens: int, prompt: int, gpu_layers: str) -> dict[int, float]:
     exe = Path(os.environ.get("LLAMA_BATCHED_BENCH", Path.home() / ".cache/localrun/llama-bench-0.3.36/bin/llama-batched-bench"))
     if not exe.exists():
         return {}
     out = subprocess.run(
         [str(exe), "-m", str(model), "-c", "4096", "-b", "512", "-ub", "512", "-npp", str(prompt), "-ntg", str(tokens),
-         "-npl", "1,8", "-t", str(threads)], capture_output=True, text=True, check=True,
+         "-npl", "1,8", "-t", str(threads), "-ngl", "99" if gpu_layers == "auto" else gpu_layers], capture_output=True, text=True, check=True,
     ).stdout
     speeds = {}
     for line in out.splitlines():
@@ -69,9 +70,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--load", type=int, default=0, help="then N requests at concurrency 16")
+    ap.add_argument("--gpu-layers", default="auto", help="N, auto (all, on a GPU build) or 0")
     args = ap.parse_args()
 
-    proc, url = start_server(args.model, 8, args.threads, 1024)
+    proc, url = start_server(args.model, 8, args.threads, 1024, args.gpu_layers)
     prompt = loadtest.filler_prompt(24)
     ours: dict[int, list[float]] = {1: [], 8: []}
     ref: dict[int, list[float]] = {1: [], 8: []}
@@ -83,7 +85,7 @@ def main() -> None:
                 level = loadtest.run_level(url, c, c * 2, prompt=prompt, max_tokens=args.tokens, api_key=None, model=model)
                 assert not [o for o in level.outcomes if not o.ok], [o.error for o in level.outcomes]
                 ours[c].append(level.throughput)
-            for c, speed in batched_bench(args.model, args.threads, args.tokens, 32).items():
+            for c, speed in batched_bench(args.model, args.threads, args.tokens, 32, args.gpu_layers).items():
                 ref[c].append(speed)
             print(f"rep {rep + 1}: ours 1={ours[1][-1]:.1f} 8={ours[8][-1]:.1f} t/s; "
                   f"llama-batched-bench 1={ref[1][-1] if ref[1] else float('nan'):.1f} 8={ref[8][-1] if ref[8] else float('nan'):.1f} t/s",

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from localrun.decoding import LookupDrafter, Speculative  # noqa: E402
-from localrun.engine import Done, Engine, LoadOptions, default_threads, llama_cpp_module  # noqa: E402
+from localrun.engine import Done, Engine, LoadOptions, default_threads, llama_cpp_module, parse_gpu_layers  # noqa: E402
 from localrun.sampling import SamplingOptions  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache" / "localrun-test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,13 +80,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--gpu-layers", default="auto", help="N, auto (all, on a GPU build) or 0")
     args = ap.parse_args()
 
     ll = llama_cpp_module()
     exact = "LLAMAFILE = 1" not in ll.llama_print_system_info().decode()
-    engine = Engine(args.model, LoadOptions(n_ctx=2048, n_threads=args.threads, flash_attn=False))
+    engine = Engine(args.model, LoadOptions(n_ctx=2048, n_threads=args.threads, flash_attn=False,
+                                              gpu_layers=parse_gpu_layers(args.gpu_layers)))
     spec = Speculative(LookupDrafter(), args.draft_max)
-    print(f"{args.model.name}, {args.threads} threads, {args.tokens} tokens, greedy, reps {args.reps}; "
+    device = "GPU offload" if engine.gpu_layers else "CPU"
+    print(f"{args.model.name}, {device}, {args.threads} threads, {args.tokens} tokens, greedy, reps {args.reps}; "
           f"llama.cpp build {'without' if exact else 'with'} llamafile sgemm")
     for name, text in prompts().items():
         tokens = engine.tokenize(text)

@@ -13,6 +13,9 @@
 # detection off and enables AVX/AVX2/FMA/F16C/BMI2 explicitly, plus the AVX-512 family only where
 # this CPU reports it (the wheel is built where it runs). AMX stays off.
 #
+# LLAMA_CPP_PYTHON_SRC=PATH builds from a local sdist or unpacked source tree instead of PyPI (machines
+# without PyPI; pair it with PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR holding the few runtime dependencies).
+#
 # Built wheels are kept in ~/.cache/localrun/wheels/<version>-<variant>-<flags hash>/, so a rebuild
 # with the same flags is instant; pip's own wheel cache is bypassed because it ignores CMAKE_ARGS.
 set -euo pipefail
@@ -68,7 +71,7 @@ if ! ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "(about 4-5 minutes on 2 cores; cached afterwards in $WHEEL_DIR)" >&2
   TMP="$(mktemp -d)"
   CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
-    "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python -w "$TMP" "llama-cpp-python==$VERSION"
+    "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python -w "$TMP" "${LLAMA_CPP_PYTHON_SRC:-llama-cpp-python==$VERSION}"
   mkdir -p "$WHEEL_DIR"
   mv "$TMP"/llama_cpp_python-*.whl "$WHEEL_DIR"/   # only a finished wheel lands in the cache
   printf '%s\n' "$ARGS" > "$WHEEL_DIR/CMAKE_ARGS"
