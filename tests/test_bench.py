@@ -227,6 +227,24 @@ def test_compare_runs_llama_bench_with_the_same_settings(cli, smollm2):
 
 
 @pytest.mark.slow
+def test_no_thread_runs_beside_the_measurement(smollm2, monkeypatch, capsys):
+    """A spinner's redraw thread preempts llama.cpp's compute threads on a small machine (it cost about 3% of
+    decode speed on 2 cores), so bench shows progress without one, on a terminal too."""
+    import threading
+
+    from localrun import console
+
+    started = []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(type(self).__name__), real_start(self)))
+    monkeypatch.setattr(type(console.err.real()), "is_terminal", property(lambda self: True))
+    assert bench.run_from_cli([str(smollm2)], pp="8", tg="4", depth="0", reps=1, threads="1", output="json") == 0
+    assert started == []
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp8", "tg4@d0"]
+
+
+@pytest.mark.slow
 def test_ctrl_c_prints_what_was_measured_and_exits_130(smollm2):
     proc = subprocess.Popen([LOCALRUN, "bench", str(smollm2), "--pp", "16", "--tg", "64", "--depth", "0,64,128",
                              "--reps", "3", "--threads", "1", "--output", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -993,7 +993,7 @@ def plot(rows: Sequence[dict], path: Path) -> None:
 def run_from_cli(models: Sequence[str], **options: Any) -> int:
     """`localrun bench`: measure, print results (stdout), progress on stderr. Ctrl-C prints what was
     measured so far and returns 130."""
-    from .console import err, notice
+    from .console import StatusLine, err, notice
 
     plan = make_plan(models, **options)
     results: list[Result] = []
@@ -1004,7 +1004,7 @@ def run_from_cli(models: Sequence[str], **options: Any) -> int:
         if text not in told:
             told.add(text)
             notice(text)
-    with err.status("starting", spinner="dots") as spinner:
+    with StatusLine("starting") as spinner:  # not Rich's spinner: its redraw thread slows what is measured
         def status(text: str) -> None:
             spinner.update(text)
 
@@ -1014,7 +1014,7 @@ def run_from_cli(models: Sequence[str], **options: Any) -> int:
                 results.append(result)
                 row = result.as_row()
                 summary = f"{row['ppl']:.4f} PPL" if result.kind == "ppl" else f"{_ts(row)} t/s"
-                err.print(f"[dim]{row['model']} {row['test']}: {summary}[/dim]", highlight=False)
+                spinner.print(f"[dim]{row['model']} {row['test']}: {summary}[/dim]", highlight=False)
         except KeyboardInterrupt:
             interrupted = True
         finally:

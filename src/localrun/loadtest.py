@@ -176,7 +176,7 @@ def filler_prompt(n_words: int) -> str:
 def run_from_cli(url: str, *, concurrency: str, requests: Optional[int], tg: str, pp: str, output: str,
                  api_key: Optional[str]) -> int:
     from .bench import OUTPUTS, _ints
-    from .console import err
+    from .console import StatusLine, err
 
     levels = _ints("--concurrency", concurrency, 1)
     max_tokens = _ints("--tg", tg, 1)[0]
@@ -192,7 +192,7 @@ def run_from_cli(url: str, *, concurrency: str, requests: Optional[int], tg: str
     try:
         for c in levels:
             n = requests if requests is not None else 4 * c
-            with err.status(f"{c} concurrent streams: 0/{n} requests", spinner="dots") as spinner:
+            with StatusLine(f"{c} concurrent streams: 0/{n} requests") as spinner:  # no redraw thread beside the server
                 level = run_level(url, c, n, prompt=prompt, max_tokens=max_tokens, api_key=api_key, model=model,
                                   progress=lambda k, c=c, n=n: spinner.update(f"{c} concurrent streams: {k}/{n} requests"))
             reference = reference or level
