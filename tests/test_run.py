@@ -198,6 +198,31 @@ def test_llama_cpp_is_loaded_before_numpy(smollm2, how):
     assert llama_at < numpy_at
 
 
+def test_ctrl_c_while_llama_cpp_logs_during_load_is_not_lost(smollm2):
+    """A Ctrl-C that lands while llama.cpp is inside our log callback (model load calls it hundreds of times)
+    used to be swallowed by ctypes ("Exception ignored on calling ctypes callback") and the command went on:
+    9 of 30 Ctrl-Cs during `localrun run`'s load. Here SIGINT is raised from inside that callback."""
+    code = (
+        "import signal\n"
+        "from localrun import engine\n"
+        "engine.llama_cpp_module()\n"
+        "class Trigger(list):\n"
+        "    def append(self, item):\n"
+        "        if not self:\n"
+        "            signal.raise_signal(signal.SIGINT)\n"
+        "        super().append(item)\n"
+        "engine._log_sink = Trigger()\n"
+        "try:\n"
+        f"    engine.Engine({str(smollm2)!r}, engine.LoadOptions(n_ctx=64, n_threads=1))\n"
+        "    print('loaded')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', len(engine._log_sink) > 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["interrupted", "True"], out.stdout + out.stderr
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr
+
+
 def test_min_tokens_suppresses_end_of_generation(smollm2, cli):
     r = cli("run", str(smollm2), "-t", "0", "--min-tokens", "60", "-n", "60", "--json", "Say hi.")
     stats = json_events(r.stdout)[-1]["stats"]

@@ -183,6 +183,33 @@ def captured_llama_log() -> Iterator[list]:
         _log_sink = None
 
 
+@contextmanager
+def deferred_interrupt() -> Iterator[list]:
+    """Hold Ctrl-C while llama.cpp calls back into Python, and raise it once llama.cpp has returned.
+
+    A KeyboardInterrupt raised inside a ctypes callback (the log callback above, which model load calls
+    hundreds of times) is swallowed by ctypes: it printed "Exception ignored on calling ctypes callback"
+    and the command carried on, 9 times in 30 Ctrl-Cs during `localrun run`'s load. Here SIGINT only
+    records itself (the returned list fills); load_model's progress callback then stops the load, and
+    KeyboardInterrupt is raised at the end of the block. Only where Python's own handler is in place on
+    the main thread (not under uvicorn, which handles signals itself).
+    """
+    import signal
+    import threading
+
+    hit: list = []
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield hit
+        return
+    signal.signal(signal.SIGINT, lambda *_: hit.append(True))
+    try:
+        yield hit
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hit:
+        raise KeyboardInterrupt
+
+
 def system_info() -> dict:
     ll = llama_cpp_module()
     return {
@@ -244,9 +271,36 @@ class Engine:
             )
             gpu_layers = 0
         mparams.n_gpu_layers = self.gpu_layers = int(gpu_layers)  # -1: all
-        self.model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        self.ctx = None
+        with deferred_interrupt() as interrupted:  # Ctrl-C here: freed below, KeyboardInterrupt on leaving
+            keep_going = ll.llama_progress_callback(lambda progress, user_data: not interrupted)  # False stops the load
+            mparams.progress_callback = keep_going
+            self.model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+            if self.model and not interrupted:
+                self._init_context(ll, options)
+            if interrupted:
+                self.close()
         if not self.model:
             raise EngineError(f"llama.cpp could not load {self.path}: check the file with `localrun show`")
+        if not self.ctx:
+            ll.llama_model_free(self.model)
+            self.model = None
+            raise EngineError(
+                f"llama.cpp could not create a context of {options.n_ctx} tokens"
+                f" (kv {options.kv_type}): try a smaller --ctx"
+            )
+        self.memory = ll.llama_get_memory(self.ctx)
+        # llama.cpp rounds the context up (to 256); the limit the user asked for is the one we honour.
+        self.n_ctx = min(options.n_ctx, ll.llama_n_ctx(self.ctx))
+        self.n_batch = options.n_batch
+        self.load_s = time.perf_counter() - t0
+        self.cached: list[int] = []  # tokens whose KV is in sequence 0, in order
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog: Optional[list[int]] = None
+        self._one = (ll.llama_token * 1)()
+        self.strategy = None  # decoding.Speculative or decoding.BeamSearch: generate() delegates to it
+
+    def _init_context(self, ll, options: LoadOptions) -> None:
         self.vocab = ll.llama_model_get_vocab(self.model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
 
@@ -269,23 +323,6 @@ class Engine:
         else:
             cparams.flash_attn_type = 1 if options.flash_attn else 0
         self.ctx = ll.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            ll.llama_model_free(self.model)
-            self.model = None
-            raise EngineError(
-                f"llama.cpp could not create a context of {options.n_ctx} tokens"
-                f" (kv {options.kv_type}): try a smaller --ctx"
-            )
-        self.memory = ll.llama_get_memory(self.ctx)
-        # llama.cpp rounds the context up (to 256); the limit the user asked for is the one we honour.
-        self.n_ctx = min(options.n_ctx, ll.llama_n_ctx(self.ctx))
-        self.n_batch = options.n_batch
-        self.load_s = time.perf_counter() - t0
-        self.cached: list[int] = []  # tokens whose KV is in sequence 0, in order
-        self._piece_buf = ctypes.create_string_buffer(256)
-        self._eog: Optional[list[int]] = None
-        self._one = (ll.llama_token * 1)()
-        self.strategy = None  # decoding.Speculative or decoding.BeamSearch: generate() delegates to it
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -293,15 +330,16 @@ class Engine:
         ll = _llama
         if ll is None:
             return
-        if getattr(self, "strategy", None) is not None:
-            self.strategy.close()
-            self.strategy = None
-        if getattr(self, "ctx", None):
-            ll.llama_free(self.ctx)
-            self.ctx = None
-        if getattr(self, "model", None):
-            ll.llama_model_free(self.model)
-            self.model = None
+        with deferred_interrupt():  # llama.cpp logs while it frees: see deferred_interrupt()
+            if getattr(self, "strategy", None) is not None:
+                self.strategy.close()
+                self.strategy = None
+            if getattr(self, "ctx", None):
+                ll.llama_free(self.ctx)
+                self.ctx = None
+            if getattr(self, "model", None):
+                ll.llama_model_free(self.model)
+                self.model = None
 
     def __enter__(self) -> "Engine":
         return self
@@ -312,7 +350,7 @@ class Engine:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except (Exception, KeyboardInterrupt):  # a finalizer cannot pass an exception on (Python would print it)
             pass
 
     # -- text <-> tokens -------------------------------------------------------------------
