@@ -81,10 +81,6 @@ def show(
     from . import hub, render
     from .report import describe
 
-    if measure:
-        from .engine import llama_cpp_module
-
-        llama_cpp_module()  # before gguf/numpy: see llama_cpp_module()
     local = hub.resolve_local(model)
     render.model_details(describe(local, ctx, kv_type, measure), as_json)
 

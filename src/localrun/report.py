@@ -15,6 +15,10 @@ from . import __version__
 
 def describe(local, ctx: Optional[int], kv_type: str, measure: bool) -> dict[str, Any]:
     from .config import entry_for
+    if measure:  # llama.cpp loads the model below: it must come before gguf/numpy (see llama_cpp_module())
+        from .engine import llama_cpp_module
+
+        llama_cpp_module()
     from .gguf_info import memory_estimate, read_info, sha256_file
 
     info = read_info(local.path)

@@ -138,7 +138,7 @@ def load(
     """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp."""
     from . import hub
     from .config import entry_for
-    from .engine import LoadOptions, llama_cpp_module, parse_gpu_layers
+    from .engine import LoadOptions, parse_gpu_layers
     from .errors import UsageError
     from .sampling import build_options, parse_logit_bias, read_grammar, read_json_schema
 
@@ -169,7 +169,6 @@ def load(
 
         answer_room = min(n_ctx, sampling.max_tokens) if sampling.max_tokens > 0 else n_ctx
         options = context_options(decoding, options, answer_room)
-    llama_cpp_module()  # before gguf/numpy: see llama_cpp_module()
     local = hub.ensure_local(model, source=source)
     engine = Engine(local.path, options)
     if engine.gpu_notice and on_notice:
