@@ -236,6 +236,19 @@ def test_logit_bias_bans_a_token(smollm2, cli):
     assert json_events(banned.stdout)[-1]["tokens"][0] != tok
 
 
+@pytest.mark.parametrize("flag,value", [("--repeat-penalty", "1.8"), ("--frequency-penalty", "1.5"), ("--presence-penalty", "2")])
+def test_penalties_cut_repetition(smollm2, cli, flag, value):
+    """Greedy decoding of a repetitive prompt repeats it; each penalty, applied in the C chain over the
+    prompt and the answer, makes it repeat tokens less (these flags crashed the chain once: no test had run them)."""
+    args = ("run", str(smollm2), "--raw", "-t", "0", "-n", "48", "--json", "The cat sat on the mat. The cat sat on the mat. The cat")
+    plain = json_events(cli(*args).stdout)[-1]["tokens"]
+    r = cli(*args, flag, value, "--repeat-last-n", "64")
+    assert r.returncode == 0, r.stderr
+    penalised = json_events(r.stdout)[-1]["tokens"]
+    assert penalised != plain
+    assert len(set(penalised)) / len(penalised) > len(set(plain)) / len(plain)
+
+
 BAD = [
     (["--temperature", "-1"], "--temperature"),
     (["--top-p", "0"], "--top-p"),

@@ -160,7 +160,7 @@ class Sampler:
             add(ll.llama_sampler_init_logit_bias(engine.n_vocab, len(bias), arr))
         if o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0:
             last_n = engine.n_ctx if o.repeat_last_n == -1 else o.repeat_last_n
-            pen = ll.llama_sampler_init_penalties(last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty)
+            pen = ll.llama_sampler_init_penalties(engine.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty)
             add(pen)
             self._penalties.append(pen)
         if grammar is not None:
