@@ -429,6 +429,7 @@ def perplexity(engine, text: str, n_ctx: int = QUALITY_CTX, max_chunks: Optional
     from .engine import llama_cpp_module
 
     ll = llama_cpp_module()
+    engine.use_raw_logits()  # it reads every logit of half of each chunk
     tokens = engine.tokenize(text, add_special=True, parse_special=False)
     if len(tokens) < 2 * n_ctx:
         raise UsageError(f"the text is {len(tokens)} tokens; perplexity with --ctx {n_ctx} needs at least {2 * n_ctx}")

@@ -38,6 +38,11 @@ class LoadOptions:
     # One KV pool for all sequences: beam search forks hypotheses cheaply there. The server keeps a stream
     # per sequence instead, so that a request's output does not depend on what else is in the batch.
     kv_unified: bool = False
+    # An exact top-k in llama.cpp's graph before the C sampler chain (llama.cpp's backend sampling): the
+    # chain then sees k candidates instead of the whole vocabulary, and the logits stay on the device.
+    # None: on where the output layer runs on a GPU, or as LOCALRUN_BACKEND_SAMPLING (on/off) says. Off on
+    # the CPU, where llama.cpp's sampling graph costs more than it saves (it copies the logits once more).
+    backend_sampling: Optional[bool] = None
     verbose: bool = False
 
     def __post_init__(self) -> None:
@@ -234,6 +239,9 @@ def default_threads() -> int:
 
 
 _GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
+# The backend-sampling prefilter keeps this many candidates (more where a chain needs more): wider than
+# llama.cpp's default top-k of 40, so that common settings never re-attach it.
+PREFILTER_K = 128
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -271,6 +279,8 @@ class Engine:
             )
             gpu_layers = 0
         mparams.n_gpu_layers = self.gpu_layers = int(gpu_layers)  # -1: all
+        self.backend_sampling = self._resolve_backend_sampling(ll, options)
+        self._prefilter, self._prefilter_k = None, 0  # the top-k chain attached to sequence 0, and its k
         self.ctx = None
         with deferred_interrupt() as interrupted:  # Ctrl-C here: freed below, KeyboardInterrupt on leaving
             keep_going = ll.llama_progress_callback(lambda progress, user_data: not interrupted)  # False stops the load
@@ -283,6 +293,7 @@ class Engine:
         if not self.model:
             raise EngineError(f"llama.cpp could not load {self.path}: check the file with `localrun show`")
         if not self.ctx:
+            self._detach_prefilter()
             ll.llama_model_free(self.model)
             self.model = None
             raise EngineError(
@@ -322,7 +333,70 @@ class Engine:
             cparams.flash_attn_type = 1 if options.kv_type != "f16" else -1
         else:
             cparams.flash_attn_type = 1 if options.flash_attn else 0
+        if self.backend_sampling:
+            # Attached from the start, so that llama.cpp sizes its graphs for it while loading, not
+            # while the first prompt waits (a later attach costs a graph reservation: ~6 ms on an H100).
+            chain = self._prefilter_chain(PREFILTER_K)
+            config = ll.llama_sampler_seq_config(0, ctypes.cast(chain, ctypes.c_void_p))
+            cparams.samplers, cparams.n_samplers = ctypes.pointer(config), 1
+            self._prefilter, self._prefilter_k = chain, PREFILTER_K
         self.ctx = ll.llama_init_from_model(self.model, cparams)
+
+    def _resolve_backend_sampling(self, ll, options: LoadOptions) -> bool:
+        if options.n_seq_max > 1:
+            return False  # the server and beam search sample many sequences from raw logits
+        if options.backend_sampling is not None:
+            return options.backend_sampling
+        env = os.environ.get("LOCALRUN_BACKEND_SAMPLING", "auto").lower()
+        if env in ("on", "1", "true"):
+            return True
+        if env in ("off", "0", "false"):
+            return False
+        # auto: where the output layer (offloaded last) sits on a GPU
+        return bool(ll.llama_supports_gpu_offload()) and (self.gpu_layers < 0 or self.gpu_layers > self.info.n_layer)
+
+    def _prefilter_chain(self, k: int):
+        ll = llama_cpp_module()
+        params = ll.llama_sampler_chain_default_params()
+        params.no_perf = True
+        chain = ll.llama_sampler_chain_init(params)
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
+        return chain
+
+    def _prefilter_for(self, k: Optional[int]) -> bool:
+        """Make sequence 0 carry an exact top-k of at least k in llama.cpp's graph (backend sampling), or
+        none (k None: the chain needs raw logits). With it, llama_sampler_sample gives the C chain those
+        candidates, and the logits are never copied off the device. It stays attached between
+        generations; any top-k at least as wide as the chain's own first cut picks the same tokens."""
+        if k is not None and self.backend_sampling and self._prefilter is not None and k <= self._prefilter_k:
+            return True
+        self._detach_prefilter()
+        if k is None or not self.backend_sampling:
+            return False
+        ll = llama_cpp_module()
+        k = max(k, PREFILTER_K)
+        chain = self._prefilter_chain(k)
+        with deferred_interrupt():  # llama.cpp logs here: a Ctrl-C is raised once self._prefilter is set
+            if ll.llama_set_sampler(self.ctx, 0, chain):
+                self._prefilter, self._prefilter_k = chain, k
+            else:
+                ll.llama_sampler_free(chain)
+        return self._prefilter is not None
+
+    def use_raw_logits(self) -> None:
+        """For whatever reads the logits itself (the server's scheduler, speculative decoding, beam search):
+        no prefilter on sequence 0 from here on, until a plain generate() attaches one again."""
+        self._detach_prefilter()
+
+    def _detach_prefilter(self) -> None:
+        chain, self._prefilter = self._prefilter, None
+        if chain is None:
+            return
+        ll = llama_cpp_module()
+        with deferred_interrupt():
+            if self.ctx:
+                ll.llama_set_sampler(self.ctx, 0, None)
+            ll.llama_sampler_free(chain)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -334,6 +408,8 @@ class Engine:
             if getattr(self, "strategy", None) is not None:
                 self.strategy.close()
                 self.strategy = None
+            if getattr(self, "_prefilter", None) is not None:
+                self._detach_prefilter()
             if getattr(self, "ctx", None):
                 ll.llama_free(self.ctx)
                 self.ctx = None
@@ -489,6 +565,7 @@ class Engine:
         mid-token and report 'stop'.
         """
         if self.strategy is not None:
+            self.use_raw_logits()
             return self.strategy.generate(self, prompt, sampling)
         return self._generate(prompt, sampling)
 
@@ -520,7 +597,14 @@ class Engine:
         t0 = time.perf_counter()
         t_first = None
         try:
+            prefiltered = self._prefilter_for(sampler.prefilter)
             stats.cached_tokens = self.prefill(prompt)
+            if prefiltered and not ll.llama_get_sampled_candidates_ith(self.ctx, -1):
+                # The device could not run the top-k (llama.cpp left the whole vocabulary, without ids, for
+                # the chain to read): sample on the CPU as usual, from the last token evaluated once more.
+                self._detach_prefilter()
+                self._forget_after(len(self.cached) - 1)
+                self.prefill(prompt)
             sampler.accept_prompt(prompt)
             limit = sampling.max_tokens if sampling.max_tokens > 0 else 1 << 62
             # The hot loop: locals only, one reusable 1-token batch over a fixed array.

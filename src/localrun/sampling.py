@@ -138,6 +138,26 @@ class Sampler:
         # min_tokens: a second chain with end-of-generation banned, used until min_tokens is reached.
         # Both see every accepted token, so penalty and grammar state stay in step.
         self.early = self._build(engine, options, grammar, ban_eog=True) if options.min_tokens > 0 else None
+        self.prefilter = self._prefilter(engine, options, grammar)
+
+    def _prefilter(self, engine, o: SamplingOptions, grammar: Optional[str]) -> Optional[int]:
+        """How many of the highest logits the chain needs to see to pick exactly the token it would pick
+        from the whole vocabulary: the k of a top-k that may run before it, in llama.cpp's graph
+        (Engine's backend sampling). None where the chain needs every logit.
+
+        The chain's first cut is top-k (or greedy, a top-1). A bias that only lowers logits (a ban is -inf)
+        can push each biased token below the cut, so each widens the prefilter by one; a positive bias can
+        lift any token into the top k, and penalties, grammar and Mirostat look at the whole vocabulary.
+        """
+        if grammar is not None or o.mirostat or self._penalties or any(b > 0 for b in o.logit_bias.values()):
+            return None
+        keep = 1 if o.greedy else o.top_k
+        if keep <= 0:
+            return None
+        lowered = set(o.logit_bias)
+        if self.early is not None:
+            lowered.update(engine.eog_tokens())
+        return min(keep + len(lowered), engine.n_vocab)
 
     def _build(self, engine, o: SamplingOptions, grammar: Optional[str], ban_eog: bool):
         ll = self._ll

@@ -104,6 +104,7 @@ class Scheduler:
         on_step: Optional[Callable[[int, int], None]] = None,
     ):
         self.engine = engine
+        engine.use_raw_logits()  # each request's own chain (grammar, penalties) reads its slot's logits
         self.ll = llama_cpp_module()
         self.slot_ctx = slot_ctx
         self.max_waiting = max_waiting

@@ -1,0 +1,122 @@
+"""Backend sampling: an exact top-k in llama.cpp's graph before the C sampler chain (on by default where
+the output layer runs on a GPU). On the CPU build it is forced on here, so that CI exercises the same
+llama.cpp code path and checks the one promise it makes: the chain picks exactly the tokens it picks
+from the whole vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Once upon a time, in a small village by the sea,"
+
+# (options, what the prefilter keeps): the default chain, greedy, a ban, min_tokens (end-of-text banned
+# until then), a lowering bias, and chains that need the whole vocabulary (no prefilter).
+CASES = [
+    ({"seed": 7}, 40),
+    ({"temperature": 0.0}, 1),
+    ({"seed": 3, "top_k": 5, "top_p": 1.0, "min_p": 0.0, "temperature": 1.5}, 5),
+    ({"seed": 11, "min_tokens": 24}, "eog"),
+    ({"seed": 5, "logit_bias": {13: float("-inf"), 28: -3.0}}, 42),
+    ({"seed": 5, "logit_bias": {13: 2.0}}, None),
+    ({"seed": 5, "top_k": 0}, None),
+    ({"seed": 5, "repeat_penalty": 1.3}, None),
+]
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2):
+    from localrun.engine import Engine, LoadOptions
+
+    pair = [Engine(smollm2, LoadOptions(n_ctx=256, n_threads=1, backend_sampling=on)) for on in (False, True)]
+    yield pair
+    for e in pair:
+        e.close()
+
+
+def _tokens(engine, options: dict, n: int = 32) -> list[int]:
+    from localrun.engine import Done
+    from localrun.sampling import SamplingOptions
+
+    events = list(engine.generate(engine.tokenize(PROMPT), SamplingOptions(max_tokens=n, **options)))
+    assert isinstance(events[-1], Done)
+    return events[-1].tokens
+
+
+@pytest.mark.parametrize("options,keep", CASES, ids=lambda x: str(x) if isinstance(x, dict) else None)
+def test_the_chain_picks_the_same_tokens_from_k_candidates(engines, options, keep):
+    from localrun.sampling import SamplingOptions, make_sampler
+
+    cpu, backend = engines
+    sampler = make_sampler(backend, SamplingOptions(**options))
+    try:
+        expected_keep = 40 + len(backend.eog_tokens()) if keep == "eog" else keep
+        assert sampler.prefilter == expected_keep
+    finally:
+        sampler.close()
+    assert _tokens(backend, options) == _tokens(cpu, options)
+
+
+def test_the_top_k_runs_in_the_graph_stays_between_generations_and_yields_to_raw_logits(engines):
+    """While generating, llama.cpp hands the chain PREFILTER_K candidates, not the vocabulary; the top-k
+    stays attached from one generation to the next (attaching costs a graph reservation), widens for a
+    chain that needs more, and gives way to raw logits for a chain (or a caller) that needs them all."""
+    from localrun.engine import PREFILTER_K, llama_cpp_module
+    from localrun.sampling import SamplingOptions
+
+    ll = llama_cpp_module()
+    _, engine = engines
+    prompt = engine.tokenize(PROMPT)
+
+    def candidates_while_generating(**options) -> set[int]:
+        seen = set()
+        for _ in engine.generate(prompt, SamplingOptions(max_tokens=4, **options)):
+            seen.add(ll.llama_get_sampled_candidates_count_ith(engine.ctx, -1))
+        return seen
+
+    assert candidates_while_generating(seed=1) == {PREFILTER_K}
+    chain = engine._prefilter
+    assert candidates_while_generating(temperature=0.0) == {PREFILTER_K} and engine._prefilter is chain
+    assert candidates_while_generating(seed=1, top_k=300) == {300}
+    assert candidates_while_generating(seed=1, top_k=0) == {0}  # the whole vocabulary: raw logits
+    assert ll.llama_get_logits_ith(engine.ctx, -1)
+    assert candidates_while_generating(seed=1) == {PREFILTER_K}  # attached again
+
+    # Stopped early (a closed generator, as a stop sequence or a closed pipe does), then a caller that
+    # reads logits itself (the server's scheduler, speculative decoding, beam search).
+    events = engine.generate(prompt, SamplingOptions(seed=1, max_tokens=20))
+    next(events)
+    events.close()
+    engine.use_raw_logits()
+    engine.prefill(engine.tokenize(PROMPT + " there"))
+    assert ll.llama_get_sampled_candidates_count_ith(engine.ctx, -1) == 0
+    assert ll.llama_get_logits_ith(engine.ctx, -1)  # the whole vocabulary's logits, on the host again
+
+
+def test_off_on_a_cpu_build_unless_asked(smollm2, monkeypatch):
+    from localrun.engine import Engine, LoadOptions, llama_cpp_module
+
+    if llama_cpp_module().llama_supports_gpu_offload():
+        pytest.skip("a GPU build: backend sampling is on by default there")
+    for env, expected in (("auto", False), ("on", True), ("off", False)):
+        monkeypatch.setenv("LOCALRUN_BACKEND_SAMPLING", env)
+        engine = Engine(smollm2, LoadOptions(n_ctx=64, n_threads=1))
+        try:
+            assert engine.backend_sampling is expected
+        finally:
+            engine.close()
+
+
+def test_gemma_large_vocabulary_same_tokens(gemma):
+    """gemma's 262k-entry vocabulary (where the prefilter saves the most) and sliding-window attention."""
+    from localrun.engine import Engine, LoadOptions
+
+    pair = [Engine(gemma, LoadOptions(n_ctx=256, n_threads=2, backend_sampling=on)) for on in (False, True)]
+    try:
+        for options in ({"seed": 9}, {"temperature": 0.0}, {"seed": 4, "min_tokens": 16}):
+            cpu, backend = (_tokens(e, options, n=24) for e in pair)
+            assert backend == cpu, options
+    finally:
+        for e in pair:
+            e.close()
