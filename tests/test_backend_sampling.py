@@ -94,6 +94,23 @@ def test_the_top_k_runs_in_the_graph_stays_between_generations_and_yields_to_raw
     assert ll.llama_get_logits_ith(engine.ctx, -1)  # the whole vocabulary's logits, on the host again
 
 
+def test_a_device_that_cannot_run_the_top_k_falls_back_to_the_cpu_chain(smollm2, engines, monkeypatch):
+    """Fault injection: llama.cpp reports no candidates (a device without the top-k op leaves the chain the
+    bare vocabulary). generate then samples from raw logits, the last token evaluated again, and stops
+    attaching the prefilter on that engine."""
+    from localrun.engine import Engine, LoadOptions, llama_cpp_module
+
+    cpu, _ = engines
+    engine = Engine(smollm2, LoadOptions(n_ctx=256, n_threads=1, backend_sampling=True))
+    try:
+        monkeypatch.setattr(llama_cpp_module(), "llama_get_sampled_candidates_ith", lambda ctx, i: None)
+        assert _tokens(engine, {"seed": 2}) == _tokens(cpu, {"seed": 2})
+        assert engine.backend_sampling is False and engine._prefilter is None
+        assert _tokens(engine, {"temperature": 0.0}) == _tokens(cpu, {"temperature": 0.0})
+    finally:
+        engine.close()
+
+
 def test_off_on_a_cpu_build_unless_asked(smollm2, monkeypatch):
     from localrun.engine import Engine, LoadOptions, llama_cpp_module
 

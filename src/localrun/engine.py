@@ -603,6 +603,7 @@ class Engine:
                 # The device could not run the top-k (llama.cpp left the whole vocabulary, without ids, for
                 # the chain to read): sample on the CPU as usual, from the last token evaluated once more.
                 self._detach_prefilter()
+                self.backend_sampling = False  # for good: the next generation would only fall back again
                 self._forget_after(len(self.cached) - 1)
                 self.prefill(prompt)
             sampler.accept_prompt(prompt)
