@@ -27,6 +27,32 @@ def test_help_and_version(cli):
     assert v.returncode == 0 and v.stdout.startswith("localrun ")
 
 
+USAGE_ERRORS = [
+    (["run", "--bogus"], "No such option: --bogus"),
+    (["run", "some-model", "hi", "--top-k", "abc"], "Invalid value for '--top-k'"),
+    (["run"], "Missing argument 'model'"),
+    (["bogus"], "No such command 'bogus'"),
+    (["run", "some-model", "hi", "--beams"], "requires an argument"),
+]
+
+
+@pytest.mark.parametrize("args,needle", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_click_usage_errors_exit_2_with_clicks_message(cli, args, needle):
+    """Errors that the argument parser itself finds. Typer bundles its own click, whose exceptions
+    the standalone click's classes do not match: these exited 1 as 'error: NoSuchOption: ...'."""
+    r = cli(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert needle in r.stderr and "Traceback" not in r.stderr and "error: NoSuchOption" not in r.stderr
+    assert not r.stdout
+
+
+@pytest.mark.parametrize("args", [[], ["sessions"]], ids=["localrun", "localrun sessions"])
+def test_a_command_group_alone_prints_its_help_and_exits_0(cli, args):
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "Usage: localrun" in r.stdout + r.stderr and "Error" not in r.stderr
+
+
 def test_help_does_not_import_llama_cpp_or_huggingface_hub():
     code = (
         "import sys; sys.argv=['localrun','--help']\n"

@@ -324,15 +324,34 @@ def main() -> None:
 
         reader_gone()
     except Exception as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
+        abort, no_args_help, usage = _click_exception_classes()
+        if isinstance(exc, abort):  # Ctrl-C or end of input at a prompt
             sys.exit(EXIT_INTERRUPTED)
-        if isinstance(exc, click.ClickException):
+        if isinstance(exc, no_args_help):  # `localrun` or `localrun sessions` alone: the help, exit 0
+            exc.show()
+            sys.exit(0)
+        if isinstance(exc, usage):  # an unknown option, a value of the wrong type: click's message, exit 2
             exc.show()
             sys.exit(exc.exit_code)
         sys.exit(render_error(exc))
 
+
+def _click_exception_classes() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
+    """(Abort, NoArgsIsHelpError, ClickException) classes of the click that Typer parses with, and of the
+    standalone click: recent Typer bundles its own copy (typer._click), whose exceptions the standalone
+    click's classes do not match."""
+    import importlib
+
+    abort, no_args_help, usage = [typer.Abort], [], []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        for found, attr in ((abort, "Abort"), (no_args_help, "NoArgsIsHelpError"), (usage, "ClickException")):
+            if hasattr(module, attr):
+                found.append(getattr(module, attr))
+    return tuple(abort), tuple(no_args_help), tuple(usage)
 
 if __name__ == "__main__":
     main()
