@@ -83,6 +83,12 @@ def test_invalid_models_yaml_entry_names_the_field(cli, isolated_home):
     assert "mine" in line and "default_quant" in line
 
 
+def test_a_path_is_printed_as_it_is(cli, tmp_path):
+    """Rich turned ':x:' in a path into an emoji (and '[tag]' into markup) in error messages."""
+    line = one_line_error(cli("show", str(tmp_path / "my:x:[bold]model.gguf")))
+    assert "my:x:[bold]model.gguf" in line
+
+
 def test_non_gguf_file(cli, tmp_path):
     f = tmp_path / "notes.gguf"
     f.write_text("just some text, not a model\n" * 10)

@@ -261,6 +261,8 @@ BAD = [
     (["--gpu-layers", "lots"], "--gpu-layers"),
     (["--logit-bias", "nonsense"], "--logit-bias"),
     (["--logit-bias", "99999999=1"], "--logit-bias"),
+    (["--logit-bias", "5=inf"], "--logit-bias"),  # +inf made the chain's softmax NaN: it drew the last token
+    (["--logit-bias", "5=nan"], "--logit-bias"),
     (["--json-schema", "/nonexistent/schema.json"], "--json-schema"),
     (["--ctx", "4"], "--ctx"),
     (["--source", "ftp"], "--source"),

@@ -218,6 +218,9 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     (json.dumps({"prompt": "hi", "logprobs": 5}).encode(), "logprobs"),
     (json.dumps({"prompt": "hi", "echo": True}).encode(), "echo"),
     (json.dumps({"prompt": "hi", "n": 2}).encode(), "'n'"),
+    (b'{"prompt": "hi", "logit_bias": {"5": Infinity}}', "large bias"),
+    (b'{"prompt": "hi", "logit_bias": {"5": NaN}}', "large bias"),
+    (json.dumps({"prompt": "hi", "logit_bias": {"99999999": -100}}).encode(), "logit-bias token"),
 ])
 def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragment):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -225,6 +228,8 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragmen
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert fragment in error["message"] and error["type"] == "invalid_request_error"
+    if "logit_bias" in body.decode(errors="replace"):
+        assert error["param"] == "logit_bias"
     assert complete(server.client(), "Hi", max_tokens=2).choices[0].text is not None
 
 
@@ -288,6 +293,24 @@ def test_full_queue_gets_429_and_ctrl_c_stops_cleanly(smollm2, tmp_path):
                 srv.client().completions.create(model="m", prompt="hi", max_tokens=2)
         waiting.join(timeout=120)
         assert answers[0].status_code == 200 and answers[0].json()["usage"]["completion_tokens"] == 5
+    finally:
+        assert srv.stop() == 130
+
+
+def test_queue_0_serves_while_a_slot_is_idle(smollm2, tmp_path):
+    """--queue 0: nobody waits, but a request that an idle slot takes at once is not waiting (every
+    request got 429 here once). With the only slot busy, the next one gets 429."""
+    srv = start_server(smollm2, tmp_path / "home", "--parallel", "1", "--queue", "0", "--ctx", "512")
+    try:
+        for _ in range(2):
+            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60)
+            assert r.status_code == 200, r.text
+        body = {"prompt": "Count:", "max_tokens": 400, "temperature": 0, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as running:
+            lines = running.iter_lines()
+            next(lines)  # holds the only slot
+            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+            assert r.status_code == 429, r.text
     finally:
         assert srv.stop() == 130
 

@@ -921,7 +921,7 @@ def print_tables(rows: Sequence[dict]) -> None:
     from rich.table import Table
 
     # Piped or redirected, rows stay whole rather than wrapped at 80 columns.
-    console = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 240)
     if not rows:
         console.print("no results")
         return

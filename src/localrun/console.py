@@ -27,7 +27,8 @@ class _LazyConsole:
             from rich.console import Console
             from rich.theme import Theme
 
-            _LazyConsole._console = Console(stderr=True, theme=Theme(THEME), highlight=False, soft_wrap=True)
+            # emoji=False: paths and prompts in messages may hold ":x:" and the like, which Rich would replace.
+            _LazyConsole._console = Console(stderr=True, theme=Theme(THEME), highlight=False, soft_wrap=True, emoji=False)
         return _LazyConsole._console
 
     def __getattr__(self, name):

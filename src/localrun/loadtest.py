@@ -245,7 +245,8 @@ def _render(rows: list[dict], output: str) -> None:
         table.add_column(h, justify="right")
     for c in cells:
         table.add_row(*c)
-    Console(soft_wrap=True).print(table)
+    # Full width when piped, as bench's own tables: Rich would cut cells to 80 columns.
+    Console(file=sys.stdout, highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 240).print(table)
     for r in rows:
         for e in r["errors"]:
             print(f"concurrency {r['concurrency']}: {e}", file=sys.stderr)

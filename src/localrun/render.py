@@ -170,7 +170,7 @@ def _print_table(table) -> None:
 
     # In a pipe nothing is cut to fit a terminal's width: scripts get whole paths.
     width = None if sys.stdout.isatty() else 100_000
-    Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width).print(table)
+    Console(file=sys.stdout, highlight=False, soft_wrap=True, emoji=False, width=width).print(table)
 
 
 def sessions_table(entries: list, as_json: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,6 +37,15 @@ class SamplingOptions(BaseModel):
     grammar: Optional[str] = Field(None, description="GBNF grammar text")
     json_schema: Optional[dict[str, Any]] = Field(None, description="constrain output to this JSON schema")
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _finite_bias(cls, bias: dict[int, float]) -> dict[int, float]:
+        for tok, b in bias.items():
+            if math.isnan(b) or b == math.inf:
+                # +inf makes every probability NaN in the chain's softmax: llama.cpp then draws the last token.
+                raise ValueError(f"the bias of token {tok} must be a number or -inf (a ban); to force a token, give it a large bias such as 100")
+        return bias
+
     @field_validator("stop")
     @classmethod
     def _no_empty_stop(cls, stops: list[str]) -> list[str]:
@@ -67,8 +77,12 @@ def validation_message(exc: ValidationError) -> str:
     first = exc.errors()[0]
     field = str(first["loc"][0]) if first["loc"] else ""
     value = first.get("input")
-    where = f"{_flag(field)} {value!r}: " if field else ""
-    return f"invalid {where}{first['msg']}"
+    message = first["msg"].removeprefix("Value error, ")  # pydantic's wording for a validator's ValueError
+    if not field:  # a rule across options: its message names them
+        return message
+    if field == "logit_bias":
+        return f"invalid --logit-bias: {message}"
+    return f"invalid {_flag(field)} {value!r}: {message}"
 
 
 def build_options(defaults: dict[str, Any], overrides: dict[str, Any]) -> SamplingOptions:
@@ -81,7 +95,7 @@ def build_options(defaults: dict[str, Any], overrides: dict[str, Any]) -> Sampli
 
 
 def parse_logit_bias(items: list[str]) -> dict[int, float]:
-    """`TOKEN=BIAS` pairs; TOKEN is a token id. -inf/inf are allowed to ban or force."""
+    """`TOKEN=BIAS` pairs; TOKEN is a token id. -inf bans a token (SamplingOptions refuses +inf and NaN)."""
     out: dict[int, float] = {}
     for item in items:
         tok, sep, bias = item.partition("=")

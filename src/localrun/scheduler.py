@@ -130,11 +130,12 @@ class Scheduler:
         self.thread.start()
 
     def submit(self, job: Job) -> bool:
-        """Queue a job; False when the waiting queue is full (the caller answers 429)."""
+        """Queue a job; False when the waiting queue is full (the caller answers 429). A job that an idle
+        slot will take at the next step does not count as waiting (so --queue 0 still serves)."""
         with self.cond:
             if self.fatal or self.stopping:
                 return False
-            if len(self.waiting) >= self.max_waiting:
+            if len(self.waiting) >= self.max_waiting + self.idle_slots():
                 return False
             self.waiting.append(job)
             self.stats.waiting = len(self.waiting)

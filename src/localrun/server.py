@@ -238,7 +238,8 @@ class Service:
         try:
             sampler = Sampler(self.engine, options)
         except LocalrunError as exc:
-            raise ApiError(400, exc.message.replace("--", ""), param="response_format") from None
+            param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
+            raise ApiError(400, exc.message.replace("--", ""), param=param) from None
         return Job(prompt=tokens, sampler=sampler, max_tokens=asked, stops=options.stop)
 
 
