@@ -57,6 +57,7 @@ def test_beam_search_in_run_honours_stop_and_json(smollm2, cli):
     assert r.returncode == 0, r.stderr
     done = _done(r.stdout)
     assert done["text"].strip() and "." not in done["text"]
+    assert done["tokens"]  # the best beam's ids (they were missing: beam search streams it as text)
     assert done["stats"]["finish_reason"] == "stop" and done["stats"]["target_steps"] >= 1
 
 

@@ -249,6 +249,23 @@ def test_penalties_cut_repetition(smollm2, cli, flag, value):
     assert len(set(penalised)) / len(penalised) > len(set(plain)) / len(plain)
 
 
+def test_an_empty_argument_is_no_prompt(smollm2, cli):
+    r = cli("run", str(smollm2), "")
+    assert r.returncode == 2 and "no prompt" in r.stderr and not r.stdout
+
+
+def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(smollm2):
+    r = subprocess.run([LOCALRUN, "run", str(smollm2)], input=b"\xff\xfe caf\xe9", capture_output=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.decode().strip().splitlines() == ["error: stdin is not UTF-8 text: convert it first (e.g. iconv -t UTF-8)"]
+
+
+def test_a_bad_cache_size_fails_before_the_answer(smollm2, cli):
+    """LOCALRUN_CACHE_MAX was read only when the answer was stored: the answer streamed, then exit 2."""
+    r = cli("run", str(smollm2), "-n", "3", "hi", env={"LOCALRUN_CACHE_MAX": "lots"})
+    assert r.returncode == 2 and "LOCALRUN_CACHE_MAX" in r.stderr and r.stdout == ""
+
+
 BAD = [
     (["--temperature", "-1"], "--temperature"),
     (["--top-p", "0"], "--top-p"),
@@ -263,6 +280,8 @@ BAD = [
     (["--logit-bias", "99999999=1"], "--logit-bias"),
     (["--logit-bias", "5=inf"], "--logit-bias"),  # +inf made the chain's softmax NaN: it drew the last token
     (["--logit-bias", "5=nan"], "--logit-bias"),
+    (["--session", ""], "session name"),  # '' ran without a session, silently
+    (["--beams", "2", "--min-tokens", "3"], "--beams"),  # beam search ignored min_tokens (and grammars)
     (["--json-schema", "/nonexistent/schema.json"], "--json-schema"),
     (["--ctx", "4"], "--ctx"),
     (["--source", "ftp"], "--source"),

@@ -120,6 +120,7 @@ def run(
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
     from . import render, runner
 
+    _check_before_loading(session, use_cache=not no_cache)
     text = runner.read_prompt(prompt or [], sys.stdin)
     loaded = _load(model, options)
     events = runner.answer(
@@ -140,6 +141,7 @@ def chat(
     """Chat interactively with the model's own chat template (/help lists the commands)."""
     from . import chat as chat_repl
 
+    _check_before_loading(session, use_cache=True)
     loaded = _load(model, options)
     code = chat_repl.chat_loop(loaded, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)
@@ -276,6 +278,16 @@ _SAMPLING_FLAGS = (
     "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
     "frequency_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "seed", "max_tokens", "min_tokens",
 )
+
+
+def _check_before_loading(session: Optional[str], use_cache: bool) -> None:
+    """What would otherwise fail only after the model loaded (or, for the cache size, after the answer)."""
+    from .sessions import cache_max_bytes, check_name
+
+    if session is not None:
+        check_name(session)  # '' too: it ran without a session, silently
+    if use_cache:
+        cache_max_bytes()
 
 
 def _load(model: str, options: dict, parallel: int = 1):

@@ -77,6 +77,8 @@ def stream_tokens(engine: Engine, tokens: Sequence[int], sampling: SamplingOptio
                     break
             elif isinstance(event, Done):
                 stats = event.stats
+                if not ids:  # beam search streams its best beam as one piece of text: its ids come here
+                    ids.extend(event.tokens)
                 out = matcher.flush()  # may still find a stop in the text it held back
                 if out:
                     answer.append(out)
@@ -96,10 +98,14 @@ def read_prompt(args: Sequence[str], stdin) -> str:
 
     parts = []
     if stdin is not None and not stdin.isatty():
-        piped = stdin.read()
+        try:
+            piped = stdin.read()
+            piped.encode("utf-8")  # undecodable bytes arrive as lone surrogates, which cannot go on
+        except (UnicodeDecodeError, UnicodeEncodeError):
+            raise UsageError("stdin is not UTF-8 text: convert it first (e.g. iconv -t UTF-8)") from None
         if piped.strip():
             parts.append(piped.rstrip("\n"))
-    if args:
+    if args and " ".join(args).strip():  # an empty argument ('') is no prompt
         parts.append(" ".join(args))
     if not parts:
         raise UsageError("no prompt: pass it as an argument or pipe it on stdin (or use `localrun chat`)")
@@ -164,6 +170,11 @@ def load(
         n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
         flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
     )
+    if decoding is not None and decoding.beams > 1:
+        given = [flag for flag, on in (("--grammar", sampling.grammar is not None), ("--json-schema", sampling.json_schema is not None),
+                                       ("--min-tokens", sampling.min_tokens > 0)) if on]
+        if given:  # beam search ranks whole sequences by log-probability; it has no sampler chain to constrain
+            raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
     if decoding is not None:
         from .decoding import context_options
 
