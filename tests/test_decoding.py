@@ -116,3 +116,18 @@ def test_bench_compares_decoding_strategies(smollm2, cli):
     assert all(row["median_ts"] > 0 for row in rows)
     r = cli("bench", str(smollm2), "--decode", "beams1")
     assert r.returncode == 2 and "--decode" in r.stderr
+
+
+def test_draft_with_a_quantized_kv_cache_keeps_flash_attention(smollm2, cli):
+    """--draft turns flash attention off for identity, but a quantized V cache needs it: this was refused
+    with "drop --no-flash-attn", a flag the user never gave."""
+    r = cli("run", str(smollm2), "--draft", "lookup", "--kv-type", "q8_0", "-t", "0", "-n", "8", "--threads", "1", "--raw", "Hi")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+def test_verbose_shows_target_steps_and_acceptance(smollm2, cli):
+    r = cli("run", str(smollm2), "--draft", "lookup", "-t", "0", "-n", "40", "--threads", "1", "--raw", "--verbose",
+            "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,")
+    assert r.returncode == 0, r.stderr
+    assert "target steps:" in r.stderr and "tokens per step" in r.stderr and "draft acceptance:" in r.stderr

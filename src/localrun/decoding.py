@@ -442,11 +442,12 @@ def context_options(decoding: DecodeOptions, options: LoadOptions, answer_room: 
         # The prompt in sequence 0, the beams in two banks of N; one KV pool, so a fork shares cells.
         return replace(options, n_ctx=options.n_ctx + decoding.beams * answer_room,
                        n_seq_max=2 * decoding.beams + 1, kv_unified=True)
-    if decoding.draft and options.flash_attn is None:
+    if decoding.draft and options.flash_attn is None and options.kv_type == "f16":
         # llama.cpp's CPU flash-attention kernel rounds differently for one query than for several, so
         # with it a verified draft (several queries) can come out a different greedy token than one-
         # token steps. Off (and on a build without llamafile's sgemm: make BACKEND=cpu-exact),
-        # speculative output equals plain decoding. --flash-attn still turns it on.
+        # speculative output equals plain decoding. --flash-attn still turns it on, and so does a quantized
+        # --kv-type, which needs it (it was refused as "drop --no-flash-attn", a flag nobody gave).
         return replace(options, flash_attn=False)
     return options
 

@@ -84,6 +84,10 @@ def stats(s) -> None:
         ("time per output token", f"{s.tpot_s * 1000:.2f} ms"),
         ("finish reason", s.finish_reason),
     ]
+    if s.target_steps:  # speculative decoding or beam search
+        rows.insert(-1, ("target steps", f"{s.target_steps} ({(s.eval_tokens + 1) / s.target_steps:.2f} tokens per step)"))
+        if s.draft_tokens:
+            rows.insert(-1, ("draft acceptance", f"{s.draft_accepted}/{s.draft_tokens} ({s.acceptance_rate:.1%})"))
     for k, v in rows:
         err.print(f"[dim]{k + ':':<24}[/dim]{v}", highlight=False)
 
