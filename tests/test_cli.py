@@ -53,6 +53,21 @@ def test_a_command_group_alone_prints_its_help_and_exits_0(cli, args):
     assert "Usage: localrun" in r.stdout + r.stderr and "Error" not in r.stderr
 
 
+@pytest.mark.parametrize("args", [["list", "--available", "--json"], ["--help"], ["doctor"]])
+def test_a_closed_stdout_ends_quietly_with_0(args):
+    """As `run ... | head` does: Typer turned a broken pipe into a silent exit 1 for the other commands."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        r = subprocess.run([LOCALRUN, *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "error" not in r.stderr
+
+
 def test_help_does_not_import_llama_cpp_or_huggingface_hub():
     code = (
         "import sys; sys.argv=['localrun','--help']\n"

@@ -335,6 +335,14 @@ def main() -> None:
         from .render import reader_gone
 
         reader_gone()
+    except SystemExit as exc:
+        # Typer meets a closed stdout (`localrun list --json | head -1`) with sys.exit(1), after wrapping
+        # the streams in click's PacifyFlushWrapper; every command ends as `run` does there: quietly, 0.
+        if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            from .render import reader_gone
+
+            reader_gone()
+        raise
     except Exception as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
         abort, no_args_help, usage = _click_exception_classes()
         if isinstance(exc, abort):  # Ctrl-C or end of input at a prompt
