@@ -315,6 +315,31 @@ def test_queue_0_serves_while_a_slot_is_idle(smollm2, tmp_path):
         assert srv.stop() == 130
 
 
+def test_ctrl_c_with_long_requests_running_ends_them_cleanly(smollm2, tmp_path):
+    """Requests longer than the 3 s grace: they end at once with a JSON 503 (an error event on a stream);
+    uvicorn used to cancel them at the deadline, log a traceback and send a plain-text 500."""
+    srv = start_server(smollm2, tmp_path / "home", "--parallel", "2", "--ctx", "2048")
+    answers = []
+    body = {"prompt": "Count:", "max_tokens": 1800, "temperature": 0, "ignore_eos": True}
+    plain = threading.Thread(target=lambda: answers.append(httpx.post(srv.url + "/v1/completions", json=body, timeout=60)))
+    try:
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as stream:
+            lines = stream.iter_lines()
+            next(lines)  # generating
+            plain.start()
+            deadline = time.monotonic() + 10
+            while httpx.get(srv.url + "/health").json()["slots_processing"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            srv.proc.send_signal(signal.SIGINT)
+            rest = list(lines)
+        assert any("shutting down" in line for line in rest), rest[-3:]
+        plain.join(timeout=30)
+        assert answers[0].status_code == 503 and "shutting down" in answers[0].json()["error"]["message"]
+        srv.proc.wait(timeout=30)  # one Ctrl-C is enough (a second one forces an exit, as uvicorn's does)
+    finally:
+        assert srv.stop() == 130  # no traceback on stderr (checked there)
+
+
 def test_serve_bad_options(smollm2, cli):
     r = cli("serve", str(smollm2), "--port", "70000")
     assert r.returncode == 2 and "--port" in r.stderr and "Traceback" not in r.stderr

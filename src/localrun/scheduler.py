@@ -65,7 +65,7 @@ class Piece:
 
 @dataclass
 class Finish:
-    reason: str  # stop | length | cancelled | error
+    reason: str  # stop | length | cancelled | error | shutdown
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
@@ -148,10 +148,15 @@ class Scheduler:
             job.cancelled = True
             self.cond.notify()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Begin stopping without waiting: open requests end at once with 'the server is shutting down'
+        (called from the signal handler, on the event loop that must still deliver those ends)."""
         with self.cond:
             self.stopping = True
             self.cond.notify()
+
+    def stop(self) -> None:
+        self.request_stop()
         if self.thread.is_alive():
             self.thread.join(timeout=30)
         if self.batch is not None and not self.thread.is_alive():
@@ -188,7 +193,7 @@ class Scheduler:
                 self.running.clear()
                 self.waiting.clear()
             # Events of this step not yet delivered (a failure mid-step), then every job still open.
-            out += [(job, self._finish(job, "error" if self.fatal else "cancelled", self.fatal or "the server is shutting down")) for job in leftovers]
+            out += [(job, self._finish(job, "error" if self.fatal else "shutdown", self.fatal or "the server is shutting down: retry later")) for job in leftovers]
             if out:
                 self.deliver(out)
 

@@ -391,7 +391,7 @@ def build_app(service: Service):
             watcher.cancel()
         metrics.finished(fin)
         if fin.reason not in FINISH_REASONS:
-            status = 500 if fin.reason == "error" else 499
+            status = {"error": 500, "shutdown": 503}.get(fin.reason, 499)
             return error_response(ApiError(status, fin.error or "the request was cancelled", type_="server_error"), endpoint)
         metrics.requests.labels(endpoint, "200").inc()
         choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[fin.reason], "logprobs": None}
@@ -571,7 +571,15 @@ def serve(loaded: Loaded, options: ServeOptions, *, host: str, port: int, on_rea
     service = Service(loaded, options)
     app = build_app(service)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on")
-    server = uvicorn.Server(config)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # End the open requests first (503 JSON, or an error event on a stream), so that uvicorn's
+            # graceful wait sees them finish: past it, uvicorn cancels them and logs a traceback.
+            service.scheduler.request_stop()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
     if on_ready:
         on_ready(sock.getsockname()[1])
     try:
