@@ -104,6 +104,13 @@ def test_a_path_is_printed_as_it_is(cli, tmp_path):
     assert "my:x:[bold]model.gguf" in line
 
 
+@pytest.mark.parametrize("args,needle", [(["--ctx", "0"], "--ctx 0"), (["--kv-type", "q5_1", "--no-measure"], "--kv-type")])
+def test_show_checks_options_as_run_does(cli, smollm2, args, needle):
+    """show took --ctx 0 for the default and estimated an unknown --kv-type without --measure."""
+    line = one_line_error(cli("show", str(smollm2), *args), code=2)
+    assert needle in line
+
+
 def test_non_gguf_file(cli, tmp_path):
     f = tmp_path / "notes.gguf"
     f.write_text("just some text, not a model\n" * 10)

@@ -23,7 +23,10 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool) -> dict[str
 
     info = read_info(local.path)
     entry = entry_for(local.name)
-    n_ctx = ctx or (entry.context if entry else min(info.context_length, 4096))
+    n_ctx = ctx if ctx is not None else (entry.context if entry else min(info.context_length, 4096))
+    from .engine import LoadOptions
+
+    LoadOptions(n_ctx=n_ctx, kv_type=kv_type)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = memory_estimate(info, n_ctx, kv_type)
     out: dict[str, Any] = {
         "name": local.ref,
