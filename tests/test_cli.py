@@ -111,6 +111,12 @@ def test_show_checks_options_as_run_does(cli, smollm2, args, needle):
     assert needle in line
 
 
+def test_pull_of_a_local_file_says_there_is_nothing_to_pull(cli, smollm2):
+    """It said 'pulled ... (path)' though nothing was fetched or registered (`list` did not show it)."""
+    r = cli("pull", str(smollm2))
+    assert r.returncode == 0 and "nothing to pull" in r.stderr and "pulled" not in r.stderr
+
+
 def test_non_gguf_file(cli, tmp_path):
     f = tmp_path / "notes.gguf"
     f.write_text("just some text, not a model\n" * 10)

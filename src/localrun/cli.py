@@ -47,6 +47,9 @@ def pull(
     from . import hub
 
     local = hub.pull(model, source=_source(source), progress=not quiet)
+    if local.source == "path":  # nothing was fetched or registered: say so, not "pulled"
+        err.print(f"[ok]a local file[/ok], nothing to pull: use it by its path ({_size(local.size)})", highlight=False)
+        return
     verb = "already pulled" if local.already_present else "pulled"
     err.print(f"[ok]{verb}[/ok] {local.ref} ({_size(local.size)}, {local.source}) -> {local.path}")
 
