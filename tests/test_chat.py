@@ -256,6 +256,13 @@ def test_piped_stdin_one_answer_line_per_message(smollm2, cli):
     assert "top_k = 20" in r.stderr
 
 
+def test_piped_triple_quoted_block_is_one_message(smollm2, cli):
+    """/help advertises triple-quoted blocks; piped, each of their lines (markers included) went as a message."""
+    r = cli("chat", str(smollm2), *ARGS, input='"""\nline one\nline two"""\n"""one line"""\nHi\n')
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.split("\n")) == 4, r.stdout  # three answers: the block, the one-line block, Hi
+
+
 def test_piped_answers_escape_newlines(smollm2, cli):
     r = cli("chat", str(smollm2), "-t", "0", "-n", "48", "--ctx", "1024", *T1,
             input="Write a numbered list of five animals, one per line.\n")

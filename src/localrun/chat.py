@@ -655,10 +655,17 @@ def _interactive(chat: Chat) -> int:
 
 
 def _piped(chat: Chat) -> int:
-    for raw in sys.stdin:
-        line = raw.rstrip("\r\n")
+    lines = (raw.rstrip("\r\n") for raw in sys.stdin)
+    for line in lines:
+        block = line.lstrip().startswith(BLOCK)
+        if block:  # a """ message runs to the line that closes it (or to the end of stdin), as typed
+            while _open_block(line):
+                more = next(lines, None)
+                if more is None:
+                    break
+                line += "\n" + more
         try:
-            code = chat.handle(line)
+            code = chat.handle(_unwrap_block(line) if block else line, message=block)
         except LocalrunError as exc:  # one line on stderr (and an empty answer line on stdout); go on
             render_error(exc)
             continue
