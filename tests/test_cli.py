@@ -183,3 +183,21 @@ def test_ctrl_c_during_generation_exits_130(smollm2):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert "Traceback" not in err
+
+
+def test_ctrl_c_during_json_generation_ends_with_a_done_event(smollm2):
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [LOCALRUN, "run", str(smollm2), "--raw", "--json", "-n", "-1", "--min-tokens", "5000", "--ctx", "8192", "Count:"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout.readline()  # tokens stream
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["type"] == "done" and last["stats"]["finish_reason"] == "interrupted" and last["text"]

@@ -49,16 +49,24 @@ def _stream_answer(events: Iterable, as_json: bool, verbose: bool):
     out = sys.stdout
     finished = None
     wrote_any = False
-    for ev in events:
-        if isinstance(ev, Piece):
-            if as_json:
-                out.write(json.dumps({"type": "token", "text": ev.text}, ensure_ascii=False) + "\n")
-            else:
-                out.write(ev.text)
-                wrote_any = True
+    shown: list[str] = []
+    try:
+        for ev in events:
+            if isinstance(ev, Piece):
+                if as_json:
+                    out.write(json.dumps({"type": "token", "text": ev.text}, ensure_ascii=False) + "\n")
+                    shown.append(ev.text)
+                else:
+                    out.write(ev.text)
+                    wrote_any = True
+                out.flush()
+            elif isinstance(ev, Finished):
+                finished = ev
+    except KeyboardInterrupt:
+        if as_json:  # a JSON Lines reader still gets its last event (then exit 130 as usual)
+            out.write(json.dumps({"type": "done", "text": "".join(shown), "stats": {"finish_reason": "interrupted"}}) + "\n")
             out.flush()
-        elif isinstance(ev, Finished):
-            finished = ev
+        raise
     if finished is not None:
         if as_json:
             out.write(json.dumps({"type": "done", "text": finished.text, "tokens": finished.tokens, "stats": finished.stats.as_dict()}, ensure_ascii=False) + "\n")
