@@ -158,6 +158,27 @@ def test_prompt_too_long_names_both_numbers_and_truncate_keeps_the_end(smollm2, 
     assert json_events(ok.stdout)[-1]["stats"]["prompt_tokens"] <= 128
 
 
+def test_truncate_with_the_chat_template_cuts_the_message_not_the_template(smollm2):
+    """--truncate kept the end of the rendered prompt, cutting the system prompt and role markers;
+    now the start of the last message goes, and the template around it stays."""
+    from localrun.engine import Engine, LoadOptions
+    from localrun.runner import Request, request_tokens
+    from localrun.sampling import SamplingOptions
+
+    engine = Engine(smollm2, LoadOptions(n_ctx=128, n_threads=1))
+    try:
+        words = " ".join(f"w{i}" for i in range(400))
+        messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": words}]
+        request = Request(messages=messages, sampling=SamplingOptions(max_tokens=16), truncate=True)
+        tokens = request_tokens(engine, request)
+        assert len(tokens) <= 128 - 16
+        text = engine.detokenize(tokens)  # special tokens (<|im_start|> ...) print as nothing
+        assert text.startswith("system\nYou are terse.\nuser\n"), text[:80]
+        assert text.endswith(" w399\nassistant\n") and " w1 " not in text
+    finally:
+        engine.close()
+
+
 def test_reaching_the_context_limit_reports_length(smollm2, cli):
     r = cli("run", str(smollm2), "--raw", "-t", "0", "--ctx", "32", "-n", "-1", "--min-tokens", "100", "--json", "Once upon a time")
     assert r.returncode == 0, r.stderr

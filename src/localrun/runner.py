@@ -49,13 +49,41 @@ def prompt_tokens(engine: Engine, text: str, truncate: bool, max_tokens: int) ->
         return tokens
     if not truncate:
         engine.check_fits(len(tokens))  # raises with both numbers
-    # Keep the end of the prompt, leaving room for the answer (at most half the context).
+    keep = _prompt_room(engine, max_tokens)
+    head = tokens[:1] if engine.info.bos_token_id is not None and tokens[0] == engine.info.bos_token_id else []
+    return head + tokens[len(tokens) - keep + len(head) :]
+
+
+def _prompt_room(engine: Engine, max_tokens: int) -> int:
+    """How much of the context a truncated prompt may keep: the rest is room for the answer (at most half)."""
     room = min(max_tokens if max_tokens > 0 else engine.n_ctx // 2, engine.n_ctx // 2)
     keep = engine.n_ctx - room
     if keep < 1:
         raise ContextOverflow(f"the context of {engine.n_ctx} tokens leaves no room for the prompt: raise --ctx")
-    head = tokens[:1] if engine.info.bos_token_id is not None and tokens[0] == engine.info.bos_token_id else []
-    return head + tokens[len(tokens) - keep + len(head) :]
+    return keep
+
+
+def request_tokens(engine: Engine, request: Request) -> list[int]:
+    """The request's prompt tokens. With --truncate a prompt over the context keeps its end; with the chat
+    template it is the start of the last message that goes, so the template's head (its system prompt,
+    earlier turns, the role markers) stays intact rather than being cut mid-way."""
+    text = render_prompt(engine, request)
+    templated = not request.raw and engine.chat_template is not None
+    tokens = engine.tokenize(text, add_special=True, parse_special=True)
+    if not (request.truncate and templated) or len(tokens) < engine.n_ctx or not request.messages:
+        return prompt_tokens(engine, text, request.truncate, request.sampling.max_tokens)
+    keep = _prompt_room(engine, request.sampling.max_tokens)
+    last = request.messages[-1]
+    body = engine.tokenize(last["content"], add_special=False, parse_special=False)
+    excess = len(tokens) - keep + 8  # a few tokens' margin: text re-tokenizes a little differently at the cut
+    if excess < len(body):
+        shortened = Request(messages=[*request.messages[:-1], {**last, "content": engine.detokenize(body[excess:])}],
+                            raw=request.raw, sampling=request.sampling, truncate=True)
+        cut = engine.tokenize(render_prompt(engine, shortened), add_special=True, parse_special=True)
+        if len(cut) <= keep:
+            return cut
+    # The template and earlier turns alone overflow: keep the end, as for plain text.
+    return prompt_tokens(engine, text, True, request.sampling.max_tokens)
 
 
 def stream_tokens(engine: Engine, tokens: Sequence[int], sampling: SamplingOptions) -> Iterator[Piece | Finished]:
@@ -211,7 +239,6 @@ def build_request(
     return Request(messages=messages, raw=raw, sampling=loaded.sampling, truncate=truncate)
 
 
-
 def answer(
     loaded: Loaded, text: str, *, system: Optional[str], raw: bool, truncate: bool,
     session: Optional[str] = None, use_cache: bool = True, on_notice=None,
@@ -233,7 +260,7 @@ def answer(
         else:
             history = store.load(session, engine)
     request = build_request(loaded, text, system=system, raw=raw, truncate=truncate, on_notice=on_notice, history=history)
-    tokens = prompt_tokens(engine, render_prompt(engine, request), request.truncate, request.sampling.max_tokens)
+    tokens = request_tokens(engine, request)
     if store is not None and use_cache and not session:
         store.lookup_prefix(engine, tokens, on_notice=on_notice)
     finished = None
