@@ -3,6 +3,7 @@ against the real SmolLM2 (ChatML template) and Gemma 3 270M (a base model withou
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -329,6 +330,18 @@ def test_save_load_and_session(smollm2, gemma, cli):
     assert other.returncode == 1 and "session 'work'" in other.stderr  # another model's session: refused
     three = cli("chat", str(smollm2), *ARGS, "--session", "work", input="/show\n")
     assert re.search(r"conversation:\s+2 turn", three.stderr)  # saved after every answer, not overwritten
+
+
+def test_load_in_a_session_chat_moves_saving_to_the_loaded_session(smollm2, cli):
+    """With --session A, /load B then a message used to save B's conversation over A (A's turns lost)."""
+    assert cli("chat", str(smollm2), *ARGS, "--session", "a", input="My name is Alice.\n").returncode == 0
+    assert cli("chat", str(smollm2), *ARGS, "--session", "b", input="I like cats.\n").returncode == 0
+    r = cli("chat", str(smollm2), *ARGS, "--session", "a", input="/load b\nWhat do I like?\n")
+    assert r.returncode == 0 and "now saved to session b" in r.stderr, r.stderr
+    a = json.loads(cli("sessions", "show", "a", "--json").stdout)
+    b = json.loads(cli("sessions", "show", "b", "--json").stdout)
+    assert "Alice" in json.dumps(a) and "cats" not in json.dumps(a)
+    assert "What do I like?" in json.dumps(b)
 
 
 # -- the pieces --------------------------------------------------------------------------------------------

@@ -555,6 +555,11 @@ class Chat:
             return
         notice(load_conversation(name, self.conv, self.loaded.name))
         self.last = None
+        if self.session and self.session != name:
+            # Answers were saved to the --session; from now on they extend the conversation just loaded,
+            # so they go to it (saving them to the old name replaced that session with this one).
+            self.session = name
+            notice(f"answers are now saved to session {name}")
 
 
 def _short(value, width: int = 40) -> str:
