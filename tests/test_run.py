@@ -303,6 +303,7 @@ BAD = [
     (["--logit-bias", "5=nan"], "--logit-bias"),
     (["--session", ""], "session name"),  # '' ran without a session, silently
     (["--beams", "2", "--min-tokens", "3"], "--beams"),  # beam search ignored min_tokens (and grammars)
+    (["--beams", "2", "--session", "s"], "--session"),  # the answer streamed, then the session could not be saved
     (["--json-schema", "/nonexistent/schema.json"], "--json-schema"),
     (["--ctx", "4"], "--ctx"),
     (["--source", "ftp"], "--source"),

@@ -45,13 +45,13 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(model, home, *args: str) -> Server:
+def start_server(model, home, *args: str, sigint=signal.SIG_DFL) -> Server:
     env = {**os.environ, "LOCALRUN_HOME": str(home)}
     # --threads 1: llama.cpp's threads spin, and the test client shares this machine's few cores.
     proc = subprocess.Popen(
         [LOCALRUN, "serve", str(model), "--port", "0", "--threads", "1", *args],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )
     lines = []
     deadline = time.monotonic() + 120
@@ -338,6 +338,13 @@ def test_ctrl_c_with_long_requests_running_ends_them_cleanly(smollm2, tmp_path):
         srv.proc.wait(timeout=30)  # one Ctrl-C is enough (a second one forces an exit, as uvicorn's does)
     finally:
         assert srv.stop() == 130  # no traceback on stderr (checked there)
+
+
+def test_ctrl_c_exits_130_even_when_started_with_sigint_ignored(smollm2, tmp_path):
+    """A background job of a script starts with SIGINT ignored: uvicorn still stopped on it, but could not
+    re-raise it, and serve exited 0."""
+    srv = start_server(smollm2, tmp_path / "home", "--parallel", "1", "--ctx", "256", sigint=signal.SIG_IGN)
+    assert srv.stop() == 130
 
 
 def test_serve_bad_options(smollm2, cli):

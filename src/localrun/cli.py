@@ -123,7 +123,7 @@ def run(
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
     from . import render, runner
 
-    _check_before_loading(session, use_cache=not no_cache)
+    _check_before_loading(session, use_cache=not no_cache, options=options)
     text = runner.read_prompt(prompt or [], sys.stdin)
     loaded = _load(model, options)
     events = runner.answer(
@@ -144,7 +144,7 @@ def chat(
     """Chat interactively with the model's own chat template (/help lists the commands)."""
     from . import chat as chat_repl
 
-    _check_before_loading(session, use_cache=True)
+    _check_before_loading(session, use_cache=True, options=options)
     loaded = _load(model, options)
     code = chat_repl.chat_loop(loaded, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)
@@ -283,12 +283,14 @@ _SAMPLING_FLAGS = (
 )
 
 
-def _check_before_loading(session: Optional[str], use_cache: bool) -> None:
+def _check_before_loading(session: Optional[str], use_cache: bool, options: dict) -> None:
     """What would otherwise fail only after the model loaded (or, for the cache size, after the answer)."""
     from .sessions import cache_max_bytes, check_name
 
     if session is not None:
         check_name(session)  # '' too: it ran without a session, silently
+        if (options.get("beams") or 1) > 1:  # the answer streamed, then "sessions need a single-sequence context"
+            raise UsageError("--session cannot combine with --beams (a session keeps one sequence, beam search several): drop one")
     if use_cache:
         cache_max_bytes()
 

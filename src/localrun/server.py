@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import signal
 import socket
 import time
 import uuid
@@ -572,10 +573,13 @@ def serve(loaded: Loaded, options: ServeOptions, *, host: str, port: int, on_rea
     app = build_app(service)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on")
 
+    interrupted = []
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             # End the open requests first (503 JSON, or an error event on a stream), so that uvicorn's
             # graceful wait sees them finish: past it, uvicorn cancels them and logs a traceback.
+            interrupted.append(sig == signal.SIGINT)
             service.scheduler.request_stop()
             super().handle_exit(sig, frame)
 
@@ -587,3 +591,7 @@ def serve(loaded: Loaded, options: ServeOptions, *, host: str, port: int, on_rea
     finally:
         service.scheduler.stop()
         sock.close()
+    if any(interrupted):
+        # uvicorn re-raises the SIGINT it caught, which ends in KeyboardInterrupt (exit 130) unless SIGINT
+        # was ignored when we started (a background job of a script): it stopped on Ctrl-C all the same.
+        raise KeyboardInterrupt
