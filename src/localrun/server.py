@@ -329,7 +329,7 @@ class Metrics:
 # -- the app ---------------------------------------------------------------------------------------
 
 
-def build_app(service: Service):
+def build_app(service: Service, on_started=None):
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -431,6 +431,8 @@ def build_app(service: Service):
     async def lifespan(app):
         service.loop = asyncio.get_running_loop()
         scheduler.start()
+        if on_started:  # only now: uvicorn handles Ctrl-C from here on, so "Ctrl-C stops" is true once printed
+            on_started()
         yield
 
     routes = [
@@ -570,7 +572,8 @@ def serve(loaded: Loaded, options: ServeOptions, *, host: str, port: int, on_rea
 
     sock = bind(host, port)
     service = Service(loaded, options)
-    app = build_app(service)
+    bound = sock.getsockname()[1]
+    app = build_app(service, on_started=(lambda: on_ready(bound)) if on_ready else None)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on")
 
     interrupted = []
@@ -584,8 +587,6 @@ def serve(loaded: Loaded, options: ServeOptions, *, host: str, port: int, on_rea
             super().handle_exit(sig, frame)
 
     server = Server(config)
-    if on_ready:
-        on_ready(sock.getsockname()[1])
     try:
         server.run(sockets=[sock])
     finally:
