@@ -34,6 +34,26 @@ def test_prefix_cache_prefills_a_shared_document_once_and_changes_nothing(smollm
     assert cold["tokens"] == second["tokens"]  # fidelity: a restored prefix gives the same greedy answer
 
 
+def test_cache_max_caps_what_is_stored_and_0_turns_the_cache_off(smollm2, cli):
+    """A cap smaller than one entry evicted nothing (the new entry was just not stored), and 0 still
+    looked entries up: 0 now means off (no lookup, nothing kept), any cap is brought under."""
+    ask(cli, smollm2, "Who is the story about?", input=DOC)
+
+    def cache_bytes() -> int:
+        entries = json.loads(cli("sessions", "list", "--all", "--json").stdout)
+        return sum(e["size"] for e in entries if e["kind"] == "prefix")
+
+    assert cache_bytes() > 1_000_000
+    small = cli("run", str(smollm2), "-t", "0", "-n", "4", "--ctx", "2048", "--json", "Where did Alice fall?",
+                input=DOC, env={"LOCALRUN_CACHE_MAX": "1M"})
+    assert small.returncode == 0 and cache_bytes() <= 1_000_000
+    ask(cli, smollm2, "Who is the story about?", input=DOC)  # stored again under the default cap
+    off = cli("run", str(smollm2), "-t", "0", "-n", "4", "--ctx", "2048", "--json", "Where did Alice fall?",
+              input=DOC, env={"LOCALRUN_CACHE_MAX": "0"})
+    assert off.returncode == 0 and done(off.stdout)["stats"]["cached_tokens"] == 0
+    assert cache_bytes() == 0
+
+
 def test_named_session_resumes_in_a_new_process(smollm2, cli):
     one = ask(cli, smollm2, "--session", "trip", "I am planning a trip to Lisbon.")
     two = ask(cli, smollm2, "--session", "trip", "What city did I mention?")

@@ -459,8 +459,8 @@ class SessionStore:
         the engine, when that prefix is at least MIN_PREFIX_TOKENS long and longer than what the engine
         already holds of `tokens`. Returns how many leading tokens of `tokens` the engine now holds (0: nothing
         restored, the engine untouched). A damaged entry is removed and reported through `on_notice`."""
-        if len(tokens) < MIN_PREFIX_TOKENS or not _prefix_cache_applies(engine):
-            return 0
+        if len(tokens) < MIN_PREFIX_TOKENS or not _prefix_cache_applies(engine) or cache_max_bytes() <= 0:
+            return 0  # LOCALRUN_CACHE_MAX=0 turns the cache off: no lookups either
         want = _token_array(tokens)
         # The engine re-evaluates a prompt's last token whatever it holds, so that one never counts.
         have = min(_common_prefix(_token_array(engine.cached), want), len(tokens) - 1)
@@ -495,7 +495,9 @@ class SessionStore:
         entry already covers it; entries it extends are replaced. Keeps the prefix cache under
         $LOCALRUN_CACHE_MAX by evicting least-recently-used entries. Returns the new entry, or None."""
         cap = cache_max_bytes()
-        if len(engine.cached) < MIN_PREFIX_TOKENS or cap <= 0 or not _prefix_cache_applies(engine):
+        if cap <= 0 or len(engine.cached) < MIN_PREFIX_TOKENS or not _prefix_cache_applies(engine):
+            if cap <= 0:
+                self.trim_prefixes(0)  # off means off: entries stored under a larger cap go too
             return None
         ident = self._identity(engine)
         tokens = _token_array(engine.cached)
@@ -509,7 +511,8 @@ class SessionStore:
                 if n == row["n_tokens"]:
                     superseded.append(row)
             data = state_bytes(engine)
-            if len(data) > cap:
+            if len(data) > cap:  # this one can never fit; the cap still holds for what is stored
+                self._evict_prefixes(cap)
                 return None
             state_file, checksum = self._write_state(data)
             now = time.time()
@@ -528,6 +531,11 @@ class SessionStore:
             row = self.db.execute("SELECT * FROM entries WHERE id = ?", (new_id,)).fetchone()
         self._sweep_orphans()
         return _info(row) if row is not None else None
+
+    def trim_prefixes(self, cap: int) -> None:
+        """Evict least-recently-used prefix entries until they use at most `cap` bytes."""
+        with self._locked(".prefix-cache", "the prefix cache"):
+            self._evict_prefixes(cap)
 
     # -- internals -----------------------------------------------------------------------------
 
