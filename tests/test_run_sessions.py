@@ -72,6 +72,33 @@ def test_session_from_another_model_is_refused(smollm2, gemma, cli):
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "mine" in r.stderr
+    assert f"resume it with {smollm2}" in r.stderr  # the path that loads it (it said the bare file name)
+
+
+def test_system_given_to_a_resumed_session_replaces_its_own(smollm2, cli):
+    ask(cli, smollm2, "--session", "crew", "My name is Bob.")
+    ask(cli, smollm2, "--session", "crew", "--system", "You are a pirate.", "Who are you?")
+    messages = json.loads(cli("sessions", "show", "crew", "--json").stdout)["messages"]
+    assert messages[0] == {"role": "system", "content": "You are a pirate."}  # it was dropped, silently
+    assert [m["role"] for m in messages[1:]] == ["user", "assistant", "user", "assistant"]
+
+
+def test_a_damaged_session_index_names_itself_and_run_answers_without_the_cache(smollm2, cli, isolated_home):
+    import sqlite3
+
+    ask(cli, smollm2, "--session", "kept", "Hello.")
+    ask(cli, smollm2, "Who is the story about?", input=DOC)  # a prefix entry too
+    index = isolated_home / "sessions" / "index.sqlite"
+    with sqlite3.connect(index) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with open(index, "r+b") as f:  # a damaged page past the header (a damaged header is caught on opening)
+        for page in range(2, 11):
+            f.seek(page * 4096 + 8)
+            f.write(bytes(range(256)) * 12)
+    listed = cli("sessions", "list")
+    assert listed.returncode == 1 and str(index) in listed.stderr and "move it aside" in listed.stderr
+    r = cli("run", str(smollm2), "-t", "0", "-n", "4", "--ctx", "2048", "Where did Alice fall?", input=DOC)
+    assert r.returncode == 0 and r.stdout.strip() and "prefix cache skipped" in r.stderr
 
 
 def test_prune_keeps_named_sessions_and_rm_removes(smollm2, cli):

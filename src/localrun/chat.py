@@ -415,7 +415,7 @@ class Chat:
             spacer.flush()
         if self.session and not (turn.interrupted and not turn.text):
             try:
-                save_conversation(self.session, self.conv, self.loaded.name)
+                save_conversation(self.session, self.conv, self.loaded.ref)
             except LocalrunError as exc:
                 warn(f"could not save session {self.session}: {exc.message}")
 
@@ -547,7 +547,7 @@ class Chat:
         if not name:
             err.print("usage: /save NAME", markup=False)
             return
-        notice(save_conversation(name, self.conv, self.loaded.name))
+        notice(save_conversation(name, self.conv, self.loaded.ref))
 
     def cmd_load(self, name: str) -> None:
         if not name:

@@ -101,6 +101,11 @@ def _message_for(exc: BaseException) -> tuple[str, int]:
         return "out of memory: try a smaller --ctx or a smaller quant", EXIT_RUNTIME
     if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
         return f"no space left on device ({exc.filename or 'disk'}): free some space or set LOCALRUN_HOME/HF_HOME elsewhere", EXIT_RUNTIME
+    if type(exc).__module__ == "sqlite3" and type(exc).__name__ in ("DatabaseError", "IntegrityError", "DataError"):
+        from .config import home  # a damaged page deep in the index (a damaged header is caught on opening)
+
+        index = home() / "sessions" / "index.sqlite"
+        return f"the session index {index} is damaged ({exc}): move it aside to start afresh", EXIT_RUNTIME
     if isinstance(exc, PermissionError):
         return f"permission denied: {exc.filename}: check the path's ownership or set LOCALRUN_HOME", EXIT_RUNTIME
     return f"{type(exc).__name__}: {exc} (set LOCALRUN_DEBUG=1 for a traceback)", EXIT_RUNTIME

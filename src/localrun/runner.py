@@ -149,6 +149,12 @@ class Loaded:
     sampling: SamplingOptions
     system: Optional[str]
 
+    @property
+    def ref(self) -> str:
+        """What loads this model again: its alias or owner/repo, or for a file given by path the full path
+        (a session's "resume it with ..." hint named the bare file name, which does not load)."""
+        return str(self.engine.path) if self.name == self.engine.path.name else self.name
+
 
 def load(
     model: str,
@@ -235,6 +241,10 @@ def build_request(
     sys_prompt = system if system is not None else loaded.system
     if sys_prompt and not raw and not messages:
         messages.append({"role": "system", "content": sys_prompt})
+    elif system is not None and not raw and messages:  # a resumed session: --system replaces its own, as in chat
+        messages = [m for m in messages if m["role"] != "system"]
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
     messages.append({"role": "user", "content": text})
     return Request(messages=messages, raw=raw, sampling=loaded.sampling, truncate=truncate)
 
@@ -249,7 +259,12 @@ def answer(
     from .sessions import SessionStore, check_name
 
     engine = loaded.engine
-    store = SessionStore.open() if (session or use_cache) else None
+    store = None
+    if session:
+        store = SessionStore.open()
+    elif use_cache:
+        store = _optional_cache(lambda: SessionStore.open(), on_notice)
+        use_cache = store is not None
     history: list[dict] = []
     if session:
         check_name(session)
@@ -262,7 +277,7 @@ def answer(
     request = build_request(loaded, text, system=system, raw=raw, truncate=truncate, on_notice=on_notice, history=history)
     tokens = request_tokens(engine, request)
     if store is not None and use_cache and not session:
-        store.lookup_prefix(engine, tokens, on_notice=on_notice)
+        _optional_cache(lambda: store.lookup_prefix(engine, tokens, on_notice=on_notice), on_notice)
     finished = None
     for event in stream_tokens(engine, tokens, request.sampling):
         if isinstance(event, Finished):
@@ -272,6 +287,20 @@ def answer(
         return
     if session:
         messages = request.messages + [{"role": "assistant", "content": finished.text}]
-        store.save(session, engine, messages, model_ref=loaded.name)
+        store.save(session, engine, messages, model_ref=loaded.ref)
     elif use_cache:
-        store.save_prefix(engine)
+        _optional_cache(lambda: store.save_prefix(engine), on_notice)
+
+
+def _optional_cache(action, on_notice):
+    """The prefix cache only saves time: when its index is damaged, say so once and answer without it."""
+    import sqlite3
+
+    from .errors import SessionError
+
+    try:
+        return action()
+    except (SessionError, sqlite3.DatabaseError) as exc:
+        if on_notice:
+            on_notice(f"prefix cache skipped: {getattr(exc, 'message', exc)}")
+        return None
