@@ -98,7 +98,7 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     with pytest.raises(LocalrunError) as info:
         bench.make_plan(["m"], plot=tmp_path / "p.png")
-    assert info.value.message == "--plot needs matplotlib: pip install matplotlib"
+    assert info.value.message == "--plot needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)"
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(cli):

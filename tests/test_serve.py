@@ -233,6 +233,14 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragmen
     assert complete(server.client(), "Hi", max_tokens=2).choices[0].text is not None
 
 
+def test_unknown_paths_and_methods_get_openai_style_errors(server):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    missing = httpx.get(server.url + "/v1/nothing", headers=headers)
+    assert missing.status_code == 404 and "no such endpoint" in missing.json()["error"]["message"]
+    wrong = httpx.get(server.url + "/v1/completions", headers=headers)
+    assert wrong.status_code == 405 and "GET is not allowed" in wrong.json()["error"]["message"]  # was plain text
+
+
 def test_fields_common_clients_send_with_their_off_values_are_accepted(server):
     out = server.client().chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0,

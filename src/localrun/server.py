@@ -442,7 +442,13 @@ def build_app(service: Service, on_started=None):
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def http_error(request: Request, exc):
+        # 404 for an unknown path and 405 for a wrong method, in the same OpenAI-style body as the rest
+        what = "no such endpoint" if exc.status_code == 404 else f"{request.method} is not allowed here"
+        return JSONResponse(ApiError(exc.status_code, f"{what}: {request.url.path}").body(), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     return _require_key(app, service.options.api_key) if service.options.api_key else app
 
 
