@@ -119,6 +119,14 @@ def test_chat_non_streaming_and_streaming_agree(server):
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [whole.choices[0].finish_reason]
 
 
+def test_include_usage_streams_usage_null_then_the_totals(server):
+    body = {"prompt": "Hi", "max_tokens": 4, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert all("usage" in e and e["usage"] is None for e in events if e["choices"])  # OpenAI's shape
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
+
+
 def test_greedy_output_equals_localrun_run(server, smollm2, cli):
     """The server's batched path decodes the same tokens as `localrun run` (one sequence, no batching)."""
     prompt = "The three most common gases in the air are"

@@ -513,7 +513,10 @@ async def _sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: st
             choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         else:
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        return _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [choice]})
+        event = {"id": rid, "object": kind, "created": created, "model": model_id, "choices": [choice]}
+        if include_usage:
+            event["usage"] = None  # as OpenAI streams it: null on every chunk, the totals in a last chunk
+        return _event(event)
 
     finished = False
     try:
