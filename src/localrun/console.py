@@ -102,10 +102,10 @@ def _message_for(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
         return f"no space left on device ({exc.filename or 'disk'}): free some space or set LOCALRUN_HOME/HF_HOME elsewhere", EXIT_RUNTIME
     if type(exc).__module__ == "sqlite3" and type(exc).__name__ in ("DatabaseError", "IntegrityError", "DataError"):
-        from .config import home  # a damaged page deep in the index (a damaged header is caught on opening)
+        from .sessions import damaged_index  # only the session index is SQLite
 
-        index = home() / "sessions" / "index.sqlite"
-        return f"the session index {index} is damaged ({exc}): move it aside to start afresh", EXIT_RUNTIME
+        error = damaged_index(exc)
+        return error.message, error.exit_code
     if isinstance(exc, PermissionError):
         return f"permission denied: {exc.filename}: check the path's ownership or set LOCALRUN_HOME", EXIT_RUNTIME
     return f"{type(exc).__name__}: {exc} (set LOCALRUN_DEBUG=1 for a traceback)", EXIT_RUNTIME

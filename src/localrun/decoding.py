@@ -31,7 +31,7 @@ from typing import Optional
 
 from .engine import Done, Engine, LoadOptions, Stats, Token, llama_cpp_module
 from .errors import ContextOverflow, EngineError, UsageError
-from .sampling import SamplingOptions
+from .sampling import SamplingOptions, check_bias_tokens
 
 
 @dataclass(frozen=True)
@@ -319,9 +319,7 @@ class BeamSearch:
         stats = Stats(load_s=engine.load_s, prompt_tokens=len(prompt))
         limit = sampling.max_tokens if sampling.max_tokens > 0 else n_ctx
         limit = min(limit, n_ctx - len(prompt))
-        for tok in sampling.logit_bias:
-            if not 0 <= tok < engine.n_vocab:
-                raise UsageError(f"invalid --logit-bias token {tok}: this model's token ids run 0..{engine.n_vocab - 1}")
+        check_bias_tokens(sampling.logit_bias, engine.n_vocab)
         mask = None
         if allowed is not None or sampling.logit_bias:
             mask = np.zeros(engine.n_vocab, dtype=np.float32)
@@ -410,14 +408,11 @@ class BeamSearch:
             for s in range(1, 2 * n_beams + 1):
                 ll.llama_memory_seq_rm(mem, s, 0, -1)
         best = max(finished, key=lambda h: h.score(self.length_penalty))
-        if best.stopped_by is None:
-            best.text = engine.detokenize(best.tokens)
         if best.stopped_by is not None:
-            stats.finish_reason = "stop"
-        elif len(best.tokens) >= limit:
-            stats.finish_reason = "length"
+            stats.finish_reason = "stop"  # its text was cut at the stop
         else:
-            stats.finish_reason = "eos"
+            best.text = engine.detokenize(best.tokens)
+            stats.finish_reason = "length" if len(best.tokens) >= limit else "eos"
         engine.end(stats, t0, t_first, len(best.tokens))
         return best, stats
 

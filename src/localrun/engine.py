@@ -244,6 +244,16 @@ _GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 PREFILTER_K = 128
 
 
+def _token_piece(vocab, token: int, buf, special: bool):
+    """A token's bytes, and the buffer to use next time (a larger one when the piece did not fit)."""
+    ll = llama_cpp_module()
+    n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    return buf.raw[:n], buf
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens two token lists share."""
     n = 0
@@ -293,7 +303,7 @@ class Engine:
         if not self.model:
             raise EngineError(f"llama.cpp could not load {self.path}: check the file with `localrun show`")
         if not self.ctx:
-            self._detach_prefilter()
+            self.use_raw_logits()
             ll.llama_model_free(self.model)
             self.model = None
             raise EngineError(
@@ -368,9 +378,9 @@ class Engine:
         none (k None: the chain needs raw logits). With it, llama_sampler_sample gives the C chain those
         candidates, and the logits are never copied off the device. It stays attached between
         generations; any top-k at least as wide as the chain's own first cut picks the same tokens."""
-        if k is not None and self.backend_sampling and self._prefilter is not None and k <= self._prefilter_k:
+        if k is not None and self._prefilter is not None and k <= self._prefilter_k:
             return True
-        self._detach_prefilter()
+        self.use_raw_logits()
         if k is None or not self.backend_sampling:
             return False
         ll = llama_cpp_module()
@@ -384,11 +394,8 @@ class Engine:
         return self._prefilter is not None
 
     def use_raw_logits(self) -> None:
-        """For whatever reads the logits itself (the server's scheduler, speculative decoding, beam search):
-        no prefilter on sequence 0 from here on, until a plain generate() attaches one again."""
-        self._detach_prefilter()
-
-    def _detach_prefilter(self) -> None:
+        """For whatever reads the logits itself (the server's scheduler, speculative decoding, beam search,
+        perplexity): no prefilter on sequence 0 from here on, until a plain generate() attaches one again."""
         chain, self._prefilter = self._prefilter, None
         if chain is None:
             return
@@ -409,7 +416,7 @@ class Engine:
                 self.strategy.close()
                 self.strategy = None
             if getattr(self, "_prefilter", None) is not None:
-                self._detach_prefilter()
+                self.use_raw_logits()
             if getattr(self, "ctx", None):
                 ll.llama_free(self.ctx)
                 self.ctx = None
@@ -444,23 +451,15 @@ class Engine:
         return list(buf[:n])
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
-        ll = llama_cpp_module()
-        n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        if n < 0:
-            self._piece_buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        return self._piece_buf.raw[:n]
+        piece, self._piece_buf = _token_piece(self.vocab, token, self._piece_buf, special)
+        return piece
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         # Its own buffer, not token_bytes' shared one: the server calls this outside the decode thread.
-        ll = llama_cpp_module()
         buf, out = ctypes.create_string_buffer(256), []
         for t in tokens:
-            n = ll.llama_token_to_piece(self.vocab, t, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self.vocab, t, buf, len(buf), 0, False)
-            out.append(buf.raw[:n])
+            piece, buf = _token_piece(self.vocab, t, buf, False)
+            out.append(piece)
         return b"".join(out).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
@@ -602,7 +601,7 @@ class Engine:
             if prefiltered and not ll.llama_get_sampled_candidates_ith(self.ctx, -1):
                 # The device could not run the top-k (llama.cpp left the whole vocabulary, without ids, for
                 # the chain to read): sample on the CPU as usual, from the last token evaluated once more.
-                self._detach_prefilter()
+                self.use_raw_logits()
                 self.backend_sampling = False  # for good: the next generation would only fall back again
                 self._forget_after(len(self.cached) - 1)
                 self.prefill(prompt)

@@ -43,8 +43,8 @@ def render_prompt(engine: Engine, request: Request) -> str:
     return engine.apply_chat_template(request.messages, add_generation_prompt=True)
 
 
-def prompt_tokens(engine: Engine, text: str, truncate: bool, max_tokens: int) -> list[int]:
-    tokens = engine.tokenize(text, add_special=True, parse_special=True)
+def _fit(engine: Engine, tokens: list[int], truncate: bool, max_tokens: int) -> list[int]:
+    """The prompt's tokens as they go to the model: whole, or with --truncate their end (BOS kept)."""
     if len(tokens) < engine.n_ctx:
         return tokens
     if not truncate:
@@ -67,11 +67,10 @@ def request_tokens(engine: Engine, request: Request) -> list[int]:
     """The request's prompt tokens. With --truncate a prompt over the context keeps its end; with the chat
     template it is the start of the last message that goes, so the template's head (its system prompt,
     earlier turns, the role markers) stays intact rather than being cut mid-way."""
-    text = render_prompt(engine, request)
+    tokens = engine.tokenize(render_prompt(engine, request), add_special=True, parse_special=True)
     templated = not request.raw and engine.chat_template is not None
-    tokens = engine.tokenize(text, add_special=True, parse_special=True)
     if not (request.truncate and templated) or len(tokens) < engine.n_ctx or not request.messages:
-        return prompt_tokens(engine, text, request.truncate, request.sampling.max_tokens)
+        return _fit(engine, tokens, request.truncate, request.sampling.max_tokens)
     keep = _prompt_room(engine, request.sampling.max_tokens)
     last = request.messages[-1]
     body = engine.tokenize(last["content"], add_special=False, parse_special=False)
@@ -83,7 +82,7 @@ def request_tokens(engine: Engine, request: Request) -> list[int]:
         if len(cut) <= keep:
             return cut
     # The template and earlier turns alone overflow: keep the end, as for plain text.
-    return prompt_tokens(engine, text, True, request.sampling.max_tokens)
+    return _fit(engine, tokens, True, request.sampling.max_tokens)
 
 
 def stream_tokens(engine: Engine, tokens: Sequence[int], sampling: SamplingOptions) -> Iterator[Piece | Finished]:
@@ -263,7 +262,7 @@ def answer(
     if session:
         store = SessionStore.open()
     elif use_cache:
-        store = _optional_cache(lambda: SessionStore.open(), on_notice)
+        store = _optional_cache(SessionStore.open, on_notice)
         use_cache = store is not None
     history: list[dict] = []
     if session:

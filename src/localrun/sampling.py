@@ -108,6 +108,13 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
     return out
 
 
+def check_bias_tokens(bias: dict[int, float], n_vocab: int) -> None:
+    """--logit-bias token ids must be this model's (SamplingOptions cannot know the vocabulary)."""
+    for tok in bias:
+        if not 0 <= tok < n_vocab:
+            raise UsageError(f"invalid --logit-bias token {tok}: this model's token ids run 0..{n_vocab - 1}")
+
+
 def read_grammar(path: Optional[Path]) -> Optional[str]:
     if path is None:
         return None
@@ -175,15 +182,12 @@ class Sampler:
 
     def _build(self, engine, o: SamplingOptions, grammar: Optional[str], ban_eog: bool):
         ll = self._ll
+        check_bias_tokens(o.logit_bias, engine.n_vocab)  # before there is a chain to free
         params = ll.llama_sampler_chain_default_params()
         params.no_perf = True
         chain = ll.llama_sampler_chain_init(params)
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731 - the chain owns each sampler
         bias = dict(o.logit_bias)
-        for tok in bias:
-            if not 0 <= tok < engine.n_vocab:
-                ll.llama_sampler_free(chain)
-                raise UsageError(f"invalid --logit-bias token {tok}: this model's token ids run 0..{engine.n_vocab - 1}")
         if ban_eog:
             for tok in engine.eog_tokens():
                 bias[tok] = float("-inf")

@@ -213,6 +213,22 @@ def _check_single_sequence(engine: "Engine") -> None:
 # -- helpers -----------------------------------------------------------------------------------
 
 
+INDEX = "index.sqlite"
+
+
+def default_root() -> Path:
+    from .config import home
+
+    return home() / "sessions"
+
+
+def damaged_index(exc: Exception, index: Optional[Path] = None) -> SessionError:
+    """The one message for an index SQLite cannot read: a damaged header (found on opening) or a damaged
+    page deeper in (found by whichever query reaches it)."""
+    index = index if index is not None else default_root() / INDEX
+    return SessionError(f"the session index {index} is unusable ({exc}): move it aside to start afresh")
+
+
 def cache_max_bytes() -> int:
     """$LOCALRUN_CACHE_MAX: bytes the prefix cache may use ("2GB", "500M", "1.5GiB", "0" to disable)."""
     from .config import parse_size
@@ -303,14 +319,10 @@ class SessionStore:
 
     @classmethod
     def open(cls, root: Path | None = None) -> "SessionStore":
-        if root is None:
-            from .config import home
-
-            root = home() / "sessions"
-        root = Path(root)
+        root = Path(root) if root is not None else default_root()
         for folder in (root, root / "states", root / "locks"):
             folder.mkdir(parents=True, exist_ok=True)
-        index = root / "index.sqlite"
+        index = root / INDEX
         try:
             db = sqlite3.connect(index, timeout=LOCK_TIMEOUT_S, isolation_level=None)
             db.row_factory = sqlite3.Row
@@ -329,7 +341,7 @@ class SessionStore:
                         raise
                     time.sleep(0.05)
         except sqlite3.DatabaseError as exc:
-            raise SessionError(f"the session index {index} is unusable ({exc}): move it aside to start afresh") from None
+            raise damaged_index(exc, index) from None
         return cls(root, db)
 
     def close(self) -> None:
@@ -495,9 +507,10 @@ class SessionStore:
         entry already covers it; entries it extends are replaced. Keeps the prefix cache under
         $LOCALRUN_CACHE_MAX by evicting least-recently-used entries. Returns the new entry, or None."""
         cap = cache_max_bytes()
-        if cap <= 0 or len(engine.cached) < MIN_PREFIX_TOKENS or not _prefix_cache_applies(engine):
-            if cap <= 0:
-                self.trim_prefixes(0)  # off means off: entries stored under a larger cap go too
+        if cap <= 0:
+            self.trim_prefixes(0)  # off means off: entries stored under a larger cap go too
+            return None
+        if len(engine.cached) < MIN_PREFIX_TOKENS or not _prefix_cache_applies(engine):
             return None
         ident = self._identity(engine)
         tokens = _token_array(engine.cached)
