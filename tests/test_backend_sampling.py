@@ -36,20 +36,19 @@ def engines(smollm2):
 
 
 def _tokens(engine, options: dict, n: int = 32) -> list[int]:
-    from localrun.engine import Done
-    from localrun.sampling import SamplingOptions
+    from localrun.engine import SamplingOptions, generate
 
-    events = list(engine.generate(engine.tokenize(PROMPT), SamplingOptions(max_tokens=n, **options)))
-    assert isinstance(events[-1], Done)
-    return events[-1].tokens
+    responses = list(generate(engine, engine.tokenize(PROMPT), SamplingOptions(max_tokens=n, **options)))
+    assert responses[-1].done and not any(r.done for r in responses[:-1])
+    return [t for r in responses for t in r.tokens]
 
 
 @pytest.mark.parametrize("options,keep", CASES, ids=lambda x: str(x) if isinstance(x, dict) else None)
 def test_the_chain_picks_the_same_tokens_from_k_candidates(engines, options, keep):
-    from localrun.sampling import SamplingOptions, make_sampler
+    from localrun.engine.sampling import Sampler, SamplingOptions
 
     cpu, backend = engines
-    sampler = make_sampler(backend, SamplingOptions(**options))
+    sampler = Sampler(backend, SamplingOptions(**options))
     try:
         expected_keep = 40 + len(backend.eog_tokens()) if keep == "eog" else keep
         assert sampler.prefilter == expected_keep
@@ -62,8 +61,8 @@ def test_the_top_k_runs_in_the_graph_stays_between_generations_and_yields_to_raw
     """While generating, llama.cpp hands the chain PREFILTER_K candidates, not the vocabulary; the top-k
     stays attached from one generation to the next (attaching costs a graph reservation), widens for a
     chain that needs more, and gives way to raw logits for a chain (or a caller) that needs them all."""
-    from localrun.engine import PREFILTER_K, llama_cpp_module
-    from localrun.sampling import SamplingOptions
+    from localrun.engine import PREFILTER_K, SamplingOptions, generate, llama_cpp_module
+    from localrun.engine.generate import evaluate
 
     ll = llama_cpp_module()
     _, engine = engines
@@ -71,7 +70,7 @@ def test_the_top_k_runs_in_the_graph_stays_between_generations_and_yields_to_raw
 
     def candidates_while_generating(**options) -> set[int]:
         seen = set()
-        for _ in engine.generate(prompt, SamplingOptions(max_tokens=4, **options)):
+        for _ in generate(engine, prompt, SamplingOptions(max_tokens=4, **options)):
             seen.add(ll.llama_get_sampled_candidates_count_ith(engine.ctx, -1))
         return seen
 
@@ -85,11 +84,11 @@ def test_the_top_k_runs_in_the_graph_stays_between_generations_and_yields_to_raw
 
     # Stopped early (a closed generator, as a stop sequence or a closed pipe does), then a caller that
     # reads logits itself (the server's scheduler, speculative decoding, beam search).
-    events = engine.generate(prompt, SamplingOptions(seed=1, max_tokens=20))
+    events = generate(engine, prompt, SamplingOptions(seed=1, max_tokens=20))
     next(events)
     events.close()
     engine.use_raw_logits()
-    engine.prefill(engine.tokenize(PROMPT + " there"))
+    evaluate(engine, engine.tokenize(PROMPT + " there"))
     assert ll.llama_get_sampled_candidates_count_ith(engine.ctx, -1) == 0
     assert ll.llama_get_logits_ith(engine.ctx, -1)  # the whole vocabulary's logits, on the host again
 

@@ -15,7 +15,8 @@ import jsonschema
 import pytest
 
 from conftest import LOCALRUN
-from localrun import bench
+from localrun.cli import bench as front
+from localrun.runtime import bench
 from localrun.errors import LocalrunError, UsageError
 
 
@@ -170,22 +171,23 @@ def test_json_rows_validate_and_are_sane(json_run, smollm2):
 @pytest.mark.slow
 def test_csv_md_and_table_render_the_same_rows(json_run, capsys):
     rows = json.loads(json_run.stdout)
-    table = list(csv.DictReader(io.StringIO(bench.to_csv(rows))))
+    table = list(csv.DictReader(io.StringIO(front.to_csv(rows))))
     assert list(table[0]) == bench.CSV_FIELDS
     assert [t["test"] for t in table] == ["pp16", "pp32", "tg4@d0", "tg4@d16"]
     assert float(table[0]["mean_ts"]) == rows[0]["mean_ts"] and table[0]["threads"] == str(rows[0]["settings"]["threads"])
-    md = bench.to_markdown(rows).splitlines()
+    md = front.to_markdown(rows).splitlines()
     assert md[2].startswith("| model | test | t/s | median t/s | TPOT ms |") and md[3].startswith("| --- | --- | ---:")
     assert sum(1 for line in md if line.startswith("| ") and rows[0]["model"] in line) == 4 + 1
-    bench.render(rows, "table")
+    front.render(rows, "table")
     out = capsys.readouterr().out
     assert "tg4@d16" in out and "TTFT ms (pp16)" in out and "n/a" in out
 
 
 @pytest.mark.slow
 def test_kv_bytes_agree_with_what_llama_cpp_allocates(smollm2, gemma):
-    from localrun.engine import Engine, LoadOptions, captured_llama_log
-    from localrun.gguf_info import kv_cache_bytes
+    from localrun.engine import Engine, LoadOptions
+    from localrun.engine.gguf_info import kv_cache_bytes
+    from localrun.engine.llama import captured_llama_log
 
     for path in (smollm2, gemma):
         with captured_llama_log() as lines:
@@ -199,7 +201,7 @@ def test_kv_bytes_agree_with_what_llama_cpp_allocates(smollm2, gemma):
 def test_plot_draws_a_png(json_run, tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "bench.png"
-    bench.plot(json.loads(json_run.stdout), out)
+    front.plot(json.loads(json_run.stdout), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -238,7 +240,7 @@ def test_no_thread_runs_beside_the_measurement(smollm2, monkeypatch, capsys):
     real_start = threading.Thread.start
     monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(type(self).__name__), real_start(self)))
     monkeypatch.setattr(type(console.err.real()), "is_terminal", property(lambda self: True))
-    assert bench.run_from_cli([str(smollm2)], pp="8", tg="4", depth="0", reps=1, threads="1", output="json") == 0
+    assert front.run_from_cli([str(smollm2)], pp="8", tg="4", depth="0", reps=1, threads="1", output="json") == 0
     assert started == []
     rows = json.loads(capsys.readouterr().out)
     assert [r["test"] for r in rows] == ["pp8", "tg4@d0"]
@@ -303,7 +305,7 @@ def test_quality_adds_a_ppl_row(smollm2, tmp_path, monkeypatch):
     assert row["test"] == "ppl@c128" and row["kind"] == "ppl" and row["settings"]["ctx"] == 128
     assert 1 < row["ppl"] < 1000 and row["ppl_error"] > 0 and row["n_tokens"] % (128 - 64 - 1) == 0
     assert row["ttft_ms"] is None and row["tpot_ms"] is None and "ratio" not in row
-    assert "| PPL |" in bench.to_markdown(rows) and f"{row['ppl']:.4f}" in bench.to_markdown(rows)
+    assert "| PPL |" in front.to_markdown(rows) and f"{row['ppl']:.4f}" in front.to_markdown(rows)
 
 
 def test_perplexity_refuses_a_text_shorter_than_two_chunks(smollm2):

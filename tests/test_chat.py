@@ -10,6 +10,7 @@ import re
 import pexpect
 import pytest
 
+from localrun.engine.prompt import apply_template
 from conftest import LOCALRUN
 
 pytestmark = pytest.mark.slow
@@ -104,14 +105,14 @@ def answer_of(text: str) -> str:
 
 def glue_tokens(engine, previous: list[dict], user: str) -> int:
     """Tokens the template adds after an answer: its end, the next user message, the assistant header."""
-    before = engine.apply_chat_template(previous, add_generation_prompt=True) + "ANSWER"
-    after = engine.apply_chat_template([*previous, {"role": "assistant", "content": "ANSWER"}, {"role": "user", "content": user}])
+    before = apply_template(engine, previous, add_generation_prompt=True) + "ANSWER"
+    after = apply_template(engine, [*previous, {"role": "assistant", "content": "ANSWER"}, {"role": "user", "content": user}])
     assert after.startswith(before)
     return len(engine.tokenize(after[len(before) :], add_special=False, parse_special=True))
 
 
 def prompt_size(engine, messages: list[dict]) -> int:
-    return len(engine.tokenize(engine.apply_chat_template(messages), add_special=True, parse_special=True))
+    return len(engine.tokenize(apply_template(engine, messages), add_special=True, parse_special=True))
 
 
 # -- in a terminal -----------------------------------------------------------------------------------
@@ -350,7 +351,7 @@ def test_load_in_a_session_chat_moves_saving_to_the_loaded_session(smollm2, cli)
 def test_one_line_writer_escapes_and_trims():
     import io
 
-    from localrun.chat import OneLineWriter
+    from localrun.cli.chat import OneLineWriter
 
     out = io.StringIO()
     w = OneLineWriter(out)
@@ -371,7 +372,7 @@ def test_one_line_writer_escapes_and_trims():
     ],
 )
 def test_block_markers(text, is_open, message):
-    from localrun.chat import _open_block, _unwrap_block
+    from localrun.cli.chat import _open_block, _unwrap_block
 
     assert _open_block(text) is is_open
     assert _unwrap_block(text) == message
@@ -380,33 +381,34 @@ def test_block_markers(text, is_open, message):
 def test_the_kv_cache_always_mirrors_the_conversation(engine):
     """In process: after full, cut (Ctrl-C) and stopped answers, the engine's cached tokens are a prefix of
     the conversation's tokens, and the next prompt extends them."""
-    from localrun.chat import Conversation
-    from localrun.sampling import SamplingOptions
+    from localrun.runtime import Loaded, SamplingOptions
+    from localrun.runtime.conversation import Conversation
 
     engine.reset()
-    conv = Conversation(engine, "Be brief.")
+    conv = Conversation(Loaded(engine, "smollm2", SamplingOptions()), "Be brief.")
     opts = SamplingOptions(temperature=0, max_tokens=16)
     pieces: list[str] = []
     for text, cancel_after, extra in [("Hi", None, {}), ("Tell me a story.", 3, {}), ("And then?", None, {"stop": ["."]})]:
         pieces.clear()
-        turn = conv.send(text, opts.model_copy(update=extra), pieces.append,
-                         lambda n=cancel_after: n is not None and len(pieces) >= n)
-        assert turn.text == "".join(pieces)
-        assert turn.interrupted is (cancel_after is not None)
-        assert conv.messages[-1] == {"role": "assistant", "content": turn.text}
-        assert conv._tokens[: len(engine.cached)] == engine.cached
-        assert len(conv._tokens) - len(engine.cached) <= 1
+        answer, final = conv.send(text, opts.model_copy(update=extra), pieces.append,
+                                  lambda n=cancel_after: n is not None and len(pieces) >= n)
+        assert answer == "".join(pieces)
+        assert (final.finish_reason == "interrupted") is (cancel_after is not None)
+        assert conv.messages[-1] == {"role": "assistant", "content": answer}
+        cached = engine.kv.tokens[0]
+        assert conv._tokens[: len(cached)] == cached
+        assert len(conv._tokens) - len(cached) <= 1
         nxt, _ = conv.prompt([*conv.messages, {"role": "user", "content": "next"}])
         assert nxt[: len(conv._tokens)] == conv._tokens
     assert [m["role"] for m in conv.messages] == ["system", "user", "assistant"] * 1 + ["user", "assistant"] * 2
 
 
 def test_a_hard_interrupt_empties_the_kv_cache_and_keeps_the_conversation(engine):
-    from localrun.chat import Conversation
-    from localrun.sampling import SamplingOptions
+    from localrun.runtime import Loaded, SamplingOptions
+    from localrun.runtime.conversation import Conversation
 
     engine.reset()
-    conv = Conversation(engine, None)
+    conv = Conversation(Loaded(engine, "smollm2", SamplingOptions()), None)
     opts = SamplingOptions(temperature=0, max_tokens=12)
     conv.send("Hi", opts, lambda piece: None)
     before = [dict(m) for m in conv.messages]
@@ -419,6 +421,6 @@ def test_a_hard_interrupt_empties_the_kv_cache_and_keeps_the_conversation(engine
 
     with pytest.raises(KeyboardInterrupt):
         conv.send("Tell me a story.", opts.model_copy(update={"max_tokens": 64}), pieces.append, second_ctrl_c)
-    assert engine.cached == [] and conv.messages == before
-    turn = conv.send("Hello again", opts, lambda piece: None)
-    assert turn.stats.cached_tokens == 0 and turn.text
+    assert engine.kv.tokens[0] == [] and conv.messages == before
+    answer, final = conv.send("Hello again", opts, lambda piece: None)
+    assert final.stats.cached_tokens == 0 and answer

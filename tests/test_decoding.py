@@ -19,9 +19,9 @@ def _done(stdout: str) -> dict:
 
 def test_beam_search_agrees_with_brute_force(smollm2):
     """Over a 3-token vocabulary and 3 steps, 9 beams are exact: the best of all 27 sequences."""
-    from localrun.decoding import BeamSearch
-    from localrun.engine import Engine, LoadOptions, llama_cpp_module
-    from localrun.sampling import SamplingOptions
+    from localrun.engine import Engine, LoadOptions, SamplingOptions, llama_cpp_module
+    from localrun.engine.generate import evaluate
+    from localrun.engine.strategies import BeamSearch
 
     ll = llama_cpp_module()
     engine = Engine(smollm2, LoadOptions(n_ctx=512, n_threads=1, n_seq_max=19, kv_unified=True))
@@ -32,7 +32,7 @@ def test_beam_search_agrees_with_brute_force(smollm2):
         def logprob(seq) -> float:
             total = 0.0
             for i, tok in enumerate(seq):
-                engine.prefill(prompt + list(seq[:i]))
+                evaluate(engine, prompt + list(seq[:i]))
                 x = np.ctypeslib.as_array(ll.llama_get_logits_ith(engine.ctx, -1), shape=(engine.n_vocab,))[allowed]
                 x = x.astype(np.float64) - x.max()
                 total += float(x[allowed.index(tok)] - np.log(np.exp(x).sum()))

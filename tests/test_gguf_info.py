@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localrun.errors import InvalidModelFile, UsageError
-from localrun.gguf_info import GGUFInfo, kv_cache_bytes, memory_estimate, read_info, sha256_file
+from localrun.engine.gguf_info import GGUFInfo, kv_cache_bytes, memory_estimate, read_info
+from localrun.store.files import sha256_file
 
 MODELS = Path.home() / ".cache" / "localrun-test-models"
 SMOLLM = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"

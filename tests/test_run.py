@@ -161,16 +161,15 @@ def test_prompt_too_long_names_both_numbers_and_truncate_keeps_the_end(smollm2, 
 def test_truncate_with_the_chat_template_cuts_the_message_not_the_template(smollm2):
     """--truncate kept the end of the rendered prompt, cutting the system prompt and role markers;
     now the start of the last message goes, and the template around it stays."""
-    from localrun.engine import Engine, LoadOptions
-    from localrun.runner import Request, request_tokens
-    from localrun.sampling import SamplingOptions
+    from localrun.engine import Engine, LoadOptions, SamplingOptions
+    from localrun.runtime.request import Request, prompt_for
 
     engine = Engine(smollm2, LoadOptions(n_ctx=128, n_threads=1))
     try:
         words = " ".join(f"w{i}" for i in range(400))
         messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": words}]
         request = Request(messages=messages, sampling=SamplingOptions(max_tokens=16), truncate=True)
-        tokens = request_tokens(engine, request)
+        tokens = prompt_for(engine, request).tokens
         assert len(tokens) <= 128 - 16
         text = engine.detokenize(tokens)  # special tokens (<|im_start|> ...) print as nothing
         assert text.startswith("system\nYou are terse.\nuser\n"), text[:80]
@@ -205,7 +204,7 @@ def test_llama_cpp_is_loaded_before_numpy(smollm2, how):
     first, the tokenizer's std::regex segfaults inside llama_model_load_from_file. Loading llama.cpp's libraries
     before numpy avoids it, so every path that loads a model does that first. Checked here by recording the order
     in which imports start (the CPU build would not crash either way)."""
-    load = {"runner": f"from localrun.runner import load; load({str(smollm2)!r}, ctx=64, threads=1)",
+    load = {"runner": f"from localrun.runtime import load; load({str(smollm2)!r}, ctx=64, threads=1)",
             "engine": "from localrun.engine import Engine, LoadOptions; "
                       f"Engine({str(smollm2)!r}, LoadOptions(n_ctx=64, n_threads=1))",
             "show": f"from localrun.cli import main; sys.argv = ['localrun', 'show', {str(smollm2)!r}]\n"
@@ -226,18 +225,19 @@ def test_ctrl_c_while_llama_cpp_logs_during_load_is_not_lost(smollm2):
     code = (
         "import signal\n"
         "from localrun import engine\n"
+        "from localrun.engine import llama\n"
         "engine.llama_cpp_module()\n"
         "class Trigger(list):\n"
         "    def append(self, item):\n"
         "        if not self:\n"
         "            signal.raise_signal(signal.SIGINT)\n"
         "        super().append(item)\n"
-        "engine._log_sink = Trigger()\n"
+        "llama._log_sink = Trigger()\n"
         "try:\n"
         f"    engine.Engine({str(smollm2)!r}, engine.LoadOptions(n_ctx=64, n_threads=1))\n"
         "    print('loaded')\n"
         "except KeyboardInterrupt:\n"
-        "    print('interrupted', len(engine._log_sink) > 0)\n"
+        "    print('interrupted', len(llama._log_sink) > 0)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["interrupted", "True"], out.stdout + out.stderr

@@ -18,17 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from localrun.engine import Engine, LoadOptions, llama_cpp_module
+from localrun.engine import Engine, LoadOptions, SamplingOptions, generate, llama_cpp_module
+from localrun.engine.generate import evaluate
 from localrun.errors import SessionError, UsageError
-from localrun.sampling import SamplingOptions
-from localrun.sessions import (
-    MIN_PREFIX_TOKENS,
-    SessionStore,
-    cache_max_bytes,
-    check_name,
-    restore_state,
-    state_bytes,
-)
+from localrun.runtime.sessions import Sessions as SessionStore
+from localrun.store.sessions import MIN_PREFIX_TOKENS, cache_max_bytes, check_name
 
 GREEDY = SamplingOptions(temperature=0, max_tokens=12)
 SYSTEM = (
@@ -54,8 +48,12 @@ THREADS = 1
 
 
 def run_all(engine: Engine, tokens: list[int]):
-    """Greedy-generate for `tokens`; returns the Done event."""
-    return [event for event in engine.generate(tokens, GREEDY)][-1]
+    """Greedy-generate for `tokens`; returns the ids generated and the stats."""
+    from types import SimpleNamespace
+
+    responses = list(generate(engine, tokens, GREEDY))
+    assert responses[-1].done
+    return SimpleNamespace(tokens=[t for r in responses for t in r.tokens], stats=responses[-1].stats)
 
 
 def chat_tokens(engine: Engine, messages: list[dict]) -> list[int]:
@@ -153,8 +151,8 @@ def test_prefix_reuse_evaluates_only_the_new_question(which, entries, request, s
     assert shared >= MIN_PREFIX_TOKENS
     run_all(engine, first)
     entry = store.save_prefix(engine)
-    assert entry is not None and entry.kind == "prefix" and entry.tokens == len(engine.cached)
-    held = list(engine.cached)
+    assert entry is not None and entry.kind == "prefix" and entry.tokens == len(engine.kv.tokens[0])
+    held = list(engine.kv.tokens[0])
 
     # The reference: the same engine carries on without any restore, cutting its cache back to the shared
     # prefix. (A cold single-pass prefill is no oracle: llama.cpp's float rounding depends on batch shapes,
@@ -164,9 +162,9 @@ def test_prefix_reuse_evaluates_only_the_new_question(which, entries, request, s
 
     engine.reset()
     assert store.lookup_prefix(engine, second) == shared
-    assert engine.cached == held
+    assert engine.kv.tokens[0] == held
     if which == "gem":  # the sliding-window layers came back whole, not just their last window
-        assert llama_cpp_module().llama_memory_seq_pos_min(engine.memory, 0) == 0
+        assert llama_cpp_module().llama_memory_seq_pos_min(engine.kv.memory, 0) == 0
     warm = run_all(engine, second)
     assert warm.stats.cached_tokens == shared
     assert warm.stats.prompt_eval_tokens == len(second) - shared
@@ -176,7 +174,7 @@ def test_prefix_reuse_evaluates_only_the_new_question(which, entries, request, s
     assert store.lookup_prefix(engine, second) == 0
     engine.reset()
     assert store.lookup_prefix(engine, engine.tokenize("Unrelated text. " * 30)) == 0
-    assert engine.cached == []
+    assert engine.kv.tokens[0] == []
 
 
 @pytest.mark.slow
@@ -184,7 +182,7 @@ def test_prefix_entries_are_per_model(smol, gem, store):
     tokens = chat_tokens(smol, FIRST)
     assert len(tokens) >= MIN_PREFIX_TOKENS
     smol.reset()
-    smol.prefill(tokens)
+    evaluate(smol, tokens)
     assert store.save_prefix(smol) is not None
     assert store.save_prefix(smol) is None  # already stored
     gem.reset()
@@ -196,7 +194,7 @@ def test_prefix_entries_are_per_model(smol, gem, store):
 
 def _save_small(store: SessionStore, engine: Engine, name: str, ref: str) -> list[dict]:
     engine.reset()
-    engine.prefill(engine.tokenize(KILL_VARIANTS["long"]))  # ~30 tokens
+    evaluate(engine, engine.tokenize(KILL_VARIANTS["long"]))  # ~30 tokens
     messages = [{"role": "user", "content": "note"}]
     store.save(name, engine, messages, model_ref=ref)
     return messages
@@ -206,7 +204,7 @@ def _save_small(store: SessionStore, engine: Engine, name: str, ref: str) -> lis
 def test_refuses_a_session_from_another_model(smol, gem, store):
     _save_small(store, smol, "notes", "smollm2")
     gem.reset()
-    gem.prefill(gem.tokenize("something else"))
+    evaluate(gem, gem.tokenize("something else"))
     with pytest.raises(SessionError) as caught:
         store.load("notes", gem)
     message = caught.value.message
@@ -253,13 +251,13 @@ def test_damaged_state_is_reported_and_removed(damage, smol, store):
             f.write(bytes([byte[0] ^ 0x01]))
     else:
         state.unlink()
-    smol.prefill(smol.tokenize("unrelated"))
-    before = list(smol.cached)
+    evaluate(smol, smol.tokenize("unrelated"))
+    before = list(smol.kv.tokens[0])
     with pytest.raises(SessionError, match="session 'fragile' was corrupt .* and has been removed"):
         store.load("fragile", smol)
     assert store.list() == []
     assert not state.exists()
-    assert smol.cached == before  # refused before the engine was touched
+    assert smol.kv.tokens[0] == before  # refused before the engine was touched
     with pytest.raises(SessionError, match="no session named 'fragile'"):
         store.load("fragile", smol)
 
@@ -273,9 +271,9 @@ def test_kill9_during_save_never_leaves_a_torn_session(smollm2, smol, tmp_path):
     variants = {}
     for name, text in KILL_VARIANTS.items():  # the child restores these instead of evaluating anything
         smol.reset()
-        smol.prefill(smol.tokenize(text))
-        variants[name] = list(smol.cached)
-        (tmp_path / f"{name}.kv").write_bytes(state_bytes(smol))
+        evaluate(smol, smol.tokenize(text))
+        variants[name] = list(smol.kv.tokens[0])
+        (tmp_path / f"{name}.kv").write_bytes(smol.kv.state_bytes())
         (tmp_path / f"{name}.json").write_text(json.dumps(variants[name]))
     rng = random.Random(1234)
     committed = False
@@ -300,8 +298,8 @@ def test_kill9_during_save_never_leaves_a_torn_session(smollm2, smol, tmp_path):
                 continue
             committed = True
             variant = messages[0]["content"]
-            assert smol.cached == variants[variant]  # the row and the state file belong to the same save
-            assert llama_cpp_module().llama_memory_seq_pos_max(smol.memory, 0) == len(variants[variant]) - 1
+            assert smol.kv.tokens[0] == variants[variant]  # the row and the state file belong to the same save
+            assert llama_cpp_module().llama_memory_seq_pos_max(smol.kv.memory, 0) == len(variants[variant]) - 1
             outcomes.append(variant)
     assert committed, outcomes
     # Whatever the kills left behind unreferenced is swept once it is old enough.
@@ -336,7 +334,7 @@ def test_two_processes_saving_one_name_never_interleave(smollm2, smol, tmp_path)
         messages = store.load("shared", smol)
         tag = messages[0]["content"]
         assert tag in WRITER_TAGS
-        assert smol.cached == smol.tokenize(WRITER_TAGS[tag])
+        assert smol.kv.tokens[0] == smol.tokenize(WRITER_TAGS[tag])
         assert [s.name for s in store.list()] == ["shared"]
         assert len(list(store.states.iterdir())) == 1  # every replaced state was deleted
 
@@ -349,10 +347,10 @@ def test_prune_and_the_cache_cap_keep_named_sessions(smol, store, monkeypatch):
     base = chat_tokens(smol, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello"}])
     _save_small(store, smol, "keep-me", "smollm2")
     smol.reset()
-    smol.prefill(base)
+    evaluate(smol, base)
     sizes = []
     for i in range(3):  # three prefix entries that do not extend one another (prefill cuts back to `base`)
-        smol.prefill(base + smol.tokenize(f" question number {i}", add_special=False))
+        evaluate(smol, base + smol.tokenize(f" question number {i}", add_special=False))
         entry = store.save_prefix(smol)
         assert entry is not None
         sizes.append(entry.size)
@@ -362,7 +360,7 @@ def test_prune_and_the_cache_cap_keep_named_sessions(smol, store, monkeypatch):
 
     # The cap applies to prefix entries only and evicts the least recently used.
     monkeypatch.setenv("LOCALRUN_CACHE_MAX", str(sizes[1] + sizes[2] + 10))
-    smol.prefill(base + smol.tokenize(" question number 3", add_special=False))
+    evaluate(smol, base + smol.tokenize(" question number 3", add_special=False))
     newest = store.save_prefix(smol)
     prefixes = [s for s in store.list(prefixes=True) if s.kind == "prefix"]
     assert len(prefixes) == 2 and prefixes[0].checksum == newest.checksum
@@ -384,7 +382,7 @@ def test_save_replaces_keeps_created_and_remove_forgets(smol, store):
     _save_small(store, smol, "chat", "smollm2")
     first = store.show("chat")
     time.sleep(0.01)
-    smol.prefill(smol.cached + smol.tokenize(" More text.", add_special=False))
+    evaluate(smol, smol.kv.tokens[0] + smol.tokenize(" More text.", add_special=False))
     second = store.save("chat", smol, [{"role": "user", "content": "v2"}], model_ref="smollm2")
     assert second.created == first.created and second.last_used > first.last_used
     assert second.tokens > first.tokens and second.messages == [{"role": "user", "content": "v2"}]
@@ -440,11 +438,11 @@ def child_main(argv: list[str]) -> None:
         print("ready", flush=True)
         while True:  # until killed
             for name, (data, tokens) in states.items():
-                assert restore_state(engine, data, tokens)
+                assert engine.kv.restore(data, tokens)
                 store.save("k", engine, [{"role": "user", "content": name}], model_ref="smollm2")
     elif command == "save-ten-times":
         tag, go = argv[3], Path(argv[4])
-        engine.prefill(engine.tokenize(WRITER_TAGS[tag]))
+        evaluate(engine, engine.tokenize(WRITER_TAGS[tag]))
         print("ready", flush=True)
         while not go.exists():
             time.sleep(0.005)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localrun.errors import UsageError
-from localrun.stops import StopMatcher
+from localrun.engine.stops import StopMatcher
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, bool]:

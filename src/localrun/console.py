@@ -1,11 +1,10 @@
-"""The one Rich console (stderr), and the table that turns exceptions into one line and an exit code."""
+"""The one Rich console (stderr): notices, warnings and a status line. Everything that is not the answer goes here."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from .errors import EXIT_INTERRUPTED, EXIT_RUNTIME, LocalrunError
 
 THEME = {
     "error": "bold red",
@@ -89,37 +88,6 @@ def notice(message: str) -> None:
 
 def warn(message: str) -> None:
     err.print(f"[warning]warning:[/warning] {message}")
-
-
-def _message_for(exc: BaseException) -> tuple[str, int]:
-    """Map an exception to (one-line message, exit code). Unknown errors keep their type name."""
-    if isinstance(exc, LocalrunError):
-        return exc.message, exc.exit_code
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", EXIT_INTERRUPTED
-    if isinstance(exc, MemoryError):
-        return "out of memory: try a smaller --ctx or a smaller quant", EXIT_RUNTIME
-    if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
-        return f"no space left on device ({exc.filename or 'disk'}): free some space or set LOCALRUN_HOME/HF_HOME elsewhere", EXIT_RUNTIME
-    if type(exc).__module__ == "sqlite3" and type(exc).__name__ in ("DatabaseError", "IntegrityError", "DataError"):
-        from .sessions import damaged_index  # only the session index is SQLite
-
-        error = damaged_index(exc)
-        return error.message, error.exit_code
-    if isinstance(exc, PermissionError):
-        return f"permission denied: {exc.filename}: check the path's ownership or set LOCALRUN_HOME", EXIT_RUNTIME
-    return f"{type(exc).__name__}: {exc} (set LOCALRUN_DEBUG=1 for a traceback)", EXIT_RUNTIME
-
-
-def render_error(exc: BaseException) -> int:
-    """Print `exc` as one line on stderr and return the exit code to use."""
-    message, code = _message_for(exc)
-    if debug_enabled() and not isinstance(exc, KeyboardInterrupt):
-        err.print_exception()
-    # The message is user data (paths, prompts): print it without markup interpretation.
-    err.print("[error]error:[/error] ", end="")
-    err.print(message, markup=False, highlight=False)
-    return code
 
 
 def stdout_write(text: str) -> None:

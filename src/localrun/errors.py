@@ -48,7 +48,11 @@ class InvalidModelFile(LocalrunError):
 
 
 class ContextOverflow(LocalrunError):
-    """A prompt that does not fit the context window."""
+    """A prompt that does not fit the context window: `n_prompt` tokens where `n_ctx` fit (where known)."""
+
+    def __init__(self, message: str, n_prompt: int = 0, n_ctx: int = 0):
+        super().__init__(message)
+        self.n_prompt, self.n_ctx = n_prompt, n_ctx
 
 
 class EngineError(LocalrunError):

@@ -1,4 +1,5 @@
-"""Turn library results into terminal output: answer text and JSON on stdout, the rest on stderr."""
+"""Terminal output: the response stream as text or JSON Lines on stdout, everything else on stderr, and the
+one table that turns an exception into one line and an exit code."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from .console import err
+from ..console import debug_enabled, err
+from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, LocalrunError
 
 
 def human_size(n: float) -> str:
@@ -35,47 +37,48 @@ def reader_gone() -> None:
     raise SystemExit(0)
 
 
-def stream_answer(events: Iterable, as_json: bool, verbose: bool):
-    """Write pieces to stdout as they come (flushed per token); return the Finished event."""
+def stream_answer(responses: Iterable, as_json: bool, verbose: bool):
+    """Write the answer to stdout as it comes (flushed per token); return the last response."""
     try:
-        return _stream_answer(events, as_json, verbose)
+        return _stream_answer(responses, as_json, verbose)
     except BrokenPipeError:
         reader_gone()
 
 
-def _stream_answer(events: Iterable, as_json: bool, verbose: bool):
-    from .runner import Finished, Piece
-
+def _stream_answer(responses: Iterable, as_json: bool, verbose: bool):
     out = sys.stdout
-    finished = None
+    final = None
     wrote_any = False
     shown: list[str] = []
+    tokens: list[int] = []
     try:
-        for ev in events:
-            if isinstance(ev, Piece):
+        for response in responses:
+            tokens.extend(response.tokens)
+            if response.text:
+                shown.append(response.text)
                 if as_json:
-                    out.write(json.dumps({"type": "token", "text": ev.text}, ensure_ascii=False) + "\n")
-                    shown.append(ev.text)
+                    out.write(json.dumps({"type": "token", "text": response.text}, ensure_ascii=False) + "\n")
                 else:
-                    out.write(ev.text)
+                    out.write(response.text)
                     wrote_any = True
                 out.flush()
-            elif isinstance(ev, Finished):
-                finished = ev
+            if response.done:
+                final = response
     except KeyboardInterrupt:
         if as_json:  # a JSON Lines reader still gets its last event (then exit 130 as usual)
             out.write(json.dumps({"type": "done", "text": "".join(shown), "stats": {"finish_reason": "interrupted"}}) + "\n")
             out.flush()
         raise
-    if finished is not None:
+    if final is not None:
+        text = "".join(shown)
         if as_json:
-            out.write(json.dumps({"type": "done", "text": finished.text, "tokens": finished.tokens, "stats": finished.stats.as_dict()}, ensure_ascii=False) + "\n")
-        elif wrote_any and not finished.text.endswith("\n"):
+            out.write(json.dumps({"type": "done", "text": text, "tokens": tokens, "stats": final.stats.as_dict()}, ensure_ascii=False) + "\n")
+        elif wrote_any and not text.endswith("\n"):
             out.write("\n")
         out.flush()
         if verbose:
-            stats(finished.stats)
-    return finished
+            stats(final.stats)
+    return final
 
 
 def stats(s) -> None:
@@ -218,3 +221,37 @@ def session_details(info, as_json: bool) -> None:
     for m in info.messages:
         out.write(f"\n[{m['role']}]\n{m['content']}\n")
     out.flush()
+
+
+# -- errors ------------------------------------------------------------------------------------------
+
+
+def _message_for(exc: BaseException) -> tuple[str, int]:
+    """Map an exception to (one-line message, exit code). Unknown errors keep their type name."""
+    if isinstance(exc, LocalrunError):
+        return exc.message, exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", EXIT_INTERRUPTED
+    if isinstance(exc, MemoryError):
+        return "out of memory: try a smaller --ctx or a smaller quant", EXIT_RUNTIME
+    if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
+        return f"no space left on device ({exc.filename or 'disk'}): free some space or set LOCALRUN_HOME/HF_HOME elsewhere", EXIT_RUNTIME
+    if type(exc).__module__ == "sqlite3" and type(exc).__name__ in ("DatabaseError", "IntegrityError", "DataError"):
+        from ..store.sessions import damaged_index  # only the session index is SQLite
+
+        error = damaged_index(exc)
+        return error.message, error.exit_code
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename}: check the path's ownership or set LOCALRUN_HOME", EXIT_RUNTIME
+    return f"{type(exc).__name__}: {exc} (set LOCALRUN_DEBUG=1 for a traceback)", EXIT_RUNTIME
+
+
+def render_error(exc: BaseException) -> int:
+    """Print `exc` as one line on stderr and return the exit code to use."""
+    message, code = _message_for(exc)
+    if debug_enabled() and not isinstance(exc, KeyboardInterrupt):
+        err.print_exception()
+    # The message is user data (paths, prompts): print it without markup interpretation.
+    err.print("[error]error:[/error] ", end="")
+    err.print(message, markup=False, highlight=False)
+    return code

@@ -1,4 +1,5 @@
-"""Option types shared by run, chat, serve and bench, so names and defaults agree everywhere."""
+"""Option types shared by run, chat, serve and bench, so names and defaults agree everywhere; the sampling
+options come from SamplingOptions itself."""
 
 from __future__ import annotations
 
@@ -11,27 +12,6 @@ from typing import Annotated, Optional
 import typer
 
 ModelArg = Annotated[str, typer.Argument(help="alias from models.yaml, owner/repo[:QUANT], or a path to a .gguf file")]
-
-_S = "Sampling"
-TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy", rich_help_panel=_S)]
-TopKOpt = Annotated[Optional[int], typer.Option("--top-k", help="0 disables", rich_help_panel=_S)]
-TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="1.0 disables", rich_help_panel=_S)]
-MinPOpt = Annotated[Optional[float], typer.Option("--min-p", help="0 disables", rich_help_panel=_S)]
-TypicalPOpt = Annotated[Optional[float], typer.Option("--typical-p", help="1.0 disables", rich_help_panel=_S)]
-RepeatPenaltyOpt = Annotated[Optional[float], typer.Option("--repeat-penalty", help="1.0 disables", rich_help_panel=_S)]
-RepeatLastNOpt = Annotated[Optional[int], typer.Option("--repeat-last-n", help="-1 = whole context", rich_help_panel=_S)]
-PresencePenaltyOpt = Annotated[Optional[float], typer.Option("--presence-penalty", rich_help_panel=_S)]
-FrequencyPenaltyOpt = Annotated[Optional[float], typer.Option("--frequency-penalty", rich_help_panel=_S)]
-MirostatOpt = Annotated[Optional[int], typer.Option("--mirostat", help="1 or 2; 0 off", rich_help_panel=_S)]
-MirostatTauOpt = Annotated[Optional[float], typer.Option("--mirostat-tau", rich_help_panel=_S)]
-MirostatEtaOpt = Annotated[Optional[float], typer.Option("--mirostat-eta", rich_help_panel=_S)]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="same seed, same output", rich_help_panel=_S)]
-MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="-1 = until the context is full", rich_help_panel=_S)]
-MinTokensOpt = Annotated[Optional[int], typer.Option("--min-tokens", help="suppress end-of-text until this many", rich_help_panel=_S)]
-LogitBiasOpt = Annotated[Optional[list[str]], typer.Option("--logit-bias", help="TOKEN_ID=BIAS (repeatable)", rich_help_panel=_S)]
-StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", "-s", help="stop sequence (repeatable)", rich_help_panel=_S)]
-GrammarOpt = Annotated[Optional[Path], typer.Option("--grammar", help="GBNF grammar file", rich_help_panel=_S)]
-JsonSchemaOpt = Annotated[Optional[Path], typer.Option("--json-schema", help="JSON schema file for the output", rich_help_panel=_S)]
 
 _M = "Model and hardware"
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context window (tokens); default from models.yaml", rich_help_panel=_M)]
@@ -52,16 +32,36 @@ LengthPenaltyOpt = Annotated[float, typer.Option("--length-penalty", help="beam 
 
 def _generation(
     source: SourceOpt = "auto",
-    temperature: TemperatureOpt = None, top_k: TopKOpt = None, top_p: TopPOpt = None, min_p: MinPOpt = None,
-    typical_p: TypicalPOpt = None, repeat_penalty: RepeatPenaltyOpt = None, repeat_last_n: RepeatLastNOpt = None,
-    presence_penalty: PresencePenaltyOpt = None, frequency_penalty: FrequencyPenaltyOpt = None,
-    mirostat: MirostatOpt = None, mirostat_tau: MirostatTauOpt = None, mirostat_eta: MirostatEtaOpt = None,
-    seed: SeedOpt = None, max_tokens: MaxTokensOpt = None, min_tokens: MinTokensOpt = None,
-    logit_bias: LogitBiasOpt = None, stop: StopOpt = None, grammar: GrammarOpt = None, json_schema: JsonSchemaOpt = None,
     ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "auto", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
     threads: ThreadsOpt = None, batch: BatchOpt = 512,
 ) -> None:
-    """The options run, chat and serve share: where the model comes from, sampling, model and hardware."""
+    """The options run, chat and serve share: where the model comes from, model and hardware (the sampling
+    options are added from SamplingOptions, see sampling_parameters)."""
+
+
+def sampling_parameters() -> list[inspect.Parameter]:
+    """One option per field of SamplingOptions (the one list of sampling options), each None unless given:
+    plain values as they are, TOKEN=VALUE pairs and files as strings and paths (sampling.cli_value reads them)."""
+    import typing
+
+    from ..runtime.options import cli_options
+
+    params = []
+    for name, spec in cli_options().items():
+        kind = spec["annotation"]
+        if spec["pairs"]:
+            kind = list[str]
+        elif spec["file"]:
+            kind = Path
+        else:
+            args = [a for a in typing.get_args(kind) if a is not type(None)]
+            if typing.get_origin(kind) is typing.Union and len(args) == 1:
+                kind = args[0]
+        flag = "--" + name.replace("_", "-")
+        option = typer.Option(flag, *spec["short"], help=spec["help"], rich_help_panel="Sampling")
+        params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                        annotation=Annotated[Optional[kind], option]))
+    return params
 
 
 def _decoding(
@@ -75,6 +75,7 @@ def shared_options(*, decoding: bool = False) -> Callable[[Callable], Callable]:
     (its `**options`). Typer reads a command's parameters from its signature, so one list serves all."""
     templates = [_generation, _decoding] if decoding else [_generation]
     extra = [p for t in templates for p in inspect.signature(t, eval_str=True).parameters.values()]
+    extra = extra[:1] + sampling_parameters() + extra[1:]  # after --source, before the model and hardware options
 
     def decorate(command: Callable) -> Callable:
         own = inspect.signature(command, eval_str=True)

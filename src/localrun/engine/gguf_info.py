@@ -10,7 +10,6 @@ sizes, file-type names and the architectures llama.cpp knows.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import re
 import struct
@@ -22,7 +21,7 @@ from typing import Any, Mapping
 import gguf
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from .errors import InvalidModelFile, UsageError
+from ..errors import InvalidModelFile, UsageError
 
 SUPPORTED_VERSIONS = (2, 3)
 KNOWN_ARCHITECTURES = frozenset(gguf.MODEL_ARCH_NAMES.values())
@@ -578,16 +577,3 @@ def memory_estimate(info: GGUFInfo, n_ctx: int, kv_type: str = "f16", *, swa_ful
     """
     kv = kv_cache_bytes(info, n_ctx, kv_type, swa_full=swa_full)
     return {"weights_bytes": info.tensor_bytes, "kv_bytes": kv, "total_bytes": info.tensor_bytes + kv}
-
-
-def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read `chunk` bytes at a time."""
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
-    digest = hashlib.sha256()
-    buffer = bytearray(chunk)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            digest.update(view[:n])
-    return digest.hexdigest()

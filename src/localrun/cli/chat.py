@@ -1,14 +1,10 @@
-"""`localrun chat`: a multi-turn conversation with one model, its KV cache reused from turn to turn.
+"""`localrun chat`: the REPL over a runtime Conversation (one model, its KV cache reused from turn to turn).
 
 Behaviour a user (and a script) can rely on:
 
-- Each turn's prompt is the previous turn's tokens (prompt, then the answer exactly as it was generated)
-  followed by the tokens of what the template adds after them (the end of the answer, the new message,
-  the assistant header), as llama.cpp's own llama-cli does. So only those new tokens are evaluated. If
-  the template renders the history differently from the last prompt (or after /load, /system), the whole
-  conversation is tokenised again and Engine.generate still reuses whatever prefix matches. The
-  end-of-turn token the model sampled (ChatML's <|im_end|>) was never decoded, so it is evaluated as the
-  first token of that glue; likewise the last token of an answer cut by --max-tokens.
+- Each turn evaluates only what is new since the last one (see runtime/conversation.py). The end-of-turn
+  token the model sampled (ChatML's <|im_end|>) was never decoded, so it is evaluated as the first token of
+  the next prompt's new part; likewise the last token of an answer cut by --max-tokens.
 - Ctrl-C stops the answer at the next token; what was shown stays in the conversation (an answer stopped
   before its first word is dropped together with its question). A second Ctrl-C interrupts at once (a long
   prompt evaluation): the KV cache is then cleared, so it never holds tokens the conversation does not.
@@ -25,41 +21,20 @@ Behaviour a user (and a script) can rely on:
 
 from __future__ import annotations
 
-import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from .console import err, notice, render_error, warn
-from .errors import ContextOverflow, LocalrunError, SessionError
+from ..console import err, notice, warn
+from ..errors import LocalrunError
+from ..runtime.conversation import Conversation, load_conversation, save_conversation, session_exists
+from .render import render_error
 
 if TYPE_CHECKING:
-    from .engine import Engine, Stats
-    from .runner import Loaded
-    from .sampling import SamplingOptions
+    from ..runtime import Loaded, Response
 
-PLAIN_STOP = "\nUser:"
-
-
-def render_messages(engine: "Engine", messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """The model's chat template, or for a base model a plain transcript that PLAIN_STOP ends."""
-    if engine.chat_template is not None:
-        return engine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    parts = []
-    for m in messages:
-        if m["role"] == "system":
-            parts.append(m["content"] + "\n\n")
-        elif m["role"] == "user":
-            parts.append(f"User: {m['content']}\n")
-        else:
-            parts.append(f"Assistant: {m['content']}\n")
-    if add_generation_prompt:
-        parts.append("Assistant:")
-    return "".join(parts)
 PROMPT = ">>> "
 CONTINUATION = "... "
 BLOCK = '"""'
@@ -76,195 +51,6 @@ HELP = """\
 
 \"\"\" starts a multi-line message, ended by a line ending in \"\"\"; pasted text may span lines.
 Ctrl-C stops an answer (what was shown stays in the conversation); a second Ctrl-C stops at once."""
-
-
-@dataclass
-class Turn:
-    """What one exchange produced."""
-
-    text: str
-    stats: "Stats"
-    interrupted: bool = False  # by Ctrl-C: `text` is what was shown
-
-
-class Conversation:
-    """The messages, and the tokens that the engine's KV cache mirrors for them."""
-
-    def __init__(self, engine: "Engine", system: Optional[str]):
-        self.engine = engine
-        self.templated = engine.chat_template is not None
-        self.messages: list[dict] = []
-        # The tokens of the last prompt plus its answer, and the text they spell: the next prompt extends them.
-        self._tokens: list[int] = []
-        self._text = ""
-        self.set_system(system)
-
-    # -- the conversation --------------------------------------------------------------------
-
-    @property
-    def system(self) -> Optional[str]:
-        if self.messages and self.messages[0]["role"] == "system":
-            return self.messages[0]["content"]
-        return None
-
-    def set_system(self, text: Optional[str]) -> None:
-        rest = [m for m in self.messages if m["role"] != "system"]
-        self.messages = ([{"role": "system", "content": text}] if text else []) + rest
-        self._forget_tokens()
-
-    def clear(self) -> None:
-        self.messages = [m for m in self.messages[:1] if m["role"] == "system"]
-        self._forget_tokens()  # the engine keeps its cache: the system prompt prefix is reused
-
-    def replace(self, messages: list[dict]) -> None:
-        self.messages = [dict(m) for m in messages]
-        self._forget_tokens()
-
-    def _forget_tokens(self) -> None:
-        self._tokens, self._text = [], ""
-
-    def reset_cache(self) -> None:
-        """After an interruption inside llama.cpp: start from an empty KV cache rather than a doubtful one."""
-        self.engine.reset()
-        self._forget_tokens()
-
-    @property
-    def turns(self) -> int:
-        return sum(1 for m in self.messages if m["role"] == "user")
-
-    # -- prompt --------------------------------------------------------------------------------
-
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return render_messages(self.engine, messages, add_generation_prompt)
-
-    def prompt(self, messages: list[dict]) -> tuple[list[int], str]:
-        """The prompt tokens for `messages` and the text they spell."""
-        full = self.render(messages)
-        if self._tokens and full.startswith(self._text):
-            new = self.engine.tokenize(full[len(self._text) :], add_special=False, parse_special=True)
-            return self._tokens + new, full
-        return self.engine.tokenize(full, add_special=True, parse_special=True), full
-
-    def context_used(self) -> int:
-        if not self.messages:
-            return 0
-        text = self.render(self.messages, add_generation_prompt=False)
-        return len(self.engine.tokenize(text, add_special=True, parse_special=True))
-
-    def fit(self, messages: list[dict], reserve: int) -> tuple[list[dict], list[int], str, int]:
-        """Drop the oldest turns (after the system prompt) until the prompt leaves `reserve` tokens for
-        the answer; once dropping, go on down to half the context so the next turn does not drop again."""
-        n_ctx = self.engine.n_ctx
-        tokens, full = self.prompt(messages)
-        dropped = 0
-        while len(tokens) + reserve > n_ctx or (dropped and len(tokens) > (n_ctx - reserve) // 2):
-            first = next(i for i, m in enumerate(messages) if m["role"] != "system")
-            if first >= len(messages) - 1:  # only the new message is left
-                if len(tokens) + reserve <= n_ctx:
-                    break
-                raise ContextOverflow(
-                    f"this message needs {len(tokens)} tokens with the conversation's template and"
-                    f" {reserve} more are kept for the answer, but the context holds {n_ctx}:"
-                    " shorten it, or restart with a larger --ctx"
-                )
-            end = first + 1
-            while end < len(messages) - 1 and messages[end]["role"] != "user":
-                end += 1
-            messages = messages[:first] + messages[end:]
-            dropped += 1
-            tokens, full = self.prompt(messages)
-        return messages, tokens, full, dropped
-
-    # -- one exchange -----------------------------------------------------------------------------
-
-    def send(
-        self,
-        text: str,
-        sampling: "SamplingOptions",
-        on_piece: Callable[[str], None],
-        cancelled: Callable[[], bool] = lambda: False,
-        on_dropped: Callable[[int], None] = lambda n: None,
-    ) -> Turn:
-        """Generate the answer to `text`, calling on_piece with each piece of it, and record the exchange.
-        `cancelled` is polled between pieces; `on_dropped` hears how many old turns made room, first."""
-        from .runner import Finished, Piece, stream_tokens
-
-        if not self.templated:
-            sampling = sampling.model_copy(update={"stop": [*sampling.stop, PLAIN_STOP]})
-        reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.engine.n_ctx // 4
-        reserve = min(reserve, self.engine.n_ctx // 2)
-        messages, tokens, full, dropped = self.fit([*self.messages, {"role": "user", "content": text}], reserve)
-        if dropped:
-            self.messages = messages[:-1]
-            self._forget_tokens()
-            on_dropped(dropped)
-        shown: list[str] = []
-        finished = None
-        events = stream_tokens(self.engine, tokens, sampling)
-        try:
-            for event in events:
-                if isinstance(event, Finished):
-                    finished = event
-                elif cancelled():
-                    break
-                elif isinstance(event, Piece):
-                    shown.append(event.text)
-                    on_piece(event.text)
-        except KeyboardInterrupt:  # a second Ctrl-C: llama.cpp may have been stopped mid-call
-            events.close()
-            self.reset_cache()
-            raise
-        except LocalrunError:
-            self._forget_tokens()
-            raise
-        finally:
-            events.close()  # on Ctrl-C the engine's generator ends at a token boundary: its cache list stays exact
-        answer = "".join(shown)
-        if finished is None:  # stopped by Ctrl-C
-            stats = replace(self.engine.last_stats, finish_reason="interrupted")
-            if not answer:
-                self._forget_tokens()
-                return Turn("", stats, interrupted=True)
-        else:
-            stats = finished.stats
-        ids = finished.tokens if finished is not None else []
-        if not ids or self.engine.detokenize(ids) != answer:  # cut by a stop sequence or by Ctrl-C
-            ids = self.engine.tokenize(answer, add_special=False, parse_special=True)
-        content = answer if self.templated else answer.strip()
-        self.messages = [*messages, {"role": "assistant", "content": content}]
-        self._tokens, self._text = tokens + ids, full + answer
-        return Turn(answer, stats, interrupted=finished is None)
-
-
-# -- saving and loading ------------------------------------------------------------------------------
-
-def save_conversation(name: str, conv: Conversation, model_ref: str) -> str:
-    """Save messages and KV cache in the session store; return a one-line description."""
-    from .sessions import SessionStore
-
-    with SessionStore.open() as store:
-        info = store.save(name, conv.engine, conv.messages, model_ref=model_ref)
-    return f"saved session {name} ({conv.turns} turn(s), {info.tokens} tokens of KV cache)"
-
-
-def session_exists(name: str) -> bool:
-    """Whether `name` was saved (a bad name raises UsageError)."""
-    from .sessions import SessionStore
-
-    with SessionStore.open() as store:
-        try:
-            store.show(name)
-        except SessionError:
-            return False
-    return True
-
-
-def load_conversation(name: str, conv: Conversation, model_ref: str) -> str:
-    from .sessions import SessionStore
-
-    with SessionStore.open() as store:
-        conv.replace(store.load(name, conv.engine))  # the store restores the KV cache too
-    return f"loaded session {name} ({conv.turns} turn(s), {len(conv.engine.cached)} tokens cached)"
 
 
 # -- the REPL ---------------------------------------------------------------------------------------
@@ -347,14 +133,13 @@ class Chat:
 
     def __init__(self, loaded: "Loaded", *, system: Optional[str], session: Optional[str], verbose: bool, interactive: bool):
         self.loaded = loaded
-        self.engine = loaded.engine
         self.sampling = loaded.sampling
         self.session = session
         self.verbose = verbose
         self.interactive = interactive
         self.system_flag = system
-        self.conv = Conversation(loaded.engine, system if system is not None else loaded.system)
-        self.last: Optional[Turn] = None
+        self.conv = Conversation(loaded, system if system is not None else loaded.system)
+        self.last: Optional["Response"] = None  # the last answer's final response (its stats)
         self.commands: dict[str, Callable[[str], Optional[int]]] = {
             "help": self.cmd_help, "?": self.cmd_help, "set": self.cmd_set, "show": self.cmd_show,
             "system": self.cmd_system, "clear": self.cmd_clear, "save": self.cmd_save, "load": self.cmd_load,
@@ -371,14 +156,14 @@ class Chat:
             )
         if self.session:
             if session_exists(self.session):
-                notice(load_conversation(self.session, self.conv, self.loaded.name))
+                notice(load_conversation(self.session, self.conv))
                 if self.system_flag is not None and self.system_flag != self.conv.system:
                     self.conv.set_system(self.system_flag)  # --system overrides the saved one
             else:
                 notice(f"new session {self.session}: saved after every answer")
         if self.interactive:
             err.print(
-                f"[dim]{self.loaded.name} · context {self.engine.n_ctx} tokens · /help for commands,"
+                f"[dim]{self.loaded.name} · context {self.conv.n_ctx} tokens · /help for commands,"
                 " Ctrl-D or /bye to exit[/dim]",
                 highlight=False,
             )
@@ -400,26 +185,27 @@ class Chat:
         return None
 
     def answer(self, text: str) -> None:
-        turn = self._to_terminal(text) if self.interactive else self._to_line(text)
-        self.last = turn
-        if turn.interrupted:
-            what = "the partial answer stays in the conversation" if turn.text else "the message was dropped"
+        answer, final = self._to_terminal(text) if self.interactive else self._to_line(text)
+        self.last = final
+        interrupted = final.finish_reason == "interrupted"
+        if interrupted:
+            what = "the partial answer stays in the conversation" if answer else "the message was dropped"
             err.print(f"[dim](interrupted: {what})[/dim]")
-        if turn.stats.finish_reason == "length" and len(self.engine.cached) + 1 >= self.engine.n_ctx:
-            warn(f"the answer filled the context ({self.engine.n_ctx} tokens) and was cut")
+        if final.finish_reason == "length" and self.conv.kv_tokens + 1 >= self.conv.n_ctx:
+            warn(f"the answer filled the context ({self.conv.n_ctx} tokens) and was cut")
         if self.verbose:
             self.print_stats()
         if self.interactive:  # a blank line before the next prompt, where the prompt is
             spacer = sys.stdout if sys.stdout.isatty() else sys.stderr
             spacer.write("\n")
             spacer.flush()
-        if self.session and not (turn.interrupted and not turn.text):
+        if self.session and not (interrupted and not answer):
             try:
                 save_conversation(self.session, self.conv, self.loaded.ref)
             except LocalrunError as exc:
                 warn(f"could not save session {self.session}: {exc.message}")
 
-    def _to_terminal(self, text: str) -> Turn:
+    def _to_terminal(self, text: str) -> tuple[str, "Response"]:
         """Stream the answer as plain text, flushed per piece; Ctrl-C stops it."""
         out = sys.stdout
         at_line_start = True
@@ -444,7 +230,7 @@ class Chat:
                 out.write("\n")
             out.flush()
 
-    def _to_line(self, text: str) -> Turn:
+    def _to_line(self, text: str) -> tuple[str, "Response"]:
         line = OneLineWriter(sys.stdout)
         try:
             return self.conv.send(text, self.sampling, line.write, on_dropped=self.dropped)
@@ -453,7 +239,7 @@ class Chat:
 
     def dropped(self, n: int) -> None:
         notice(
-            f"the context ({self.engine.n_ctx} tokens) is full: dropped the oldest {n} turn(s) after the"
+            f"the context ({self.conv.n_ctx} tokens) is full: dropped the oldest {n} turn(s) after the"
             " system prompt (the rest is read again)"
         )
 
@@ -477,9 +263,7 @@ class Chat:
         err.print("system prompt set", markup=False)
 
     def cmd_set(self, args: str) -> None:
-        from pydantic import ValidationError
-
-        from .sampling import SamplingOptions
+        from ..runtime.options import OptionError, SamplingOptions, merge_options, text_value
 
         fields = SamplingOptions.model_fields
         if not args:
@@ -496,11 +280,10 @@ class Chat:
             err.print(f"usage: /set {param} VALUE (now {getattr(self.sampling, param)!r})", markup=False, highlight=False)
             return
         try:
-            merged = {**self.sampling.model_dump(), param: _set_value(param, value)}
-            self.sampling = SamplingOptions.model_validate(merged)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            err.print(f"invalid {param} {value!r}: {first['msg']}", markup=False, highlight=False)
+            self.sampling = merge_options(self.sampling.model_dump(exclude={param}), {param: text_value(param, value)})
+        except OptionError as exc:
+            message = exc.reason if exc.field is None else f"invalid {param} {value!r}: {exc.reason}"
+            err.print(message, markup=False, highlight=False)
             return
         except LocalrunError as exc:
             err.print(exc.message, markup=False, highlight=False)
@@ -512,19 +295,19 @@ class Chat:
 
     def cmd_show(self, _: str) -> None:
         used = self.conv.context_used()
-        n_ctx = self.engine.n_ctx
+        n_ctx = self.conv.n_ctx
         defaults = type(self.sampling)()
         options = " ".join(
             f"{k}={_short(v)}" for k, v in self.sampling.model_dump().items()
             if v not in (None, [], {}) and (k in ("temperature", "top_k", "top_p", "min_p", "max_tokens", "seed") or v != getattr(defaults, k))
         )
         rows = [
-            ("model", f"{self.loaded.name} ({self.engine.path})"),
+            ("model", f"{self.loaded.name} ({self.conv.model_path})"),
             ("template", "the model's chat template" if self.conv.templated else "none: plain User:/Assistant: transcript"),
             ("system", self.conv.system or "(none)"),
             ("session", self.session or "(none: /save NAME to keep this conversation)"),
             ("conversation", f"{self.conv.turns} turn(s)"),
-            ("context", f"{used} of {n_ctx} tokens used, {n_ctx - used} left ({len(self.engine.cached)} in the KV cache)"),
+            ("context", f"{used} of {n_ctx} tokens used, {n_ctx - used} left ({self.conv.kv_tokens} in the KV cache)"),
             ("options", options),
         ]
         for k, v in rows:
@@ -541,7 +324,7 @@ class Chat:
 
         render.stats(self.last.stats)
         used = self.conv.context_used()
-        err.print(f"[dim]{'context:':<24}[/dim]{used} of {self.engine.n_ctx} tokens used", highlight=False)
+        err.print(f"[dim]{'context:':<24}[/dim]{used} of {self.conv.n_ctx} tokens used", highlight=False)
 
     def cmd_save(self, name: str) -> None:
         if not name:
@@ -553,7 +336,7 @@ class Chat:
         if not name:
             err.print("usage: /load NAME", markup=False)
             return
-        notice(load_conversation(name, self.conv, self.loaded.name))
+        notice(load_conversation(name, self.conv))
         self.last = None
         if self.session and self.session != name:
             # Answers were saved to the --session; from now on they extend the conversation just loaded,
@@ -565,24 +348,6 @@ class Chat:
 def _short(value, width: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _set_value(param: str, value: str):
-    """Turn the text after `/set PARAM` into what SamplingOptions expects for that field."""
-    from .sampling import parse_logit_bias, read_grammar, read_json_schema
-
-    empty = value.lower() in ("none", "null", "off", "-")
-    if param == "stop":
-        return [] if empty else shlex.split(value)
-    if param == "logit_bias":
-        return {} if empty else parse_logit_bias(value.split())
-    if param == "grammar":
-        return None if empty else read_grammar(Path(value).expanduser())
-    if param == "json_schema":
-        return None if empty else read_json_schema(Path(value).expanduser())
-    if param == "seed" and (empty or value.lower() == "random"):
-        return None
-    return value
 
 
 # -- input ----------------------------------------------------------------------------------------------
@@ -610,7 +375,7 @@ def _prompt_session():
     from prompt_toolkit.key_binding import KeyBindings
     from prompt_toolkit.output import create_output
 
-    from .config import home
+    from ..store.paths import home
 
     path = home() / "chat_history"
     path.parent.mkdir(parents=True, exist_ok=True)

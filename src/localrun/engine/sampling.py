@@ -1,4 +1,9 @@
-"""Sampling options (validated, bounded) and the llama.cpp C sampler chain built from them."""
+"""Sampling options (validated, bounded), the one way they are merged, and the llama.cpp C sampler chain built
+from them.
+
+SamplingOptions is the single list of options: the CLI's flags, the server's request fields and the chat's
+/set are all made from its fields, so a new option is one field here (and its place in the chain below).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,14 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import UsageError
+from ..errors import UsageError
+from .llama import llama_cpp_module
+
+
+def _cli(*short: str, file: bool = False, pairs: bool = False, help: Optional[str] = None) -> dict:
+    """How a field appears on the command line: short flags, a file to read (grammar, JSON schema), or
+    TOKEN=VALUE pairs (logit bias); `help` is shorter than the description."""
+    return {"cli": {"short": list(short), "file": file, "pairs": pairs, "help": help}}
 
 
 class SamplingOptions(BaseModel):
@@ -17,25 +29,30 @@ class SamplingOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    temperature: float = Field(0.8, ge=0.0, le=5.0, description="0 means greedy (always the most likely token)")
+    temperature: float = Field(0.8, ge=0.0, le=5.0, description="0 means greedy (always the most likely token)",
+                               json_schema_extra=_cli("-t", help="0 = greedy"))
     top_k: int = Field(40, ge=0, le=1_000_000, description="keep the k most likely tokens; 0 disables")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="nucleus sampling; 1.0 disables")
     min_p: float = Field(0.05, ge=0.0, le=1.0, description="drop tokens below min_p x the best probability; 0 disables")
     typical_p: float = Field(1.0, gt=0.0, le=1.0, description="locally typical sampling; 1.0 disables")
     repeat_penalty: float = Field(1.0, ge=0.0, le=10.0, description="penalise repeated tokens; 1.0 disables")
     repeat_last_n: int = Field(64, ge=-1, le=1_000_000, description="how many recent tokens the penalties see; -1 = context")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="penalise tokens already present; 0 disables")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="penalise tokens by their count so far; 0 disables")
     mirostat: int = Field(0, ge=0, le=2, description="0 off, 1 Mirostat, 2 Mirostat 2.0")
-    mirostat_tau: float = Field(5.0, gt=0.0, le=20.0)
-    mirostat_eta: float = Field(0.1, gt=0.0, le=1.0)
+    mirostat_tau: float = Field(5.0, gt=0.0, le=20.0, description="Mirostat target entropy")
+    mirostat_eta: float = Field(0.1, gt=0.0, le=1.0, description="Mirostat learning rate")
     seed: Optional[int] = Field(None, ge=0, le=2**32 - 2, description="fixed seed: same seed, same output")
-    max_tokens: int = Field(512, ge=-1, le=10_000_000, description="-1 = until the context is full")
-    min_tokens: int = Field(0, ge=0, le=10_000_000, description="end-of-generation is suppressed until this many")
-    logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> added logit")
-    stop: list[str] = Field(default_factory=list)
-    grammar: Optional[str] = Field(None, description="GBNF grammar text")
-    json_schema: Optional[dict[str, Any]] = Field(None, description="constrain output to this JSON schema")
+    max_tokens: int = Field(512, ge=-1, le=10_000_000, description="-1 = until the context is full",
+                            json_schema_extra=_cli("-n"))
+    min_tokens: int = Field(0, ge=0, le=10_000_000, description="end-of-generation is suppressed until this many",
+                            json_schema_extra=_cli(help="suppress end-of-text until this many"))
+    logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> added logit",
+                                         json_schema_extra=_cli(pairs=True, help="TOKEN_ID=BIAS (repeatable)"))
+    stop: list[str] = Field(default_factory=list, description="stop sequence (repeatable)", json_schema_extra=_cli("-s"))
+    grammar: Optional[str] = Field(None, description="GBNF grammar text", json_schema_extra=_cli(file=True, help="GBNF grammar file"))
+    json_schema: Optional[dict[str, Any]] = Field(None, description="constrain output to this JSON schema",
+                                                  json_schema_extra=_cli(file=True, help="JSON schema file for the output"))
 
     @field_validator("logit_bias")
     @classmethod
@@ -69,29 +86,86 @@ class SamplingOptions(BaseModel):
         return self.temperature <= 0.0 and self.mirostat == 0
 
 
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
+class OptionError(UsageError):
+    """A sampling value that does not validate. `field` names it (None: a rule across options), `value` is
+    what was given and `reason` why it is refused; the message words it as the command line does."""
+
+    def __init__(self, field: Optional[str], value: Any, reason: str):
+        self.field, self.value, self.reason = field, value, reason
+        if field is None:
+            message = reason
+        elif field == "logit_bias":
+            message = f"invalid --logit-bias: {reason}"
+        else:
+            message = f"invalid --{field.replace('_', '-')} {value!r}: {reason}"
+        super().__init__(message)
 
 
-def validation_message(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    field = str(first["loc"][0]) if first["loc"] else ""
-    value = first.get("input")
-    message = first["msg"].removeprefix("Value error, ")  # pydantic's wording for a validator's ValueError
-    if not field:  # a rule across options: its message names them
-        return message
-    if field == "logit_bias":
-        return f"invalid --logit-bias: {message}"
-    return f"invalid {_flag(field)} {value!r}: {message}"
-
-
-def build_options(defaults: dict[str, Any], overrides: dict[str, Any]) -> SamplingOptions:
-    """Model defaults (models.yaml) overridden by the flags the user gave (None = not given)."""
-    merged = {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
+def merge_options(*layers: Optional[dict[str, Any]]) -> SamplingOptions:
+    """The one merge of sampling options: llama.cpp's defaults (the fields' own), then each layer in turn
+    (a model's `sampling:` in models.yaml, then what a request gives: flags, API fields, /set). A None value
+    is 'not given'."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update({k: v for k, v in (layer or {}).items() if v is not None})
     try:
         return SamplingOptions.model_validate(merged)
     except ValidationError as exc:
-        raise UsageError(validation_message(exc)) from None
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else None
+        reason = first["msg"].removeprefix("Value error, ")  # pydantic's wording for a validator's ValueError
+        if first["type"] == "extra_forbidden":
+            reason = f"unknown option (one of {', '.join(SamplingOptions.model_fields)})"
+        raise OptionError(field, first.get("input"), reason) from None
+
+
+def cli_options() -> dict[str, dict]:
+    """Each option as the command line shows it: name -> {short, file, pairs, help, annotation, default}."""
+    out = {}
+    for name, f in SamplingOptions.model_fields.items():
+        spec = dict((f.json_schema_extra or {}).get("cli") or {"short": [], "file": False, "pairs": False, "help": None})
+        spec["help"] = spec.get("help") or f.description
+        spec["annotation"] = f.annotation
+        out[name] = spec
+    return out
+
+
+def _is_list(name: str) -> bool:
+    import typing
+
+    return typing.get_origin(SamplingOptions.model_fields[name].annotation) is list
+
+
+def cli_value(name: str, raw: Any) -> Any:
+    """A flag's value as the option takes it: TOKEN=BIAS pairs parsed, a file read; None: not given."""
+    if raw is None or (isinstance(raw, list) and not raw):
+        return None
+    spec = cli_options()[name]
+    if spec["pairs"]:
+        return parse_logit_bias(list(raw))
+    if spec["file"]:
+        return _FILE_READERS[name](Path(raw))
+    return raw
+
+
+def text_value(name: str, text: str) -> Any:
+    """What `/set NAME TEXT` sets: lists split like a shell line, pairs and files as on the command line,
+    none/null/off/- for 'none' (and 'random' for the seed)."""
+    import shlex
+
+    if name not in SamplingOptions.model_fields:
+        raise OptionError(name, text, f"unknown parameter (one of {', '.join(SamplingOptions.model_fields)})")
+    spec = cli_options()[name]
+    empty = text.lower() in ("none", "null", "off", "-")
+    if _is_list(name):
+        return [] if empty else shlex.split(text)
+    if spec["pairs"]:
+        return {} if empty else parse_logit_bias(text.split())
+    if spec["file"]:
+        return None if empty else _FILE_READERS[name](Path(text).expanduser())
+    if name == "seed" and (empty or text.lower() == "random"):
+        return None
+    return text
 
 
 def parse_logit_bias(items: list[str]) -> dict[int, float]:
@@ -142,13 +216,14 @@ def read_json_schema(path: Optional[Path]) -> Optional[dict[str, Any]]:
     return data
 
 
+_FILE_READERS = {"grammar": read_grammar, "json_schema": read_json_schema}
+
+
 class Sampler:
     """llama.cpp's C sampler chain for one generation. `sample` picks a token from the context's
     last logits entirely in C; Python only sees the chosen id."""
 
     def __init__(self, engine, options: SamplingOptions):
-        from .engine import llama_cpp_module
-
         self._ll = llama_cpp_module()
         self.options = options
         self._penalties = []  # sampler handles owned by the chains, fed the prompt too
@@ -260,10 +335,6 @@ class Sampler:
             self.close()
         except Exception:
             pass
-
-
-def make_sampler(engine, options: SamplingOptions) -> Sampler:
-    return Sampler(engine, options)
 
 
 def json_schema_grammar(schema: dict[str, Any]) -> str:

@@ -1,10 +1,10 @@
-"""`localrun bench`: prefill and decode speed, TTFT, TPOT, load time, memory and perplexity, measured
+"""What `localrun bench` measures: prefill and decode speed, TTFT, TPOT, load time, memory and perplexity, measured
 on localrun's own generation path and, with --compare llama-bench, next to llama.cpp's own tools run
 with the same settings in the same invocation.
 
 What is measured, per model and per combination of swept settings:
-  ppN      prefill: Engine._decode of N prompt tokens into a fresh context (llama-bench `-p N -n 0`)
-  tgN@dD   decode: Engine.generate with the default sampler chain and end-of-text suppressed, after a
+  ppN      prefill: N prompt tokens evaluated into a fresh context (llama-bench `-p N -n 0`)
+  tgN@dD   decode: the engine's generate with the default sampler chain and end-of-text suppressed, after a
            D-token context, timed from the first token over N decode steps (llama-bench `-p 0 -n N -d D`)
   ppl@cC   perplexity on the bundled text (data/wonderland.txt), llama-perplexity's method with chunks
            of C tokens (--quality)
@@ -16,11 +16,8 @@ Every row of `--output json` validates against RESULT_SCHEMA below.
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -31,9 +28,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from .errors import EXIT_INTERRUPTED, EngineError, LocalrunError, UsageError
+from ..errors import EngineError, LocalrunError, UsageError
+
+if TYPE_CHECKING:
+    from ..engine.strategies import Perplexity
 
 OUTPUTS = ("table", "json", "csv", "md")
 FLASH_ATTN = ("auto", "on", "off")
@@ -41,7 +41,7 @@ QUALITY_CTX = 512  # llama-perplexity's default chunk
 TEXT = "wonderland.txt"
 BUILD_SCRIPT = "scripts/build_llama_bench.sh"
 
-_SETTINGS = ("threads", "ctx", "batch", "kv_type", "gpu_layers", "flash_attn", "decode")
+SETTINGS = ("threads", "ctx", "batch", "kv_type", "gpu_layers", "flash_attn", "decode")
 _NUMBER = {"type": "number", "exclusiveMinimum": 0}
 _NULLABLE_NUMBER = {"type": ["number", "null"], "minimum": 0}
 
@@ -69,7 +69,7 @@ RESULT_SCHEMA: dict[str, Any] = {
             "settings": {
                 "type": "object",
                 "additionalProperties": False,
-                "required": list(_SETTINGS),
+                "required": list(SETTINGS),
                 "properties": {
                     "threads": {"type": "integer", "minimum": 1},
                     "ctx": {"type": "integer", "minimum": 16, "description": "context of the speed tests "
@@ -107,7 +107,7 @@ RESULT_SCHEMA: dict[str, Any] = {
 }
 
 CSV_FIELDS = [
-    "model", "test", "kind", "n_tokens", "depth", *_SETTINGS, "reps", "mean_ts", "std_ts", "median_ts",
+    "model", "test", "kind", "n_tokens", "depth", *SETTINGS, "reps", "mean_ts", "std_ts", "median_ts",
     "ref_mean_ts", "ref_std_ts", "ref_median_ts", "ratio", "ppl", "ppl_error", "ref_ppl", "ttft_ms", "tpot_ms", "load_ms",
     "peak_rss_bytes", "kv_bytes", "device_bytes", "build", "model_path",
 ]
@@ -130,12 +130,12 @@ class Settings:
         return self.ctx if self.ctx is not None else max([16, *(t.context_needed for t in tests)])
 
     def load_options(self, n_ctx: int):
-        from .engine import LoadOptions
+        from ..engine import LoadOptions
+        from ..engine.strategies import context_options
 
         b = self.batch
         layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
         fa = {"auto": None, "on": True, "off": False}[self.flash_attn]
-        from .decoding import context_options
 
         options = LoadOptions(n_ctx=n_ctx, n_batch=b, n_ubatch=b, n_threads=self.threads, gpu_layers=layers,
                               flash_attn=fa, kv_type=self.kv_type)
@@ -146,11 +146,11 @@ class Settings:
 
     def llama_args(self) -> list[str]:
         """The same settings for llama-bench / llama-perplexity, resolved as Engine resolves them."""
-        from .engine import llama_cpp_module
+        from ..engine.llama import supports_gpu_offload
 
         layers = self.gpu_layers
         if layers == "auto":
-            layers = "-1" if llama_cpp_module().llama_supports_gpu_offload() else "0"
+            layers = "-1" if supports_gpu_offload() else "0"
         fa = "on" if self.flash_attn == "auto" and self.kv_type != "f16" else self.flash_attn
         return ["-t", str(self.threads), "-ngl", layers, "-fa", fa, "-ctk", self.kv_type, "-ctv", self.kv_type]
 
@@ -215,7 +215,7 @@ def make_plan(
     source: str = "auto",
 ) -> Plan:
     """Parse and check every option (naming the bad value), find llama-bench if asked to compare."""
-    from .engine import KV_TYPES, default_threads, parse_gpu_layers
+    from ..engine import KV_TYPES, default_threads, parse_gpu_layers
 
     if not models:
         raise UsageError("give at least one model to benchmark")
@@ -259,7 +259,7 @@ def make_plan(
 
 def parse_decode(value: str):
     """A --decode value as decoding.DecodeOptions: plain, lookup, draft:MODEL or beamsN."""
-    from .decoding import DecodeOptions
+    from ..engine import DecodeOptions
 
     if value == "plain":
         return DecodeOptions()
@@ -355,137 +355,57 @@ def prompt_tokens(engine, n: int) -> list[int]:
     return tokens[:n]
 
 
-def _synchronize(engine) -> None:
-    from .engine import llama_cpp_module
-
-    llama_cpp_module().llama_synchronize(engine.ctx)  # a GPU backend may still be running when decode returns
-
-
 def prefill_seconds(engine, tokens: Sequence[int]) -> float:
+    from ..engine.generate import evaluate
+
     engine.reset()
     t0 = time.perf_counter()
-    engine._decode(tokens)
-    _synchronize(engine)
+    evaluate(engine, tokens)
+    engine.synchronize()
     return time.perf_counter() - t0
 
 
-def decode_seconds(engine, context: Sequence[int], n: int, seed: int = 1) -> float:
-    """Seconds for n decode steps after `context`, on Engine.generate's own path, timed from the first token.
-
-    n+1 tokens are sampled so that n decodes (each followed by a sample) lie between the first and the
-    last token, as llama-bench's -n counts decodes.
-    """
-    from .engine import Token
-    from .sampling import SamplingOptions
-
-    from .decoding import BeamSearch
-    from .engine import Done
+def decode_seconds(engine, context: Sequence[int], n: int, seed: int = 1, strategy=None) -> float:
+    """Seconds for n decode steps after `context`, on the engine's own generation path, timed from the first
+    token. n+1 tokens are sampled so that n decodes (each followed by a sample) lie between the first and the
+    last token, as llama-bench's -n counts decodes."""
+    from ..engine import SamplingOptions, generate
+    from ..engine.strategies import BeamSearch
 
     engine.reset()
-    if isinstance(engine.strategy, BeamSearch):  # not streamed: its own clock, end-of-text banned
+    if isinstance(strategy, BeamSearch):  # not streamed: its own clock, end-of-text banned
         opts = SamplingOptions(max_tokens=n + 1, logit_bias={t: float("-inf") for t in engine.eog_tokens()})
-        done = [e for e in engine.generate(list(context), opts) if isinstance(e, Done)][0]
-        return done.stats.eval_s
+        final = [r for r in generate(engine, list(context), opts, strategy=strategy) if r.done][-1]
+        return final.stats.eval_s
     opts = SamplingOptions(max_tokens=n + 1, min_tokens=n + 1, seed=seed)  # default chain, end-of-text banned
     stamps = []
-    for event in engine.generate(list(context), opts):
-        if isinstance(event, Token) and event.token_id >= 0:
-            stamps.append(time.perf_counter())
+    for response in generate(engine, list(context), opts, strategy=strategy):
+        if response.tokens:
+            stamps.extend([time.perf_counter()] * len(response.tokens))
     return stamps[-1] - stamps[0]
 
 
-def ttft_seconds(engine, prompt: Sequence[int], seed: int = 1) -> float:
-    """Wall time from calling generate() to the first token, for a fresh context."""
-    from .sampling import SamplingOptions
+def ttft_seconds(engine, prompt: Sequence[int], seed: int = 1, strategy=None) -> float:
+    """Wall time from asking for an answer to the first token, for a fresh context."""
+    from ..engine import SamplingOptions, generate
 
     engine.reset()
     t0 = time.perf_counter()
-    # As `run` samples (no min_tokens): the first event comes once the first token is sampled, be it
-    # text or end-of-text (then the event is Done).
-    events = engine.generate(list(prompt), SamplingOptions(max_tokens=1, seed=seed))
+    # As `run` samples (no min_tokens): the first response comes once the first token is sampled, be it
+    # text or end-of-text (then it is the last one).
+    responses = generate(engine, list(prompt), SamplingOptions(max_tokens=1, seed=seed), strategy=strategy)
     try:
-        next(events)
+        next(responses)
         return time.perf_counter() - t0
     finally:
-        events.close()
+        responses.close()
 
 
-@dataclass
-class Perplexity:
-    ppl: float
-    error: float  # llama-perplexity's +/- estimate
-    n_chunks: int
-    n_scored: int
-    seconds: float
+def perplexity(engine, text: str, n_ctx: int = QUALITY_CTX, max_chunks: Optional[int] = None):
+    """Perplexity on `text` in chunks of n_ctx tokens (llama-perplexity's method, engine/strategies.py)."""
+    from ..engine.strategies import perplexity as measure
 
-
-def perplexity(engine, text: str, n_ctx: int = QUALITY_CTX, max_chunks: Optional[int] = None) -> Perplexity:
-    """llama-perplexity's method: the text tokenized once, cut into chunks of n_ctx tokens, each evaluated
-    in a fresh context (its first token replaced by BOS where the model adds one) with logits requested
-    for the second half only; the negative log-likelihood of each next token there, averaged over all
-    chunks, gives PPL = exp(mean)."""
-    import numpy as np
-
-    from .engine import llama_cpp_module
-
-    ll = llama_cpp_module()
-    engine.use_raw_logits()  # it reads every logit of half of each chunk
-    tokens = engine.tokenize(text, add_special=True, parse_special=False)
-    if len(tokens) < 2 * n_ctx:
-        raise UsageError(f"the text is {len(tokens)} tokens; perplexity with --ctx {n_ctx} needs at least {2 * n_ctx}")
-    if n_ctx > engine.n_ctx:
-        raise UsageError(f"chunks of {n_ctx} tokens do not fit the context of {engine.n_ctx}")
-    n_chunks = len(tokens) // n_ctx if max_chunks is None else min(max_chunks, len(tokens) // n_ctx)
-    add_bos = bool(ll.llama_vocab_get_add_bos(engine.vocab))
-    bos = ll.llama_vocab_bos(engine.vocab)
-    n_vocab, n_batch, first = engine.n_vocab, engine.n_batch, n_ctx // 2
-    batch = ll.llama_batch_init(n_batch, 0, 1)
-    nll = nll2 = 0.0
-    count = 0
-    t0 = time.perf_counter()
-    try:
-        for c in range(n_chunks):
-            chunk = tokens[c * n_ctx : (c + 1) * n_ctx]
-            if add_bos:
-                chunk[0] = bos
-            engine.reset()
-            for start in range(0, n_ctx, n_batch):
-                piece = chunk[start : start + n_batch]
-                batch.n_tokens = len(piece)
-                outputs = []
-                for k, tok in enumerate(piece):
-                    pos = start + k
-                    batch.token[k], batch.pos[k], batch.n_seq_id[k] = tok, pos, 1
-                    batch.seq_id[k][0] = 0
-                    batch.logits[k] = pos >= first
-                    if pos >= first and pos + 1 < n_ctx:
-                        outputs.append(pos)
-                rc = ll.llama_decode(engine.ctx, batch)
-                if rc != 0:
-                    raise EngineError(f"llama.cpp decode failed (code {rc}) in perplexity chunk {c + 1}")
-                if not outputs:
-                    continue
-                # Row i of the logits belongs to the i-th flagged token, i.e. to outputs[i].
-                n_out = sum(1 for k in range(len(piece)) if start + k >= first)
-                logits = np.ctypeslib.as_array(ll.llama_get_logits(engine.ctx), shape=(n_out, n_vocab))
-                for lo in range(0, len(outputs), 32):  # blocks keep the float64 copies small for big vocabularies
-                    targets = [chunk[p + 1] for p in outputs[lo : lo + 32]]
-                    rows = logits[lo : lo + len(targets)].astype(np.float64)
-                    top = rows.max(axis=1)
-                    log_z = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
-                    token_nll = log_z - rows[np.arange(len(targets)), targets]
-                    nll += float(token_nll.sum())
-                    nll2 += float((token_nll**2).sum())
-                    count += len(targets)
-            engine.reset()
-    finally:
-        ll.llama_batch_free(batch)
-    seconds = time.perf_counter() - t0
-    mean = nll / count
-    var = nll2 / count - mean * mean
-    ppl = math.exp(mean)
-    error = ppl * math.sqrt(var / (count - 1)) if var > 0 and count > 1 else 0.0
-    return Perplexity(ppl=ppl, error=error, n_chunks=n_chunks, n_scored=count, seconds=seconds)
+    return measure(engine, text, n_ctx, max_chunks)
 
 
 # -- memory -------------------------------------------------------------------------------------------
@@ -572,7 +492,7 @@ class Result:
     samples_ts: list[float]
     tpot_ms: Optional[float] = None
     ref: Optional[dict] = None  # llama-bench: mean_ts, std_ts
-    ppl: Optional[Perplexity] = None
+    ppl: Optional["Perplexity"] = None
     ref_ppl: Optional[float] = None
     compared: bool = False
 
@@ -631,8 +551,8 @@ Status = Callable[[str], None]
 
 def run(plan: Plan, status: Status = lambda _: None, notice: Status = lambda _: None) -> Iterator[Result]:
     """Measure everything in the plan, yielding each result as soon as it is complete."""
-    from . import hub
-    from .engine import build_id
+    from .. import hub
+    from ..engine import build_id
 
     locals_ = []
     for ref in plan.models:  # resolve (and pull) every model first: a typo fails before minutes of measuring
@@ -650,10 +570,11 @@ def _run_config(plan: Plan, config: ConfigRun, status: Status, notice: Status) -
     reset_peak_rss()
     try:
         if plan.tests:
-            engine = _load(config, config.n_ctx, status, notice)
+            engine, strategy = _load(config, config.n_ctx, status, notice)
             try:
-                yield from _speed_tests(plan, config, engine, status)
+                yield from _speed_tests(plan, config, engine, strategy, status)
             finally:
+                strategy.close()
                 engine.close()
         if plan.quality:
             yield _quality(plan, config, status, notice)
@@ -662,8 +583,10 @@ def _run_config(plan: Plan, config: ConfigRun, status: Status, notice: Status) -
 
 
 def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
-    from .engine import Engine, captured_llama_log
-    from .gguf_info import kv_cache_bytes
+    from ..engine import Engine
+    from ..engine.gguf_info import kv_cache_bytes
+    from ..engine.llama import captured_llama_log
+    from ..engine.strategies import load_draft, make_strategy
 
     status(f"{config.model}: loading")
     options = config.settings.load_options(n_ctx)
@@ -672,14 +595,18 @@ def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
         engine = Engine(config.path, options)
     load_ms = (time.perf_counter() - t0) * 1000
     decoding = config.settings.decoding()
-    if decoding.beams > 1 or decoding.draft:
-        from .decoding import attach
+    draft = None
+    try:
+        if decoding.draft not in (None, "lookup"):
+            from .. import hub
 
-        try:
-            attach(engine, decoding, ctx_limit=n_ctx)
-        except Exception:
-            engine.close()
-            raise
+            draft = load_draft(engine, hub.ensure_local(decoding.draft).path)
+        strategy = make_strategy(decoding, engine, draft, ctx_limit=n_ctx)
+    except Exception:
+        if draft is not None:
+            draft.close()
+        engine.close()
+        raise
     if engine.gpu_notice:
         notice(engine.gpu_notice)
     if not config.load_ms:  # the first load of this model+settings is the one reported
@@ -690,19 +617,19 @@ def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
         except LocalrunError:
             config.kv_bytes = kv or 0
         config.device_bytes = device
-    return engine
+    return engine, strategy
 
 
-def _speed_tests(plan: Plan, config: ConfigRun, engine, status: Status) -> Iterator[Result]:
+def _speed_tests(plan: Plan, config: ConfigRun, engine, strategy, status: Status) -> Iterator[Result]:
     label = config.model
     if plan.ttft_tokens:
         prompt = prompt_tokens(engine, plan.ttft_tokens)
         status(f"{label}: time to first token (pp{plan.ttft_tokens}), warm-up")
-        ttft_seconds(engine, prompt)
+        ttft_seconds(engine, prompt, strategy=strategy)
         samples = []
         for rep in range(plan.reps):
             status(f"{label}: time to first token (pp{plan.ttft_tokens}), {rep + 1}/{plan.reps}")
-            samples.append(ttft_seconds(engine, prompt, seed=rep + 1))
+            samples.append(ttft_seconds(engine, prompt, seed=rep + 1, strategy=strategy))
         config.ttft_ms = statistics.median(samples) * 1000
     for test in plan.tests:
         # With a reference, each repetition runs llama-bench once and then ours once, so a burst of
@@ -729,12 +656,12 @@ def _speed_tests(plan: Plan, config: ConfigRun, engine, status: Status) -> Itera
         else:
             context = prompt_tokens(engine, max(test.depth, 1))
             status(f"{step}, warm-up")
-            decode_seconds(engine, context[:1], 2)
+            decode_seconds(engine, context[:1], 2, strategy=strategy)
             seconds = []
             for rep in range(plan.reps):
                 reference(rep)
                 status(f"{step}, {rep + 1}/{plan.reps}")
-                seconds.append(decode_seconds(engine, context, test.n_tokens, seed=rep + 1))
+                seconds.append(decode_seconds(engine, context, test.n_tokens, seed=rep + 1, strategy=strategy))
             samples = [test.n_tokens / s for s in seconds]
             ref = _summary(ref_samples)
             tpot_ms = statistics.median(seconds) / test.n_tokens * 1000
@@ -744,11 +671,12 @@ def _speed_tests(plan: Plan, config: ConfigRun, engine, status: Status) -> Itera
 
 def _quality(plan: Plan, config: ConfigRun, status: Status, notice: Status) -> Result:
     chunk = config.settings.ctx or QUALITY_CTX
-    engine = _load(config, chunk, status, notice)
+    engine, strategy = _load(config, chunk, status, notice)
     try:
         status(f"{config.model}: perplexity, chunks of {chunk} tokens")
         result = perplexity(engine, text_path().read_text(encoding="utf-8"), chunk)
     finally:
+        strategy.close()
         engine.close()
     ref_ppl = None
     if plan.llama_bench is not None:
@@ -816,216 +744,3 @@ def _run_tool(cmd: list[str], name: str) -> subprocess.CompletedProcess:
 
 def rows_of(results: Sequence[Result]) -> list[dict[str, Any]]:
     return [r.as_row() for r in results]
-
-
-def to_json(rows: Sequence[dict]) -> str:
-    return json.dumps(list(rows), indent=2) + "\n"
-
-
-def to_csv(rows: Sequence[dict]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({**row, **row["settings"]})
-    return buf.getvalue()
-
-
-def _varying(rows: Sequence[dict]) -> list[str]:
-    return [k for k in _SETTINGS if len({json.dumps(r["settings"][k]) for r in rows}) > 1]
-
-
-def _settings_label(settings: dict, keys: Sequence[str]) -> str:
-    short = {"threads": "t", "ctx": "ctx", "batch": "b", "kv_type": "kv", "gpu_layers": "ngl", "flash_attn": "fa", "decode": "decode"}
-    return " ".join(f"{short[k]}={settings[k]}" for k in keys)
-
-
-def _caption(rows: Sequence[dict]) -> str:
-    fixed = [k for k in _SETTINGS if k not in _varying(rows)]
-    text = _settings_label(rows[0]["settings"], fixed) if fixed else ""
-    reps = sorted({r["reps"] for r in rows if r["kind"] != "ppl"})
-    timing = f"; reps {','.join(map(str, reps))} (mean ± sample std)" if reps else ""
-    return f"{rows[0]['build']}; {text}{timing}"
-
-
-def _ts(row: dict) -> str:
-    return f"{row['mean_ts']:.2f} ± {row['std_ts']:.2f}"
-
-
-def _opt(x: Optional[float], fmt: str) -> str:
-    return "n/a" if x is None else format(x, fmt)
-
-
-def tables(rows: Sequence[dict]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    """Two tables as strings: speed tests (one row per test), then one row per model+settings."""
-    from .render import human_size
-
-    varying = _varying(rows)
-    compared = any("ratio" in r or "ref_mean_ts" in r or "ref_ppl" in r for r in rows)
-    head = ["model", *(["settings"] if varying else []), "test", "t/s", "median t/s"]
-    head += ["llama.cpp t/s", "ratio"] if compared else []
-    head += ["TPOT ms"]
-    speed = []
-    for r in rows:
-        if r["kind"] == "ppl":
-            continue
-        cells = [r["model"], *([_settings_label(r["settings"], varying)] if varying else []), r["test"], _ts(r),
-                 f"{r['median_ts']:.2f}"]
-        if compared:
-            ref = r.get("ref_mean_ts")
-            cells += [f"{ref:.2f} ± {r['ref_std_ts']:.2f}" if ref else "-", _opt(r.get("ratio"), ".3f")]
-        cells.append(_opt(r["tpot_ms"], ".2f") if r["kind"] == "tg" else "")
-        speed.append(cells)
-    ttft_n = next((r["n_tokens"] for r in rows if r["kind"] == "pp"), None)
-    has_ppl = any(r["kind"] == "ppl" for r in rows)
-    mhead = ["model", *(["settings"] if varying else []), "load ms", f"TTFT ms (pp{ttft_n})" if ttft_n else "TTFT ms",
-             "peak RSS", "KV cache", "GPU memory"]
-    mhead += ["PPL", *(["llama.cpp PPL", "ratio"] if compared else [])] if has_ppl else []
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["model_path"], json.dumps(r["settings"], sort_keys=True)), []).append(r)
-    models = []
-    for group in groups.values():
-        r = group[0]
-        cells = [r["model"], *([_settings_label(r["settings"], varying)] if varying else []), f"{r['load_ms']:.0f}",
-                 _opt(r["ttft_ms"], ".1f"), human_size(r["peak_rss_bytes"]), human_size(r["kv_bytes"]),
-                 "n/a" if r["device_bytes"] is None else human_size(r["device_bytes"])]
-        ppl = next((g for g in group if g["kind"] == "ppl"), None)
-        if has_ppl:
-            cells.append(f"{ppl['ppl']:.4f} ± {ppl['ppl_error']:.4f}" if ppl else "-")
-            if compared:
-                cells += [_opt(ppl.get("ref_ppl"), ".4f"), _opt(ppl.get("ratio"), ".4f")] if ppl else ["-", "-"]
-        models.append(cells)
-    return head, speed, mhead, models
-
-
-def to_markdown(rows: Sequence[dict]) -> str:
-    if not rows:
-        return "no results\n"
-    head, speed, mhead, models = tables(rows)
-
-    def table(h: list[str], body: list[list[str]]) -> list[str]:
-        right = [i for i, name in enumerate(h) if name not in ("model", "settings", "test")]
-        sep = ["---:" if i in right else "---" for i in range(len(h))]
-        return ["| " + " | ".join(row) + " |" for row in [h, sep, *body]]
-
-    out = [_caption(rows), ""]
-    if speed:
-        out += table(head, speed) + [""]
-    out += table(mhead, models)
-    return "\n".join(out) + "\n"
-
-
-def print_tables(rows: Sequence[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    # Piped or redirected, rows stay whole rather than wrapped at 80 columns.
-    console = Console(file=sys.stdout, highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 240)
-    if not rows:
-        console.print("no results")
-        return
-    head, speed, mhead, models = tables(rows)
-    for h, body, title in ((head, speed, "speed"), (mhead, models, "per model")):
-        if not body:
-            continue
-        table = Table(title=title, title_justify="left", title_style="bold", header_style="bold", box=None)
-        for name in h:
-            table.add_column(name, justify="left" if name in ("model", "settings", "test") else "right")
-        for cells in body:
-            table.add_row(*cells)
-        console.print(table)
-    console.print(_caption(rows), style="dim")
-
-
-def render(rows: Sequence[dict], output: str) -> None:
-    if output == "table":
-        print_tables(rows)
-        return
-    text = {"json": to_json, "csv": to_csv, "md": to_markdown}[output](rows)
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
-def plot(rows: Sequence[dict], path: Path) -> None:
-    """Throughput against prompt length (pp) and against depth (tg), one line per model+settings."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    varying = _varying(rows) if rows else []
-    fig, (ax_pp, ax_tg) = plt.subplots(1, 2, figsize=(12, 4.8))
-    series: dict[tuple, dict[str, list]] = {}
-    for r in rows:
-        if r["kind"] == "ppl":
-            continue
-        label = " ".join(filter(None, [r["model"], _settings_label(r["settings"], varying)]))
-        if r["kind"] == "tg":
-            label += f" tg{r['n_tokens']}"
-        s = series.setdefault((r["kind"], label), {"x": [], "y": [], "err": [], "ref": []})
-        s["x"].append(r["n_tokens"] if r["kind"] == "pp" else r["depth"])
-        s["y"].append(r["mean_ts"])
-        s["err"].append(r["std_ts"])
-        s["ref"].append(r.get("ref_mean_ts"))
-    for (kind, label), s in series.items():
-        ax = ax_pp if kind == "pp" else ax_tg
-        line = ax.errorbar(s["x"], s["y"], yerr=s["err"], marker="o", capsize=3, label=f"{label} (localrun)")
-        if any(v is not None for v in s["ref"]):
-            xs = [x for x, v in zip(s["x"], s["ref"]) if v is not None]
-            ax.plot(xs, [v for v in s["ref"] if v is not None], linestyle="--", marker="x",
-                    color=line.lines[0].get_color(), label=f"{label} (llama.cpp)")
-    ax_pp.set(title="prefill", xlabel="prompt tokens", ylabel="tokens/s")
-    ax_tg.set(title="decode", xlabel="context depth (tokens)", ylabel="tokens/s")
-    for ax in (ax_pp, ax_tg):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
-    if rows:
-        fig.suptitle(_caption(rows), fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# -- the command --------------------------------------------------------------------------------------
-
-
-def run_from_cli(models: Sequence[str], **options: Any) -> int:
-    """`localrun bench`: measure, print results (stdout), progress on stderr. Ctrl-C prints what was
-    measured so far and returns 130."""
-    from .console import StatusLine, err, notice
-
-    plan = make_plan(models, **options)
-    results: list[Result] = []
-    interrupted = False
-    told: set[str] = set()
-
-    def tell(text: str) -> None:  # each notice once, not once per load
-        if text not in told:
-            told.add(text)
-            notice(text)
-    with StatusLine("starting") as spinner:  # not Rich's spinner: its redraw thread slows what is measured
-        def status(text: str) -> None:
-            spinner.update(text)
-
-        measuring = run(plan, status=status, notice=tell)
-        try:
-            for result in measuring:
-                results.append(result)
-                row = result.as_row()
-                summary = f"{row['ppl']:.4f} PPL" if result.kind == "ppl" else f"{_ts(row)} t/s"
-                spinner.print(f"[dim]{row['model']} {row['test']}: {summary}[/dim]", highlight=False)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            measuring.close()  # runs the generator's cleanup (engine freed, peak memory read) now
-    rows = rows_of(results)
-    if interrupted:
-        err.print(f"interrupted: {len(rows)} result(s) measured so far")
-    if rows or not interrupted:
-        render(rows, plan.output)
-    if plan.plot is not None and rows:
-        plot(rows, plan.plot)
-        err.print(f"plot written to {plan.plot}")
-    return EXIT_INTERRUPTED if interrupted else 0

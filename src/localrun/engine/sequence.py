@@ -1,0 +1,84 @@
+"""One generation in flight: its prompt and limits, the tokens it produced, their text (incremental UTF-8
+decoding, stop sequences cut out), its timings and how it ended. Every path that generates text (run,
+chat, the server's slots, speculative decoding, beam search) keeps its output here."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Sequence as Tokens
+from typing import Optional
+
+from .stops import StopMatcher
+from .types import FinishReason, Response, Stats
+
+
+class Sequence:
+    def __init__(self, engine, prompt: Tokens[int], sampling, *, seq_id: int = 0, n_ctx: Optional[int] = None,
+                 max_tokens: Optional[int] = None, t0: Optional[float] = None):
+        self.engine = engine
+        self.prompt = list(prompt)
+        self.sampling = sampling
+        self.seq_id = seq_id
+        self.n_ctx = n_ctx or engine.n_ctx  # the context this sequence may fill
+        limit = sampling.max_tokens if max_tokens is None else max_tokens
+        self.limit = limit if limit > 0 else 1 << 62
+        self.generated: list[int] = []
+        self.matcher = StopMatcher(sampling.stop)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stats = Stats(load_s=engine.load_s, prompt_tokens=len(self.prompt))
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.t_first: Optional[float] = None
+        self.finish_reason: Optional[FinishReason] = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def sampled(self) -> None:
+        """A token was sampled (text or end of text): the first one ends the time to first token."""
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+            self.stats.prompt_eval_s = self.t_first - self.t0
+
+    def push(self, token: int) -> Response:
+        """Take the next sampled token: its text (what the stop matcher lets out), or the end."""
+        self.sampled()
+        if self.engine.is_eog(token):
+            return self.finish("eos")
+        self.generated.append(token)
+        text = self.matcher.feed(self._utf8.decode(self.engine.token_bytes(token)))
+        if self.matcher.stopped is not None:
+            return self.finish("stop", text, [token])
+        # max tokens, or the context is full (the token would go past its last position): said, never silent
+        if len(self.generated) >= self.limit or len(self.prompt) + len(self.generated) - 1 >= self.n_ctx:
+            return self.finish("length", text, [token])
+        return Response(text, [token])
+
+    def finish(self, reason: FinishReason, text: str = "", tokens: Optional[list[int]] = None,
+               error: Optional[str] = None) -> Response:
+        """The last response: what the decoder and the stop matcher still held, the finish reason (a stop
+        found in the held text makes it 'stop') and the stats."""
+        if self.matcher.stopped is None:
+            text += self.matcher.feed(self._utf8.decode(b"", final=True))
+        text += self.matcher.flush()
+        if self.matcher.stopped is not None and reason not in ("error", "shutdown"):
+            reason = "stop"
+        self.finish_reason = reason
+        self.close_stats(reason)
+        return Response(text, tokens or [], reason, self.stats, error)
+
+    def close_stats(self, reason: FinishReason, n_generated: Optional[int] = None) -> Stats:
+        """Timings up to now (also after an interruption); n_generated: for a beam, the tokens it chose."""
+        s = self.stats
+        n = len(self.generated) if n_generated is None else n_generated
+        t_end = time.perf_counter()
+        if self.t_first is None:
+            self.t_first = t_end
+            s.prompt_eval_s = t_end - self.t0
+        s.ttft_s = self.t_first - self.t0
+        s.generated_tokens = n
+        s.eval_tokens = max(0, n - 1)
+        s.eval_s = t_end - self.t_first if n > 1 else 0.0
+        s.finish_reason = reason
+        return s

@@ -1,0 +1,200 @@
+"""A multi-turn conversation with one loaded model, its KV cache reused from turn to turn.
+
+Each turn's prompt is the previous turn's tokens (prompt, then the answer exactly as it was generated)
+followed by the tokens of what the template adds after them (the end of the answer, the new message, the
+assistant header), as llama.cpp's own llama-cli does (engine.kv.extend_tokens). So only those new tokens
+are evaluated. If the template renders the history differently from the last prompt (or after a load, a
+new system prompt), the whole conversation is tokenised again and the engine still reuses whatever prefix
+matches. When the conversation no longer fits the context, the oldest turns after the system prompt are
+dropped, down to half the context so that it does not happen again on the next turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+from ..engine import Response, SamplingOptions, generate
+from ..engine.kv import extend_tokens
+from ..engine.prompt import TRANSCRIPT_STOP, render
+from ..errors import ContextOverflow, LocalrunError, SessionError
+from .load import Loaded
+from .request import with_stops
+from .sessions import Sessions
+
+
+class Conversation:
+    """The messages, and the tokens that the engine's KV cache mirrors for them."""
+
+    def __init__(self, loaded: Loaded, system: Optional[str]):
+        self.loaded = loaded
+        self.engine = loaded.engine
+        self.templated = self.engine.chat_template is not None
+        self.messages: list[dict] = []
+        # The tokens of the last prompt plus its answer, and the text they spell: the next prompt extends them.
+        self._tokens: list[int] = []
+        self._text = ""
+        self.set_system(system)
+
+    # -- the conversation --------------------------------------------------------------------
+
+    @property
+    def system(self) -> Optional[str]:
+        if self.messages and self.messages[0]["role"] == "system":
+            return self.messages[0]["content"]
+        return None
+
+    def set_system(self, text: Optional[str]) -> None:
+        rest = [m for m in self.messages if m["role"] != "system"]
+        self.messages = ([{"role": "system", "content": text}] if text else []) + rest
+        self._forget_tokens()
+
+    def clear(self) -> None:
+        self.messages = [m for m in self.messages[:1] if m["role"] == "system"]
+        self._forget_tokens()  # the engine keeps its cache: the system prompt prefix is reused
+
+    def replace(self, messages: list[dict]) -> None:
+        self.messages = [dict(m) for m in messages]
+        self._forget_tokens()
+
+    def _forget_tokens(self) -> None:
+        self._tokens, self._text = [], ""
+
+    def reset_cache(self) -> None:
+        """After an interruption inside llama.cpp: start from an empty KV cache rather than a doubtful one."""
+        self.engine.reset()
+        self._forget_tokens()
+
+    @property
+    def turns(self) -> int:
+        return sum(1 for m in self.messages if m["role"] == "user")
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens in the KV cache now."""
+        return len(self.engine.kv.tokens[0])
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def model_path(self):
+        return self.engine.path
+
+    # -- prompt --------------------------------------------------------------------------------
+
+    def prompt(self, messages: list[dict]) -> tuple[list[int], str]:
+        """The prompt tokens for `messages` and the text they spell."""
+        full = render(self.engine, messages).text
+        return extend_tokens(self._tokens, self._text, full, self.engine.tokenize), full
+
+    def context_used(self) -> int:
+        if not self.messages:
+            return 0
+        text = render(self.engine, self.messages, add_generation_prompt=False).text
+        return len(self.engine.tokenize(text, add_special=True, parse_special=True))
+
+    def fit(self, messages: list[dict], reserve: int) -> tuple[list[dict], list[int], str, int]:
+        """Drop the oldest turns (after the system prompt) until the prompt leaves `reserve` tokens for
+        the answer; once dropping, go on down to half the context so the next turn does not drop again."""
+        n_ctx = self.engine.n_ctx
+        tokens, full = self.prompt(messages)
+        dropped = 0
+        while len(tokens) + reserve > n_ctx or (dropped and len(tokens) > (n_ctx - reserve) // 2):
+            first = next(i for i, m in enumerate(messages) if m["role"] != "system")
+            if first >= len(messages) - 1:  # only the new message is left
+                if len(tokens) + reserve <= n_ctx:
+                    break
+                raise ContextOverflow(
+                    f"this message needs {len(tokens)} tokens with the conversation's template and"
+                    f" {reserve} more are kept for the answer, but the context holds {n_ctx}:"
+                    " shorten it, or restart with a larger --ctx"
+                )
+            end = first + 1
+            while end < len(messages) - 1 and messages[end]["role"] != "user":
+                end += 1
+            messages = messages[:first] + messages[end:]
+            dropped += 1
+            tokens, full = self.prompt(messages)
+        return messages, tokens, full, dropped
+
+    # -- one exchange -----------------------------------------------------------------------------
+
+    def send(
+        self,
+        text: str,
+        sampling: SamplingOptions,
+        on_piece: Callable[[str], None],
+        cancelled: Callable[[], bool] = lambda: False,
+        on_dropped: Callable[[int], None] = lambda n: None,
+    ) -> tuple[str, Response]:
+        """Generate the answer to `text`, calling on_piece with each piece of it, and record the exchange.
+        Returns the answer and the last response (finish reason 'interrupted' once `cancelled` said so; an
+        answer stopped before its first word is dropped together with its question). `on_dropped` hears how
+        many old turns made room, first."""
+        sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
+        reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.engine.n_ctx // 4
+        reserve = min(reserve, self.engine.n_ctx // 2)
+        messages, tokens, full, dropped = self.fit([*self.messages, {"role": "user", "content": text}], reserve)
+        if dropped:
+            self.messages = messages[:-1]
+            self._forget_tokens()
+            on_dropped(dropped)
+        shown: list[str] = []
+        ids: list[int] = []
+        final = None
+        responses = generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled)
+        try:
+            for response in responses:
+                ids.extend(response.tokens)
+                if response.text:
+                    shown.append(response.text)
+                    on_piece(response.text)
+                if response.done:
+                    final = response
+        except KeyboardInterrupt:  # a second Ctrl-C: llama.cpp may have been stopped mid-call
+            responses.close()
+            self.reset_cache()
+            raise
+        except LocalrunError:
+            self._forget_tokens()
+            raise
+        finally:
+            responses.close()
+        answer = "".join(shown)
+        if final.finish_reason == "interrupted" and not answer:
+            self._forget_tokens()
+            return answer, final
+        if not ids or self.engine.detokenize(ids) != answer:  # cut by a stop sequence
+            ids = self.engine.tokenize(answer, add_special=False, parse_special=True)
+        content = answer if self.templated else answer.strip()
+        self.messages = [*messages, {"role": "assistant", "content": content}]
+        self._tokens, self._text = tokens + ids, full + answer
+        return answer, final
+
+
+# -- saving and loading ------------------------------------------------------------------------------
+
+
+def save_conversation(name: str, conv: Conversation, model_ref: str) -> str:
+    """Save messages and KV cache in the session store; return a one-line description."""
+    with Sessions.open() as sessions:
+        info = sessions.save(name, conv.engine, conv.messages, model_ref=model_ref)
+    return f"saved session {name} ({conv.turns} turn(s), {info.tokens} tokens of KV cache)"
+
+
+def session_exists(name: str) -> bool:
+    """Whether `name` was saved (a bad name raises UsageError)."""
+    with Sessions.open() as sessions:
+        try:
+            sessions.show(name)
+        except SessionError:
+            return False
+    return True
+
+
+def load_conversation(name: str, conv: Conversation) -> str:
+    with Sessions.open() as sessions:
+        conv.replace(sessions.load(name, conv.engine))  # the store restores the KV cache too
+    return f"loaded session {name} ({conv.turns} turn(s), {conv.kv_tokens} tokens cached)"

@@ -1,0 +1,98 @@
+"""Loading a model for generation: resolve the reference (pulling it if needed), check every option before
+llama.cpp sees the file, load it with its decoding strategy, and keep its catalogue defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..engine import DecodeOptions, Engine, LoadOptions, SamplingOptions, merge_options, parse_gpu_layers
+from ..engine.strategies import PLAIN, context_options, load_draft, make_strategy
+from ..errors import UsageError
+
+
+@dataclass
+class Loaded:
+    """A model ready to generate: its engine and strategy, its catalogue defaults and the merged sampling
+    options."""
+
+    engine: Engine
+    name: str
+    sampling: SamplingOptions
+    system: Optional[str] = None
+    decoding: DecodeOptions = field(default_factory=DecodeOptions)
+    strategy: Any = PLAIN
+    defaults: dict = field(default_factory=dict)  # the catalogue's sampling: for requests that bring their own options
+
+    @property
+    def ref(self) -> str:
+        """What loads this model again: its alias or owner/repo, or for a file given by path the full path
+        (a session's "resume it with ..." hint named the bare file name, which does not load)."""
+        return str(self.engine.path) if self.name == self.engine.path.name else self.name
+
+    def close(self) -> None:
+        self.strategy.close()
+        self.engine.close()
+
+
+def load(
+    model: str,
+    *,
+    source: str = "auto",
+    ctx: Optional[int] = None,
+    gpu_layers: str = "auto",
+    flash_attn: Optional[bool] = None,
+    kv_type: str = "f16",
+    threads: Optional[int] = None,
+    batch: int = 512,
+    sampling: Optional[dict[str, Any]] = None,
+    on_notice=None,
+    parallel: int = 1,
+    decoding: Optional[DecodeOptions] = None,
+) -> Loaded:
+    """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp. `sampling`: the
+    request's sampling values (None = not given), merged over the catalogue's defaults."""
+    from .. import hub
+
+    entry = hub.entry_for(model)
+    defaults = dict(entry.sampling) if entry else {}
+    merged = merge_options(defaults, sampling)
+    layers = parse_gpu_layers(gpu_layers)
+    if batch < 1:
+        raise UsageError(f"invalid --batch {batch}: use 1 or more")
+    n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
+    if parallel < 1:
+        raise UsageError(f"invalid --parallel {parallel}: use 1 or more")
+    if parallel > batch:
+        raise UsageError(f"--parallel {parallel} needs --batch of at least {parallel} (one token per sequence per step)")
+    # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
+    # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
+    # another order, and greedy output would depend on what else is in the batch.
+    options = LoadOptions(
+        n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
+        flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
+    )
+    decoding = decoding or DecodeOptions()
+    if decoding.beams > 1:
+        given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),
+                                       ("--min-tokens", merged.min_tokens > 0)) if on]
+        if given:  # beam search ranks whole sequences by log-probability; it has no sampler chain to constrain
+            raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
+    answer_room = min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx
+    options = context_options(decoding, options, answer_room)
+    local = hub.ensure_local(model, source=source)
+    engine = Engine(local.path, options)
+    if engine.gpu_notice and on_notice:
+        on_notice(engine.gpu_notice)
+    draft = None
+    try:
+        if decoding.draft not in (None, "lookup"):
+            draft = load_draft(engine, hub.ensure_local(decoding.draft, source=source).path)
+        strategy = make_strategy(decoding, engine, draft, ctx_limit=n_ctx)
+    except BaseException:
+        if draft is not None:
+            draft.close()
+        engine.close()
+        raise
+    return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
+                  system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)

@@ -1,0 +1,103 @@
+"""The one request: what to answer (chat messages, plain text, or token ids), how to sample, what happens when
+it does not fit, and the session it continues; and the prompt tokens it becomes for a given engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..engine import Engine, SamplingOptions
+from ..engine.prompt import render
+from ..errors import ContextOverflow
+
+
+@dataclass
+class Request:
+    """What run, chat, serve and bench ask of a model. The response stream is engine.Response."""
+
+    messages: list[dict] = field(default_factory=list)  # chat messages, or one user message for plain text
+    raw: Optional[bool] = False  # True: the text goes to the model as-is, no template; None: so if the model has none
+    tokens: Optional[list[int]] = None  # token ids as the prompt (instead of messages)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    truncate: bool = False  # keep the end of a prompt that does not fit, rather than refuse it
+    session: Optional[str] = None  # continue this named session (its KV state restored, saved after)
+    system: Optional[str] = None  # the system prompt: None keeps a session's own, or else the model's default
+    use_cache: bool = True  # look up and fill the automatic prefix cache
+    tools: Optional[list[dict]] = None
+
+
+@dataclass
+class Prompt:
+    tokens: list[int]
+    stops: list[str]  # what the prompt's format needs on top of the request's (a transcript's next "User:")
+    templated: bool
+
+
+def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) -> Prompt:
+    """The request's prompt tokens for this engine, fitted to `n_ctx` (default: the engine's context). With
+    `truncate` a prompt over the context keeps its end; with the chat template it is the start of the last
+    message that goes, so the template's head (its system prompt, earlier turns, the role markers) stays
+    intact rather than being cut mid-way."""
+    n_ctx = n_ctx or engine.n_ctx
+    if request.tokens is not None:
+        return Prompt(_fit(engine, list(request.tokens), request.truncate, request.sampling.max_tokens, n_ctx), [], False)
+    rendered = render(engine, request.messages, raw=request.raw, tools=request.tools)
+    tokens = engine.tokenize(rendered.text, add_special=True, parse_special=True)
+    if not (request.truncate and rendered.templated) or len(tokens) < n_ctx or not request.messages:
+        return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated)
+    keep = _prompt_room(n_ctx, request.sampling.max_tokens)
+    last = request.messages[-1]
+    body = engine.tokenize(last["content"], add_special=False, parse_special=False)
+    excess = len(tokens) - keep + 8  # a few tokens' margin: text re-tokenizes a little differently at the cut
+    if excess < len(body):
+        shortened = [*request.messages[:-1], {**last, "content": engine.detokenize(body[excess:])}]
+        cut = engine.tokenize(render(engine, shortened, tools=request.tools).text, add_special=True, parse_special=True)
+        if len(cut) <= keep:
+            return Prompt(cut, rendered.stops, True)
+    # The template and earlier turns alone overflow: keep the end, as for plain text.
+    return Prompt(_fit(engine, tokens, True, request.sampling.max_tokens, n_ctx), rendered.stops, True)
+
+
+def _fit(engine: Engine, tokens: list[int], truncate: bool, max_tokens: int, n_ctx: int) -> list[int]:
+    """The prompt's tokens as they go to the model: whole, or with --truncate their end (BOS kept)."""
+    if len(tokens) < n_ctx:
+        return tokens
+    if not truncate:
+        engine.check_fits(len(tokens), n_ctx)  # raises with both numbers
+    keep = _prompt_room(n_ctx, max_tokens)
+    head = tokens[:1] if engine.info.bos_token_id is not None and tokens[0] == engine.info.bos_token_id else []
+    return head + tokens[len(tokens) - keep + len(head) :]
+
+
+def _prompt_room(n_ctx: int, max_tokens: int) -> int:
+    """How much of the context a truncated prompt may keep: the rest is room for the answer (at most half)."""
+    room = min(max_tokens if max_tokens > 0 else n_ctx // 2, n_ctx // 2)
+    keep = n_ctx - room
+    if keep < 1:
+        raise ContextOverflow(f"the context of {n_ctx} tokens leaves no room for the prompt: raise --ctx")
+    return keep
+
+
+def with_stops(sampling: SamplingOptions, stops: Sequence[str]) -> SamplingOptions:
+    """The request's options plus the stops its prompt format needs."""
+    extra = [s for s in stops if s not in sampling.stop]
+    return sampling.model_copy(update={"stop": [*sampling.stop, *extra]}) if extra else sampling
+
+
+def with_system(request: Request, default: Optional[str], history: Sequence[dict] = ()) -> list[dict]:
+    """The request's messages after a session's `history`, with its system prompt: `request.system` replaces
+    the history's own; a new conversation without a system message gets `default` (the catalogue's). A
+    prompt without a template (raw) gets none."""
+    templated = not request.raw
+    if history:
+        messages = list(history)
+        if request.system is not None and templated:
+            messages = [m for m in messages if m["role"] != "system"]
+            if request.system:
+                messages.insert(0, {"role": "system", "content": request.system})
+        return messages + list(request.messages)
+    system = request.system if request.system is not None else default
+    if system and templated and not any(m["role"] == "system" for m in request.messages):
+        return [{"role": "system", "content": system}, *request.messages]
+    return list(request.messages)

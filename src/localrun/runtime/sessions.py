@@ -1,0 +1,137 @@
+"""Named sessions and the prefix cache for a loaded engine: the store keeps bytes, tokens and identities on
+disk; this takes them from the engine's KV cache and gives them back, and picks the longest stored prefix
+of a prompt (engine.kv's common_prefix, the one prefix comparison)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Optional
+
+from ..engine import Engine
+from ..engine.kv import common_prefix
+from ..engine.llama import build_id, build_system_info
+from ..store.sessions import MIN_PREFIX_TOKENS, CorruptState, Identity, SessionInfo, SessionStore, cache_max_bytes
+
+_identities: "weakref.WeakKeyDictionary[Engine, Identity]" = weakref.WeakKeyDictionary()
+
+
+def identity(store: SessionStore, engine: Engine) -> Identity:
+    """What a state made by this engine depends on (the model file's sha256 is cached by the store)."""
+    ident = _identities.get(engine)
+    if ident is None:
+        flash = {None: "auto", True: "on", False: "off"}[engine.options.flash_attn]
+        ident = Identity(
+            model_file=engine.path.name,
+            model_sha256=store.model_sha256(list(engine.info.shards) or [engine.path]),
+            quant=engine.info.quant,
+            kv_type=engine.options.kv_type,
+            swa_full=bool(engine.options.swa_full),
+            flash_attn=flash,
+            build=build_id(),
+            system_info=build_system_info(),
+        )
+        _identities[engine] = ident
+    return ident
+
+
+def prefix_cache_applies(engine: Engine) -> bool:
+    # Without swa_full a sliding-window model keeps only the last window: a stored state could not be cut
+    # back to a shorter common prefix, which is what prefix reuse does.
+    if engine.options.n_seq_max != 1:
+        return False
+    info = engine.info
+    sliding = bool(info.sliding_window) and (any(info.swa_layers) if info.swa_layers else True)  # layout unknown: assume it has
+    return engine.options.swa_full or not sliding
+
+
+class Sessions:
+    """A session store used with engines: save and load sessions, look up and fill the prefix cache. What
+    needs no engine (list, show, remove, prune, total_bytes ...) is the store's own."""
+
+    def __init__(self, store: SessionStore):
+        self.store = store
+
+    @classmethod
+    def open(cls, root: Optional[Path] = None) -> "Sessions":
+        return cls(SessionStore.open(root))
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def __enter__(self) -> "Sessions":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.store.close()
+
+    def save(self, name: str, engine: Engine, messages: list[dict], *, model_ref: str) -> SessionInfo:
+        """Save what the engine's KV cache holds and `messages` as session `name`."""
+        return self.store.save(name, identity(self.store, engine), list(engine.kv.tokens[0]), messages,
+                               engine.kv.state_bytes, model_ref=model_ref, n_ctx=engine.n_ctx)
+
+    def load(self, name: str, engine: Engine) -> list[dict]:
+        """Restore session `name` into the engine (replacing its KV cache) and return its messages: the next
+        generation evaluates only the tokens after the restored ones."""
+        return self.store.load(name, identity(self.store, engine), engine.n_ctx, engine.kv.restore)
+
+    def lookup_prefix(self, engine: Engine, tokens: Sequence[int], *, on_notice: Optional[Callable[[str], None]] = None) -> int:
+        """Restore the stored state sharing the longest prefix with `tokens` (same model and settings) into
+        the engine, when that prefix is at least MIN_PREFIX_TOKENS long and longer than what the engine
+        already holds of `tokens`. Returns how many leading tokens of `tokens` the engine now holds (0: nothing
+        restored, the engine untouched). A damaged entry is removed and reported through `on_notice`."""
+        if len(tokens) < MIN_PREFIX_TOKENS or not prefix_cache_applies(engine) or cache_max_bytes() <= 0:
+            return 0  # LOCALRUN_CACHE_MAX=0 turns the cache off: no lookups either
+        # The engine re-evaluates a prompt's last token whatever it holds, so that one never counts.
+        have = min(common_prefix(engine.kv.tokens[0], tokens), len(tokens) - 1)
+        store, ident = self.store, identity(self.store, engine)
+        with store.prefix_locked():
+            best, best_len = None, 0
+            for entry in store.prefix_entries(ident, tokens):
+                if len(entry.tokens) >= engine.n_ctx:
+                    continue
+                n = common_prefix(entry.tokens, tokens)
+                if n > best_len:
+                    best, best_len = entry, n
+            if best is None or best_len < MIN_PREFIX_TOKENS or min(best_len, len(tokens) - 1) <= have:
+                return 0
+            try:
+                data = store.read_state(best)
+            except CorruptState as exc:
+                store.drop(best)
+                if on_notice:
+                    on_notice(f"a prefix-cache entry was corrupt ({exc}) and has been removed")
+                return 0
+            if not engine.kv.restore(data, best.tokens):
+                store.drop(best)
+                if on_notice:
+                    on_notice("llama.cpp could not restore a prefix-cache entry; it has been removed")
+                return 0
+            store.touch(best)
+        return best_len
+
+    def save_prefix(self, engine: Engine) -> Optional[SessionInfo]:
+        """Store the engine's KV cache as a prefix entry, unless it is shorter than MIN_PREFIX_TOKENS or an
+        entry already covers it; entries it extends are replaced. Keeps the prefix cache under
+        $LOCALRUN_CACHE_MAX by evicting least-recently-used entries. Returns the new entry, or None."""
+        cap = cache_max_bytes()
+        store = self.store
+        if cap <= 0:
+            store.trim_prefixes(0)  # off means off: entries stored under a larger cap go too
+            return None
+        tokens = list(engine.kv.tokens[0])
+        if len(tokens) < MIN_PREFIX_TOKENS or not prefix_cache_applies(engine):
+            return None
+        ident = identity(store, engine)
+        with store.prefix_locked():
+            superseded = []
+            for entry in store.prefix_entries(ident, tokens):
+                n = common_prefix(entry.tokens, tokens)
+                if n == len(tokens):
+                    store.touch(entry)  # already stored, maybe with more after it
+                    return None
+                if n == len(entry.tokens):
+                    superseded.append(entry)
+            return store.add_prefix(ident, tokens, engine.kv.state_bytes(), replaces=superseded,
+                                    model_file=engine.path.name, n_ctx=engine.n_ctx, cap=cap)

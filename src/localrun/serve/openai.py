@@ -1,0 +1,303 @@
+"""The OpenAI dialect (/v1): request bodies, how a body becomes a scheduler job, and the JSON and SSE answers
+made from the response stream. Errors answer in OpenAI's shape."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from ..errors import ContextOverflow, LocalrunError
+from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
+from ..runtime.request import prompt_for, with_stops
+from ..runtime.scheduler import Job
+
+FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
+
+
+# -- request bodies --------------------------------------------------------------------------------
+
+
+class _Fields(BaseModel):
+    # Unknown fields are refused (as OpenAI's API does) rather than silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: Optional[dict[str, bool]] = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    user: Optional[str] = None
+    logit_bias: Optional[dict[int, float]] = None
+    response_format: Optional[dict[str, Any]] = None
+    ignore_eos: bool = Field(False, description="llama.cpp server's extension: generate exactly max_tokens")
+    # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
+    logprobs: Union[bool, int, None] = None
+    top_logprobs: Optional[int] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[Any]] = None
+    function_call: Union[str, dict[str, Any], None] = None
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, Any]] = None
+    service_tier: Optional[str] = None
+
+
+# Every sampling option is a request field too (as in llama.cpp's server), checked where options merge.
+_SAMPLING_FIELDS = [name for name in SamplingOptions.model_fields if name not in _Fields.model_fields]
+_Body = create_model(
+    "_Body", __base__=_Fields,
+    **{name: (Optional[SamplingOptions.model_fields[name].annotation], None) for name in _SAMPLING_FIELDS},
+)
+
+
+def _unsupported(body) -> Optional[str]:
+    """The first feature asked for that localrun does not do, or None."""
+    if isinstance(body, CompletionBody):
+        if body.echo:
+            return "echo"
+        if body.best_of not in (None, 1):
+            return "best_of"
+        if body.suffix:
+            return "suffix"
+    if body.logprobs or body.top_logprobs:
+        return "logprobs"
+    if body.tools or body.functions or body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
+        return "tools" if (body.tools or body.tool_choice not in (None, "none")) else "functions"
+    return None
+
+
+class CompletionBody(_Body):
+    prompt: Union[str, list[int]]
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: harmless
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[_Part], None] = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatBody(_Body):
+    messages: list[_Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None,
+                 type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"unknown or unsupported field {where!r}", param=where)
+    if first["type"] == "missing":
+        return ApiError(400, f"missing required field {where!r}", param=where)
+    return ApiError(400, f"invalid {where!r}: {first['msg']}", param=where)
+
+
+def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"malformed JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+# -- a body becomes a job --------------------------------------------------------------------------
+
+
+def job_for(service, body: Union[CompletionBody, ChatBody]) -> Job:
+    """Prompt tokens, merged options and the sampler chain for a request; 400 for what cannot be served."""
+    feature = _unsupported(body)
+    if feature is not None:
+        raise ApiError(400, f"{feature!r} is not supported by localrun serve: leave it out", param=feature)
+    engine, slot_ctx = service.engine, service.options.slot_ctx
+    chat = isinstance(body, ChatBody)
+    if chat:
+        request = Request(messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages])
+    elif isinstance(body.prompt, list):
+        bad = [t for t in body.prompt if not 0 <= t < engine.n_vocab]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is out of range: this model's ids run 0..{engine.n_vocab - 1}", param="prompt")
+        request = Request(tokens=list(body.prompt))
+    else:
+        request = Request(messages=[{"role": "user", "content": body.prompt}], raw=True)
+    try:
+        prompt = prompt_for(engine, request, n_ctx=slot_ctx)
+    except ContextOverflow as exc:
+        raise ApiError(
+            400,
+            f"the prompt is {exc.n_prompt} tokens but a slot's context holds {slot_ctx}: "
+            "shorten it, or restart the server with a larger --ctx",
+            param="messages" if chat else "prompt", code="context_length_exceeded",
+        ) from None
+    if not prompt.tokens:
+        raise ApiError(400, "empty prompt", param="prompt")
+    options = _options(service.loaded.sampling, body, prompt.stops)
+    room = slot_ctx - len(prompt.tokens)
+    base = service.loaded.sampling
+    asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if asked is None:
+        asked = base.max_tokens if base.max_tokens > 0 else room
+    asked = max(1, min(asked, room))
+    if body.ignore_eos:
+        if options.grammar is not None or options.json_schema is not None:
+            raise ApiError(400, "ignore_eos cannot combine with response_format (the grammar decides where the text ends)", param="ignore_eos")
+        options = options.model_copy(update={"min_tokens": asked})
+    try:
+        return Job.create(engine, prompt.tokens, options, max_tokens=asked, n_ctx=slot_ctx)
+    except LocalrunError as exc:
+        param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
+        raise ApiError(400, exc.message.replace("--", ""), param=param) from None
+
+
+def _options(base: SamplingOptions, body, format_stops: list[str]) -> SamplingOptions:
+    """The server's options (the catalogue's and serve's flags), then the request's own fields: its stops and
+    logit biases add to the server's."""
+    update: dict[str, Any] = {name: getattr(body, name) for name in _SAMPLING_FIELDS}
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if any(s == "" for s in stops):
+        raise ApiError(400, "a stop sequence cannot be empty", param="stop")
+    update["stop"] = list(dict.fromkeys([*base.stop, *stops]))
+    if body.logit_bias is not None:
+        update["logit_bias"] = {**base.logit_bias, **body.logit_bias}
+    update.update(_response_format(body.response_format))
+    try:
+        return with_stops(merge_options(base.model_dump(), update), format_stops)
+    except OptionError as exc:
+        if exc.field is None:
+            raise ApiError(400, exc.reason) from None
+        raise ApiError(400, f"invalid {exc.field!r}: {exc.reason}", param=exc.field) from None
+
+
+def _response_format(fmt: Optional[dict]) -> dict:
+    if not fmt or fmt.get("type") in (None, "text"):
+        return {}
+    if fmt.get("type") == "json_object":
+        from llama_cpp.llama_grammar import JSON_GBNF
+
+        return {"grammar": JSON_GBNF}
+    if fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ApiError(400, "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}", param="response_format")
+        return {"json_schema": schema}
+    raise ApiError(400, f"unsupported response_format type {fmt.get('type')!r}: use text, json_object or json_schema", param="response_format")
+
+
+# -- answers -----------------------------------------------------------------------------------------
+
+
+def usage(stats: Stats) -> dict:
+    return {
+        "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+    }
+
+
+def timings(stats: Stats) -> dict:
+    return {"ttft_s": round(stats.ttft_s, 6), "tpot_s": round(stats.tpot_s, 6)}
+
+
+def completion(rid: str, chat: bool, model_id: str, text: str, final: Response) -> dict:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {
+        "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+        "model": model_id, "choices": [choice], "usage": usage(final.stats), "timings": timings(final.stats),
+    }
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str, on_final, cancel) -> AsyncIterator[str]:
+    """The response stream as OpenAI's server-sent events. `on_final(final, status)` records how it ended;
+    `cancel()` frees the slot when the client goes away mid-stream."""
+    created = int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: Optional[str], finish: Optional[str], *, role: bool = False) -> str:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        event = {"id": rid, "object": kind, "created": created, "model": model_id, "choices": [choice]}
+        if include_usage:
+            event["usage"] = None  # as OpenAI streams it: null on every chunk, the totals in a last chunk
+        return _event(event)
+
+    finished = False
+    try:
+        if chat:
+            yield chunk(None, None, role=True)
+        while True:
+            response: Response = await job.sink.get()
+            text = response.text
+            while not response.done and not job.sink.empty():  # coalesce what is already here
+                more = job.sink.get_nowait()
+                text += more.text
+                if more.done:
+                    response = more
+            if text and (not response.done or response.finish_reason in FINISH_REASONS):
+                yield chunk(text, None)
+            if not response.done:
+                continue
+            finished = True
+            if response.finish_reason not in FINISH_REASONS:
+                on_final(response, "500")
+                yield _event({"error": {"message": response.error or "cancelled", "type": "server_error", "param": None, "code": None}})
+                return
+            on_final(response, "200")
+            yield chunk(None, FINISH_REASONS[response.finish_reason])
+            if include_usage:
+                yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [],
+                              "usage": usage(response.stats), "timings": timings(response.stats)})
+            yield "data: [DONE]\n\n"
+            return
+    finally:
+        if not finished:
+            cancel()  # the client went away mid-stream (or the server is stopping)
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
