@@ -4,10 +4,10 @@
     python scripts/bench_decode.py [--models smollm2 gemma] [--reps 5] [--threads N] [--llama-bench PATH]
                                    [--output md|table|json|csv]
 
-A fixed recipe over `localrun bench` (src/localrun/bench.py) on the test suite's cached real models:
-  - pp512: prefill of 512 tokens (llama-bench `-p 512 -n 0`; ours: Engine._decode into a fresh context)
+A fixed recipe over `localrun bench` (src/localrun/runtime/bench.py, cli/bench.py) on the test suite's cached real models:
+  - pp512: prefill of 512 tokens (llama-bench `-p 512 -n 0`; ours: the engine's batched step into a fresh context)
   - tg128@d512: 128 decode steps after a 512-token context (llama-bench `-p 0 -n 128 -d 512`; ours:
-    Engine.generate with the default sampler chain, end-of-text suppressed, timed from the first token)
+    engine.generate with the default sampler chain, end-of-text suppressed, timed from the first token)
 llama-bench runs with the same settings, interleaved with ours test by test, and each row carries the
 ratio ours/llama.cpp. llama-bench comes from scripts/build_llama_bench.sh (built from the llama.cpp source
 that llama-cpp-python vendors, with the same CPU flags), which this script runs if none is found.
@@ -30,7 +30,7 @@ MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma": "gemma-3-270m-q
 
 
 def find_llama_bench(explicit: str | None) -> str:
-    from localrun.bench import find_llama_bench as find
+    from localrun.runtime.bench import find_llama_bench as find
     from localrun.errors import LocalrunError
 
     try:
@@ -51,8 +51,8 @@ def main() -> int:
     ap.add_argument("--output", default="md", choices=["md", "table", "json", "csv"])
     args = ap.parse_args()
 
-    from localrun import bench
-    from localrun.console import render_error
+    from localrun.cli import bench
+    from localrun.cli.render import render_error
     from localrun.errors import LocalrunError
 
     try:

@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from localrun import loadtest  # noqa: E402
+from localrun.cli import loadtest  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache" / "localrun-test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -54,9 +54,8 @@ def history_text(target_tokens: int, tokenize) -> str:
 def child(mode: str, model: str, work: Path, ctx: int, threads: int | None) -> None:
     """One timed process: print 'first' at the first generated token, then a JSON line with the details."""
     t0 = time.perf_counter()
-    from localrun.engine import Engine, LoadOptions, Token
-    from localrun.sampling import SamplingOptions
-    from localrun.sessions import SessionStore
+    from localrun.engine import Engine, LoadOptions, SamplingOptions, generate
+    from localrun.runtime.sessions import Sessions as SessionStore
 
     t_import = time.perf_counter()
     engine = Engine(model, LoadOptions(n_ctx=ctx, n_threads=threads))
@@ -68,18 +67,17 @@ def child(mode: str, model: str, work: Path, ctx: int, threads: int | None) -> N
             store.load("bench", engine)
     t_ready = time.perf_counter()
     tokens, first_at, done = [], None, None
-    for event in engine.generate(history + question, SamplingOptions(temperature=0, max_tokens=FOLLOW_TOKENS)):
-        if isinstance(event, Token):
-            if first_at is None:
-                first_at = time.perf_counter()
-                print("first", flush=True)
-            tokens.append(event.token_id)
-        else:
-            done = event
+    for response in generate(engine, history + question, SamplingOptions(temperature=0, max_tokens=FOLLOW_TOKENS)):
+        if first_at is None:
+            first_at = time.perf_counter()
+            print("first", flush=True)
+        tokens.extend(response.tokens)
+        if response.done:
+            done = response
     print(json.dumps({
         "import_s": t_import - t0, "load_s": t_load - t_import, "restore_s": t_ready - t_load,
         "first_token_s": first_at - t_ready, "in_process_ttft_s": first_at - t0,
-        "cached_tokens": done.stats.cached_tokens, "tokens": done.tokens,
+        "cached_tokens": done.stats.cached_tokens, "tokens": tokens,
     }), flush=True)
 
 
@@ -100,16 +98,16 @@ def timed_child(mode: str, model: Path, work: Path, ctx: int, threads: int | Non
 
 def prepare(model: Path, work: Path, ctx: int, target: int, threads: int | None) -> dict:
     """Evaluate the history once, save it as session 'bench'; time saves; the no-restore continuation."""
-    from localrun.engine import Engine, LoadOptions
-    from localrun.sampling import SamplingOptions
-    from localrun.sessions import SessionStore
+    from localrun.engine import Engine, LoadOptions, SamplingOptions, generate
+    from localrun.engine.loop import evaluate
+    from localrun.runtime.sessions import Sessions as SessionStore
 
     engine = Engine(model, LoadOptions(n_ctx=ctx, n_threads=threads))
     history = engine.tokenize(history_text(target, engine.tokenize))
     question = engine.tokenize(QUESTION, add_special=False)
     (work / "history.json").write_text(json.dumps(history))
     (work / "question.json").write_text(json.dumps(question))
-    engine.prefill(history)
+    evaluate(engine, history)
     messages = [{"role": "user", "content": "(benchmark history)"}]
     with SessionStore.open(work / "store") as store:
         store.save("bench", engine, messages, model_ref=model.name)  # the first save also hashes the model file
@@ -120,7 +118,7 @@ def prepare(model: Path, work: Path, ctx: int, target: int, threads: int | None)
             saves.append(time.perf_counter() - t0)
         # The reference continuation: this process carries on from its own evaluation, no restore involved.
         greedy = SamplingOptions(temperature=0, max_tokens=FOLLOW_TOKENS)
-        direct = [e for e in engine.generate(history + question, greedy)][-1]
+        direct = [t for r in generate(engine, history + question, greedy) for t in r.tokens]
         restores = []
         for _ in range(5):
             t0 = time.perf_counter()
@@ -129,7 +127,7 @@ def prepare(model: Path, work: Path, ctx: int, target: int, threads: int | None)
     engine.close()
     return {
         "history_tokens": len(history), "state_bytes": info.size, "save_s": statistics.median(saves),
-        "restore_s": statistics.median(restores), "direct_tokens": direct.tokens,
+        "restore_s": statistics.median(restores), "direct_tokens": direct,
     }
 
 
@@ -138,7 +136,7 @@ def breakdown(runs: list[tuple[float, dict]]) -> dict:
 
 
 def agree(a: list[int], b: list[int]) -> int:
-    from localrun.engine import common_prefix
+    from localrun.engine.kv import common_prefix
 
     return common_prefix(a, b)
 

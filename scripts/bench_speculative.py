@@ -24,9 +24,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from localrun.decoding import LookupDrafter, Speculative  # noqa: E402
-from localrun.engine import Done, Engine, LoadOptions, default_threads, llama_cpp_module, parse_gpu_layers  # noqa: E402
-from localrun.sampling import SamplingOptions  # noqa: E402
+from localrun.engine import Engine, LoadOptions, SamplingOptions, default_threads, llama_cpp_module, parse_gpu_layers  # noqa: E402
+from localrun.engine import generate as engine_generate  # noqa: E402
+from localrun.engine.strategies import LookupDrafter, Speculative  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache" / "localrun-test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = HERE.parent / "src" / "localrun" / "data" / "wonderland.txt"
@@ -66,11 +66,9 @@ def prompts() -> dict[str, str]:
 
 
 def generate(engine: Engine, tokens: list[int], n: int, speculative) -> tuple[list[int], object]:
-    engine.strategy = speculative
     engine.reset()
-    done = [e for e in engine.generate(tokens, SamplingOptions(temperature=0, max_tokens=n)) if isinstance(e, Done)][0]
-    engine.strategy = None
-    return done.tokens, done.stats
+    responses = list(engine_generate(engine, tokens, SamplingOptions(temperature=0, max_tokens=n), strategy=speculative))
+    return [t for r in responses for t in r.tokens], responses[-1].stats
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ def test_the_top_k_runs_in_the_graph_stays_between_generations_and_yields_to_raw
     stays attached from one generation to the next (attaching costs a graph reservation), widens for a
     chain that needs more, and gives way to raw logits for a chain (or a caller) that needs them all."""
     from localrun.engine import PREFILTER_K, SamplingOptions, generate, llama_cpp_module
-    from localrun.engine.generate import evaluate
+    from localrun.engine.loop import evaluate
 
     ll = llama_cpp_module()
     _, engine = engines

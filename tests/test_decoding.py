@@ -20,7 +20,7 @@ def _done(stdout: str) -> dict:
 def test_beam_search_agrees_with_brute_force(smollm2):
     """Over a 3-token vocabulary and 3 steps, 9 beams are exact: the best of all 27 sequences."""
     from localrun.engine import Engine, LoadOptions, SamplingOptions, llama_cpp_module
-    from localrun.engine.generate import evaluate
+    from localrun.engine.loop import evaluate
     from localrun.engine.strategies import BeamSearch
 
     ll = llama_cpp_module()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from localrun.engine import Engine, LoadOptions, SamplingOptions, generate, llama_cpp_module
-from localrun.engine.generate import evaluate
+from localrun.engine.loop import evaluate
 from localrun.errors import SessionError, UsageError
 from localrun.runtime.sessions import Sessions as SessionStore
 from localrun.store.sessions import MIN_PREFIX_TOKENS, cache_max_bytes, check_name

@@ -292,7 +292,7 @@ def _check_before_loading(session: Optional[str], use_cache: bool, options: dict
 def _load(model: str, options: dict, parallel: int = 1):
     """Resolve and load the model with the options `run`, `chat` and `serve` share (options.shared_options)."""
     from ..runtime import load
-    from ..runtime.options import DecodeOptions, cli_options, cli_value
+    from ..runtime.options import SAMPLING, DecodeOptions, cli_value
 
     decoding = None
     if "beams" in options:
@@ -301,7 +301,7 @@ def _load(model: str, options: dict, parallel: int = 1):
     return load(
         model, source=_source(options["source"]), ctx=options["ctx"], gpu_layers=options["gpu_layers"],
         flash_attn=options["flash_attn"], kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
-        sampling={name: cli_value(name, options[name]) for name in cli_options()}, on_notice=notice,
+        sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, on_notice=notice,
         parallel=parallel, decoding=decoding,
     )
 

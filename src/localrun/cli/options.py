@@ -40,27 +40,26 @@ def _generation(
 
 
 def sampling_parameters() -> list[inspect.Parameter]:
-    """One option per field of SamplingOptions (the one list of sampling options), each None unless given:
-    plain values as they are, TOKEN=VALUE pairs and files as strings and paths (sampling.cli_value reads them)."""
+    """One option per sampling option (the one list, runtime.options.SAMPLING), each None unless given:
+    plain values as they are, TOKEN=VALUE pairs and files as strings and paths (cli_value reads them)."""
     import typing
 
-    from ..runtime.options import cli_options
+    from ..runtime.options import SAMPLING
 
     params = []
-    for name, spec in cli_options().items():
-        kind = spec["annotation"]
-        if spec["pairs"]:
+    for option in SAMPLING:
+        kind = option.type
+        if option.pairs:
             kind = list[str]
-        elif spec["file"]:
+        elif option.file:
             kind = Path
         else:
             args = [a for a in typing.get_args(kind) if a is not type(None)]
             if typing.get_origin(kind) is typing.Union and len(args) == 1:
                 kind = args[0]
-        flag = "--" + name.replace("_", "-")
-        option = typer.Option(flag, *spec["short"], help=spec["help"], rich_help_panel="Sampling")
-        params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                        annotation=Annotated[Optional[kind], option]))
+        flag = typer.Option(option.flag, *option.short, help=option.help or option.description, rich_help_panel="Sampling")
+        params.append(inspect.Parameter(option.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                        annotation=Annotated[Optional[kind], flag]))
     return params
 
 

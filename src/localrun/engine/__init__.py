@@ -1,15 +1,24 @@
 """The only package that touches llama.cpp: a model and its context, the tokenizer, the prompt renderer, the
-sampler chain, the KV cache and prefix reuse, and the one decode loop with its strategies."""
+sampler chain, the KV cache and prefix reuse, and the one decode loop with its strategies.
 
-from .generate import generate
-from .llama import build_id, default_threads, llama_cpp_module, system_info
-from .model import KV_TYPES, PREFILTER_K, Engine, LoadOptions, parse_gpu_layers
-from .sampling import OptionError, SamplingOptions, merge_options
-from .strategies import DecodeOptions
-from .types import Response, Stats
+Names are imported from their modules on first use, so that importing a light module of this package (the
+option list) does not load pydantic or the rest.
+"""
 
-__all__ = [
-    "KV_TYPES", "PREFILTER_K", "DecodeOptions", "Engine", "LoadOptions", "OptionError", "Response", "SamplingOptions",
-    "Stats", "build_id", "default_threads", "generate", "llama_cpp_module", "merge_options", "parse_gpu_layers",
-    "system_info",
-]
+from importlib import import_module
+
+_WHERE = {
+    "generate": "loop", "build_id": "llama", "default_threads": "llama", "llama_cpp_module": "llama",
+    "system_info": "llama", "KV_TYPES": "model", "PREFILTER_K": "model", "Engine": "model", "LoadOptions": "model",
+    "parse_gpu_layers": "model", "OptionError": "sampling", "SamplingOptions": "sampling", "merge_options": "sampling",
+    "DecodeOptions": "strategies", "Response": "types", "Stats": "types",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(import_module(f".{_WHERE[name]}", __package__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Decoding strategies beyond one token per step: speculative decoding and beam search.
 
-Each is a task of the one decode loop (generate.py): it says which tokens go into a step's batch and what
+Each is a task of the one decode loop (loop.py): it says which tokens go into a step's batch and what
 to do with the outputs, and streams the same responses as plain sampling. Perplexity is one too.
 
 Speculative decoding (`--draft lookup` or `--draft MODEL`): a drafter proposes k tokens; the target
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..errors import ContextOverflow, EngineError, UsageError
-from .generate import PLAIN, Plain, Prefill, Task, drive, generate
+from .loop import PLAIN, Plain, Prefill, Task, drive, generate
 from .model import Batch, Engine, LoadOptions
 from .sampling import Sampler, SamplingOptions, check_bias_tokens
 from .sequence import Sequence

@@ -356,7 +356,7 @@ def prompt_tokens(engine, n: int) -> list[int]:
 
 
 def prefill_seconds(engine, tokens: Sequence[int]) -> float:
-    from ..engine.generate import evaluate
+    from ..engine.loop import evaluate
 
     engine.reset()
     t0 = time.perf_counter()

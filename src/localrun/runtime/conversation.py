@@ -18,7 +18,7 @@ from ..engine import Response, SamplingOptions, generate
 from ..engine.kv import extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
 from ..errors import ContextOverflow, LocalrunError, SessionError
-from .load import Loaded
+from .loader import Loaded
 from .request import with_stops
 from .sessions import Sessions
 

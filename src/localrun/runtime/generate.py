@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..engine import Response, generate as engine_generate
 from ..errors import SessionError
-from .load import Loaded
+from .loader import Loaded
 from .request import Request, prompt_for, with_stops, with_system
 from .sessions import Sessions
 

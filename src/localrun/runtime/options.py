@@ -1,9 +1,22 @@
-"""Options as the layers above see them: the one list of sampling options (and its one merge), decoding
-strategies and load-time settings."""
+"""Options as the layers above see them: the one list of sampling options (plain data, cheap to import for
+the command line's flags), its one merge, decoding strategies and load-time settings (imported on use)."""
 
-from ..engine.model import KV_TYPES, LoadOptions, parse_gpu_layers
-from ..engine.sampling import OptionError, SamplingOptions, cli_options, cli_value, merge_options, text_value
-from ..engine.strategies import DecodeOptions
+from importlib import import_module
 
-__all__ = ["KV_TYPES", "DecodeOptions", "LoadOptions", "OptionError", "SamplingOptions", "cli_options", "cli_value",
-           "merge_options", "parse_gpu_layers", "text_value"]
+from ..engine.options import BY_NAME, SAMPLING, Option, cli_value, text_value
+
+_WHERE = {
+    "KV_TYPES": "..engine.model", "LoadOptions": "..engine.model", "parse_gpu_layers": "..engine.model",
+    "OptionError": "..engine.sampling", "SamplingOptions": "..engine.sampling", "merge_options": "..engine.sampling",
+    "json_grammar": "..engine.sampling",
+    "DecodeOptions": "..engine.strategies",
+}
+__all__ = ["BY_NAME", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(import_module(_WHERE[name], __package__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

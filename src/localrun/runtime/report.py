@@ -109,15 +109,11 @@ def doctor_report() -> dict[str, Any]:
         report.update(system_info())
     except ImportError as exc:
         report["llama_cpp_python"] = f"not importable ({exc}): run `make install`"
-    try:
-        import huggingface_hub
+    from importlib.metadata import PackageNotFoundError, version
 
-        report["huggingface_hub"] = huggingface_hub.__version__
-    except ImportError:
-        report["huggingface_hub"] = "missing"
-    import gguf  # noqa: F401
-
-    from importlib.metadata import version
-
-    report["gguf"] = version("gguf")
+    for package in ("huggingface_hub", "gguf"):
+        try:
+            report[package] = version(package)
+        except PackageNotFoundError:
+            report[package] = "missing"
     return report

@@ -1,7 +1,7 @@
 """Continuous batching: many generation requests served from one model and one llama.cpp context.
 
 One thread owns the context. Each step it puts one plain-sampling task per running request into the
-engine's one batched step (engine.generate.step): the next token of every decoding sequence plus a bounded
+engine's one batched step (engine.loop.step): the next token of every decoding sequence plus a bounded
 chunk of the prompts still being prefilled, decoded together; each sequence then samples from its own
 logits row with its own C sampler chain. A sequence that finishes (end of text, a stop sequence, max
 tokens, a full slot, or its client gone) leaves the batch at once and its slot takes the next waiting
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..engine import Engine, Response
-from ..engine.generate import Plain, step
+from ..engine.loop import Plain, step
 from ..engine.kv import common_prefix
 from ..engine.model import Batch, DecodeError
 from ..engine.sampling import Sampler

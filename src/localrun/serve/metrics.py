@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..engine import Stats
+from ..runtime import Stats
 
 if TYPE_CHECKING:
     from ..runtime.scheduler import Scheduler

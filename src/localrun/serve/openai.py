@@ -206,9 +206,9 @@ def _response_format(fmt: Optional[dict]) -> dict:
     if not fmt or fmt.get("type") in (None, "text"):
         return {}
     if fmt.get("type") == "json_object":
-        from llama_cpp.llama_grammar import JSON_GBNF
+        from ..runtime.options import json_grammar
 
-        return {"grammar": JSON_GBNF}
+        return {"grammar": json_grammar()}
     if fmt.get("type") == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None

@@ -1,0 +1,139 @@
+"""The one list of sampling options, as plain data: each option's name, type, default, bounds and help, and
+how the command line and the chat's /set take it. The CLI builds its flags from it without importing
+pydantic or llama.cpp; sampling.py builds the validated SamplingOptions model from it. A new option is one
+entry here and its place in the sampler chain (sampling.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    type: Any  # float, int, Optional[int], list[str], dict[int, float], Optional[str] ...
+    default: Any  # a value; list or dict: an empty one
+    description: str
+    ge: Optional[float] = None
+    gt: Optional[float] = None
+    le: Optional[float] = None
+    short: tuple[str, ...] = ()  # short flags
+    help: Optional[str] = None  # for --help, where shorter than the description
+    file: bool = False  # the command line names a file to read (a grammar, a JSON schema)
+    pairs: bool = False  # the command line gives TOKEN=VALUE pairs (repeatable)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def is_list(self) -> bool:
+        return getattr(self.type, "__origin__", None) is list
+
+
+# Defaults follow llama.cpp's own (common/common.h).
+SAMPLING: tuple[Option, ...] = (
+    Option("temperature", float, 0.8, "0 means greedy (always the most likely token)", ge=0.0, le=5.0, short=("-t",), help="0 = greedy"),
+    Option("top_k", int, 40, "keep the k most likely tokens; 0 disables", ge=0, le=1_000_000),
+    Option("top_p", float, 0.95, "nucleus sampling; 1.0 disables", gt=0.0, le=1.0),
+    Option("min_p", float, 0.05, "drop tokens below min_p x the best probability; 0 disables", ge=0.0, le=1.0),
+    Option("typical_p", float, 1.0, "locally typical sampling; 1.0 disables", gt=0.0, le=1.0),
+    Option("repeat_penalty", float, 1.0, "penalise repeated tokens; 1.0 disables", ge=0.0, le=10.0),
+    Option("repeat_last_n", int, 64, "how many recent tokens the penalties see; -1 = context", ge=-1, le=1_000_000),
+    Option("presence_penalty", float, 0.0, "penalise tokens already present; 0 disables", ge=-2.0, le=2.0),
+    Option("frequency_penalty", float, 0.0, "penalise tokens by their count so far; 0 disables", ge=-2.0, le=2.0),
+    Option("mirostat", int, 0, "0 off, 1 Mirostat, 2 Mirostat 2.0", ge=0, le=2),
+    Option("mirostat_tau", float, 5.0, "Mirostat target entropy", gt=0.0, le=20.0),
+    Option("mirostat_eta", float, 0.1, "Mirostat learning rate", gt=0.0, le=1.0),
+    Option("seed", Optional[int], None, "fixed seed: same seed, same output", ge=0, le=2**32 - 2),
+    Option("max_tokens", int, 512, "-1 = until the context is full", ge=-1, le=10_000_000, short=("-n",)),
+    Option("min_tokens", int, 0, "end-of-generation is suppressed until this many", ge=0, le=10_000_000,
+           help="suppress end-of-text until this many"),
+    Option("logit_bias", dict[int, float], {}, "token id -> added logit", pairs=True, help="TOKEN_ID=BIAS (repeatable)"),
+    Option("stop", list[str], [], "stop sequence (repeatable)", short=("-s",)),
+    Option("grammar", Optional[str], None, "GBNF grammar text", file=True, help="GBNF grammar file"),
+    Option("json_schema", Optional[dict[str, Any]], None, "constrain output to this JSON schema", file=True,
+           help="JSON schema file for the output"),
+)
+BY_NAME = {o.name: o for o in SAMPLING}
+
+
+def cli_value(name: str, raw: Any) -> Any:
+    """A flag's value as the option takes it: TOKEN=VALUE pairs parsed, a file read; None: not given."""
+    if raw is None or (isinstance(raw, list) and not raw):
+        return None
+    option = BY_NAME[name]
+    if option.pairs:
+        return parse_logit_bias(list(raw))
+    if option.file:
+        return _FILE_READERS[name](Path(raw))
+    return raw
+
+
+def text_value(name: str, text: str) -> Any:
+    """What `/set NAME TEXT` sets: lists split like a shell line, pairs and files as on the command line,
+    none/null/off/- for 'none' (and 'random' for the seed). ValueError for an unknown name or unclosed quote."""
+    import shlex
+
+    option = BY_NAME.get(name)
+    if option is None:
+        raise ValueError(f"unknown parameter {name!r}: one of {', '.join(BY_NAME)}")
+    empty = text.lower() in ("none", "null", "off", "-")
+    if option.is_list:
+        return [] if empty else shlex.split(text)
+    if option.pairs:
+        return {} if empty else parse_logit_bias(text.split())
+    if option.file:
+        return None if empty else _FILE_READERS[name](Path(text).expanduser())
+    if name == "seed" and (empty or text.lower() == "random"):
+        return None
+    return text
+
+
+def parse_logit_bias(items: list[str]) -> dict[int, float]:
+    """`TOKEN=BIAS` pairs; TOKEN is a token id. -inf bans a token (SamplingOptions refuses +inf and NaN)."""
+    out: dict[int, float] = {}
+    for item in items:
+        tok, sep, bias = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(tok)] = float(bias)
+        except ValueError:
+            raise UsageError(f"invalid --logit-bias {item!r}: use TOKEN_ID=BIAS, e.g. 2=-100") from None
+    return out
+
+
+def read_grammar(path: Optional[Path]) -> Optional[str]:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read --grammar {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--grammar {path} is not a UTF-8 text file: give a GBNF grammar") from None
+
+
+def read_json_schema(path: Optional[Path]) -> Optional[dict[str, Any]]:
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read --json-schema {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--json-schema {path} is not a UTF-8 text file: give a JSON schema") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--json-schema {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--json-schema {path} must hold a JSON object (a schema)")
+    return data
+
+
+_FILE_READERS = {"grammar": read_grammar, "json_schema": read_json_schema}
