@@ -3,6 +3,7 @@ merged, and the llama.cpp C sampler chain built from them."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 from typing import Any, Optional
@@ -27,6 +28,13 @@ class _Rules(BaseModel):
                 # +inf makes every probability NaN in the chain's softmax: llama.cpp then draws the last token.
                 raise ValueError(f"the bias of token {tok} must be a number or -inf (a ban); to force a token, give it a large bias such as 100")
         return bias
+
+    @field_validator("dry_sequence_breaker", check_fields=False)
+    @classmethod
+    def _no_empty_breaker(cls, breakers: list[str]) -> list[str]:
+        if any(b == "" for b in breakers):
+            raise ValueError("a DRY sequence breaker cannot be empty")
+        return breakers
 
     @field_validator("stop", check_fields=False)
     @classmethod
@@ -163,6 +171,13 @@ class Sampler:
             pen = ll.llama_sampler_init_penalties(engine.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty)
             add(pen)
             self._penalties.append((pen, last_n))
+        if o.dry_multiplier > 0.0:
+            breakers = [b.encode("utf-8") for b in o.dry_sequence_breaker]
+            last_n = engine.n_ctx if o.dry_penalty_last_n == -1 else o.dry_penalty_last_n
+            dry = ll.llama_sampler_init_dry(engine.vocab, o.dry_multiplier, o.dry_base, o.dry_allowed_length, last_n,
+                                            (ctypes.c_char_p * len(breakers))(*breakers), len(breakers))
+            add(dry)
+            self._penalties.append((dry, last_n))
         if grammar is not None:
             g = ll.llama_sampler_init_grammar(engine.vocab, grammar.encode("utf-8"), b"root")
             if not g:
@@ -179,7 +194,7 @@ class Sampler:
             add(ll.llama_sampler_init_temp(o.temperature))
             add(ll.llama_sampler_init_mirostat_v2(seed, o.mirostat_tau, o.mirostat_eta))
         else:
-            # llama.cpp's default order: (penalties above) top-k, typical, top-p, min-p, temperature, then draw.
+            # llama.cpp's default order: (penalties, DRY above) top-k, typical, top-p, min-p, XTC, temperature, draw.
             if o.top_k > 0:
                 add(ll.llama_sampler_init_top_k(o.top_k))
             if o.typical_p < 1.0:
@@ -188,12 +203,14 @@ class Sampler:
                 add(ll.llama_sampler_init_top_p(o.top_p, 1))
             if o.min_p > 0.0:
                 add(ll.llama_sampler_init_min_p(o.min_p, 1))
+            if o.xtc_probability > 0.0 and o.xtc_threshold <= 0.5:
+                add(ll.llama_sampler_init_xtc(o.xtc_probability, o.xtc_threshold, 1, seed))
             add(ll.llama_sampler_init_temp(o.temperature))
             add(ll.llama_sampler_init_dist(seed))
         return chain
 
     def accept_prompt(self, tokens) -> None:
-        """Let the repetition penalties see the prompt, as llama.cpp's server does (grammar does not)."""
+        """Let the repetition penalties and DRY see the prompt, as llama.cpp's server does (grammar does not)."""
         for pen, last_n in self._penalties:
             for t in tokens[-(last_n if last_n > 0 else len(tokens)) :]:
                 self._ll.llama_sampler_accept(pen, t)
