@@ -19,8 +19,14 @@ $(VENV)/.llama-$(strip $(BACKEND)): $(PY) pyproject.toml scripts/build_llama_cpp
 install: $(VENV)/.llama-$(strip $(BACKEND))
 	$(PY) -m pip install --quiet -e .
 
-install-test: $(VENV)/.llama-$(strip $(BACKEND))
-	$(PY) -m pip install --quiet -e '.[test]'
+install-test: $(VENV)/.llama-$(strip $(BACKEND)) $(VENV)/.llama-tools
+	$(PY) -m pip install --quiet -e '.[test,plot]'
+
+# llama.cpp's own llama-bench, llama-perplexity and llama-batched-bench (the references the tests compare
+# against), built once from the same vendored source and flags and cached in ~/.cache/localrun.
+$(VENV)/.llama-tools: $(PY) pyproject.toml scripts/build_llama_bench.sh scripts/build_llama_cpp.sh
+	PYTHON=$(PY) bash scripts/build_llama_bench.sh
+	touch $@
 
 demo: install
 	$(VENV)/bin/localrun pull $(DEMO_MODEL)

@@ -5,20 +5,13 @@ Names are imported from their modules on first use, so that importing a light mo
 option list) does not load pydantic or the rest.
 """
 
-from importlib import import_module
+from ..lazy import exports
 
 _WHERE = {
-    "generate": "loop", "build_id": "llama", "default_threads": "llama", "llama_cpp_module": "llama",
-    "system_info": "llama", "KV_TYPES": "model", "PREFILTER_K": "model", "Engine": "model", "LoadOptions": "model",
-    "parse_gpu_layers": "model", "OptionError": "sampling", "SamplingOptions": "sampling", "merge_options": "sampling",
-    "DecodeOptions": "strategies", "Response": "types", "Stats": "types",
+    "generate": ".loop", "build_id": ".llama", "default_threads": ".llama", "llama_cpp_module": ".llama",
+    "system_info": ".llama", "KV_TYPES": ".model", "PREFILTER_K": ".model", "Engine": ".model", "LoadOptions": ".model",
+    "parse_gpu_layers": ".model", "OptionError": ".sampling", "SamplingOptions": ".sampling", "merge_options": ".sampling",
+    "DecodeOptions": ".strategies", "Response": ".types", "Stats": ".types",
 }
 __all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        value = getattr(import_module(f".{_WHERE[name]}", __package__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = exports(globals(), _WHERE)

@@ -94,6 +94,8 @@ class Batch:
         self._ll = llama_cpp_module()
         self.capacity = capacity
         self.raw = self._ll.llama_batch_init(capacity, 0, 1)
+        raw = self.raw  # the arrays, looked up once: add() runs for every token
+        self._token, self._pos, self._n_seq_id, self._seq_id, self._logits = raw.token, raw.pos, raw.n_seq_id, raw.seq_id, raw.logits
         self.n = 0
         self._ones = (ctypes.c_int32 * capacity)(*([1] * capacity))
         self.seqs: list[int] = []  # the sequence of each row, to keep the KV token lists in step
@@ -109,12 +111,12 @@ class Batch:
 
     def add(self, token: int, pos: int, seq: int, output: bool) -> int:
         """Put a token at `pos` of sequence `seq`; `output` asks for its logits. Returns its row."""
-        b, i = self.raw, self.n
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq
-        b.logits[i] = output
+        i = self.n
+        self._token[i] = token
+        self._pos[i] = pos
+        self._n_seq_id[i] = 1
+        self._seq_id[i][0] = seq
+        self._logits[i] = output
         self.seqs.append(seq)
         self.tokens.append(token)
         self.n = i + 1
@@ -139,7 +141,7 @@ class Batch:
         self.n = i + n
 
     def want_output(self, row: int) -> None:
-        self.raw.logits[row] = 1
+        self._logits[row] = 1
 
     def close(self) -> None:
         if self.raw is not None:
@@ -161,6 +163,7 @@ class Engine:
         ll = llama_cpp_module()  # before gguf_info, whose gguf imports numpy: see llama_cpp_module()
         from .gguf_info import read_info
 
+        self._ll = ll
         self.path = Path(model_path)
         self.info = read_info(self.path)  # refuses non-GGUF, truncated, unknown arch before llama.cpp sees it
         self.options = options
@@ -250,7 +253,7 @@ class Engine:
 
     def decode(self, batch: Batch) -> None:
         """Evaluate a batch. On success the KV token lists record its tokens; on failure nothing changes."""
-        ll = llama_cpp_module()
+        ll = self._ll
         batch.raw.n_tokens = batch.n
         rc = ll.llama_decode(self.ctx, batch.raw)
         if rc != 0:
@@ -394,7 +397,11 @@ class Engine:
         return list(buf[:n])
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
-        piece, self._piece_buf = _token_piece(self.vocab, token, self._piece_buf, special)
+        buf = self._piece_buf
+        n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n >= 0:
+            return buf.raw[:n]
+        piece, self._piece_buf = _token_piece(self.vocab, token, buf, special)
         return piece
 
     def detokenize(self, tokens: Sequence[int]) -> str:
@@ -406,7 +413,7 @@ class Engine:
         return b"".join(out).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp_module().llama_vocab_is_eog(self.vocab, token))
+        return bool(self._ll.llama_vocab_is_eog(self.vocab, token))
 
     def eog_tokens(self) -> list[int]:
         if self._eog is None:  # a walk over the whole vocabulary (262k for gemma): once per model

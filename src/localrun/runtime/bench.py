@@ -586,7 +586,7 @@ def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
     from ..engine import Engine
     from ..engine.gguf_info import kv_cache_bytes
     from ..engine.llama import captured_llama_log
-    from ..engine.strategies import load_draft, make_strategy
+    from .loader import strategy_for
 
     status(f"{config.model}: loading")
     options = config.settings.load_options(n_ctx)
@@ -594,19 +594,7 @@ def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
     with captured_llama_log() as lines:
         engine = Engine(config.path, options)
     load_ms = (time.perf_counter() - t0) * 1000
-    decoding = config.settings.decoding()
-    draft = None
-    try:
-        if decoding.draft not in (None, "lookup"):
-            from .. import hub
-
-            draft = load_draft(engine, hub.ensure_local(decoding.draft).path)
-        strategy = make_strategy(decoding, engine, draft, ctx_limit=n_ctx)
-    except Exception:
-        if draft is not None:
-            draft.close()
-        engine.close()
-        raise
+    strategy = strategy_for(engine, config.settings.decoding(), ctx_limit=n_ctx)
     if engine.gpu_notice:
         notice(engine.gpu_notice)
     if not config.load_ms:  # the first load of this model+settings is the one reported

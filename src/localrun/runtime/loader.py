@@ -84,15 +84,23 @@ def load(
     engine = Engine(local.path, options)
     if engine.gpu_notice and on_notice:
         on_notice(engine.gpu_notice)
+    strategy = strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
+    return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
+                  system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)
+
+
+def strategy_for(engine: Engine, decoding: DecodeOptions, *, ctx_limit: int, source: str = "auto"):
+    """The strategy `decoding` asks for on this engine, loading the draft model it names. On failure the
+    engine is closed too (it was loaded for this strategy)."""
+    from .. import hub
+
     draft = None
     try:
         if decoding.draft not in (None, "lookup"):
             draft = load_draft(engine, hub.ensure_local(decoding.draft, source=source).path)
-        strategy = make_strategy(decoding, engine, draft, ctx_limit=n_ctx)
+        return make_strategy(decoding, engine, draft, ctx_limit=ctx_limit)
     except BaseException:
         if draft is not None:
             draft.close()
         engine.close()
         raise
-    return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
-                  system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)

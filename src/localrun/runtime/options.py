@@ -1,9 +1,8 @@
 """Options as the layers above see them: the one list of sampling options (plain data, cheap to import for
 the command line's flags), its one merge, decoding strategies and load-time settings (imported on use)."""
 
-from importlib import import_module
-
 from ..engine.options import BY_NAME, SAMPLING, Option, cli_value, text_value
+from ..lazy import exports
 
 _WHERE = {
     "KV_TYPES": "..engine.model", "LoadOptions": "..engine.model", "parse_gpu_layers": "..engine.model",
@@ -12,11 +11,4 @@ _WHERE = {
     "DecodeOptions": "..engine.strategies",
 }
 __all__ = ["BY_NAME", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        value = getattr(import_module(_WHERE[name], __package__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = exports(globals(), _WHERE)
