@@ -11,7 +11,8 @@ Paths (both test models unless said):
   serve    `serve --parallel 8`: a completion alone, then the same among 7 others at once (the others'
            text is recorded, not compared: on gemma it varies between runs of one build)
   beams    `run --beams 3 --json` token ids
-  lookup   `run --draft lookup --json` token ids next to plain decoding's (equal on a cpu-exact build)
+  lookup   `run --draft lookup --json` token ids next to plain decoding's with flash attention off, as --draft
+           sets it (equal on a cpu-exact build)
 The command is the installed `localrun` next to this Python, or --localrun PATH (another checkout's venv).
 """
 
@@ -108,7 +109,7 @@ def beams_path(exe: str, model: Path) -> list[int]:
 
 def lookup_path(exe: str, model: Path) -> dict:
     args = ("run", str(model), "--raw", "-t", "0", "-n", "48", "--ctx", "512", "--json")
-    plain = done(cli(exe, *args, COPY).stdout)["tokens"]
+    plain = done(cli(exe, *args, "--no-flash-attn", COPY).stdout)["tokens"]  # --draft turns flash attention off
     draft = done(cli(exe, *args, "--draft", "lookup", COPY).stdout)
     return {"plain": plain, "lookup": draft["tokens"], "accepted": draft["stats"].get("draft_accepted")}
 
