@@ -11,7 +11,7 @@ import pexpect
 import pytest
 
 from localrun.engine.prompt import apply_template
-from conftest import LOCALRUN
+from conftest import LOCALRUN, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +115,31 @@ def prompt_size(engine, messages: list[dict]) -> int:
     return len(engine.tokenize(apply_template(engine, messages), add_special=True, parse_special=True))
 
 
+def reference(engine, turns: list, system=None, history: list[dict] | None = None, **options) -> list:
+    """The reference answers: the same conversation held in this process by runtime.Conversation over an engine
+    loaded as the command loads it, from an empty KV cache. `turns`: messages, or (message, extra options) pairs
+    for a /set between turns. Returns (answer, final response) per turn."""
+    from localrun.runtime import Loaded, SamplingOptions
+    from localrun.runtime.conversation import Conversation
+
+    engine.reset()
+    conv = Conversation(Loaded(engine, "reference", SamplingOptions()), system)
+    if history:
+        conv.replace(history)
+    out = []
+    for turn in turns:
+        text, extra = turn if isinstance(turn, tuple) else (turn, {})
+        options.update(extra)
+        out.append(conv.send(text, SamplingOptions(**options), lambda piece: None))
+    return out
+
+
+def line_of(answer: str) -> str:
+    """An answer as piped chat writes it (the README's rule, spelled out here): one line, backslashes and line
+    breaks escaped, surrounding blanks dropped."""
+    return answer.strip().replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")
+
+
 # -- in a terminal -----------------------------------------------------------------------------------
 
 
@@ -123,13 +148,14 @@ def test_two_turns_evaluate_only_the_new_tokens(smollm2, engine, term):
     assert "/help" in t.banner
     first = t.say("Hello! What is your name?")
     s1 = stats(first)
-    assert answer_of(first)
     u1 = [{"role": "user", "content": "Hello! What is your name?"}]
     assert s1["cached"] == 0 and s1["prompt"] == prompt_size(engine, u1)
 
     second = t.say("What is the capital of France?")
     s2 = stats(second)
-    assert answer_of(second)
+    ref = reference(engine, ["Hello! What is your name?", "What is the capital of France?"], temperature=0, max_tokens=32)
+    assert [answer_of(first), answer_of(second)] == [a.strip() for a, _ in ref]
+    assert (s1["generated"], s1["finish"]) == (ref[0][1].stats.generated_tokens, ref[0][1].finish_reason)
     # The last sampled token of a turn cut by --max-tokens was never decoded, so it is evaluated with the glue.
     cut = 1 if s1["finish"] == "length" else 0
     assert s2["cached"] == s1["prompt"] + s1["generated"] - cut
@@ -143,7 +169,7 @@ def test_two_turns_evaluate_only_the_new_tokens(smollm2, engine, term):
     assert t.bye() == 0
 
 
-def test_set_temperature_zero_gives_the_same_answer_after_clear(smollm2, term):
+def test_set_temperature_zero_gives_the_same_answer_after_clear(smollm2, engine, term):
     t = term(smollm2, "-n", "24", "--ctx", "1024", "--temperature", "1.5", "--verbose", *T1)
     assert "temperature = 0.0" in t.say("/set temperature 0")
     assert "temperature=0.0" in t.say("/show")
@@ -153,14 +179,15 @@ def test_set_temperature_zero_gives_the_same_answer_after_clear(smollm2, term):
     assert "0 turn(s)" in t.say("/show")
     second = t.say(question)
     a, b = answer_of(first), answer_of(second)
-    assert a and a == b
+    [(want, _)] = reference(engine, [question], temperature=0, max_tokens=24)
+    assert a == b == want.strip()
     # The same first prompt again: everything but its last token comes from the KV cache.
     s1, s2 = stats(first), stats(second)
     assert s2["prompt"] == s1["prompt"] and s2["eval_prompt"] == 1
     assert t.bye() == 0
 
 
-def test_bad_set_value_stays_in_the_repl(smollm2, term):
+def test_bad_set_value_stays_in_the_repl(smollm2, engine, term):
     t = term(smollm2, *ARGS)
     out = t.say("/set temperature hot")
     assert "invalid temperature 'hot'" in out and len(out.strip().splitlines()) == 1
@@ -171,8 +198,10 @@ def test_bad_set_value_stays_in_the_repl(smollm2, term):
     assert "unknown command /frobnicate" in t.say("/frobnicate")
     assert "temperature=0.0" in t.say("/show")  # unchanged
     assert "max_tokens = 8" in t.say("/set max_tokens 8")
-    assert answer_of(t.say("Hi there"))
-    assert stats(t.say("/stats"))["generated"] <= 8
+    [(want, final)] = reference(engine, ["Hi there"], temperature=0, max_tokens=8, stop=["###", "The end"])
+    assert answer_of(t.say("Hi there")) == want.strip()
+    s = stats(t.say("/stats"))
+    assert s["generated"] <= 8 and (s["generated"], s["finish"]) == (final.stats.generated_tokens, final.finish_reason)
     assert t.bye() == 0
 
 
@@ -181,16 +210,17 @@ def test_ctrl_c_stops_the_answer_and_the_next_turn_works(smollm2, engine, term):
     t.child.send("Write a very long story about a dragon who learns to cook.\r")
     t.child.expect_exact(ACCEPTED)
     t.child.expect(r"[A-Za-z]{3}")  # the answer has started streaming
+    streamed = clean(t.child.before + t.child.after)
     t.child.sendintr()
     after = t.ready()
     assert "(interrupted: the partial answer stays in the conversation)" in after
+    shown = (streamed + after.split("(interrupted")[0]).strip()
     s1 = stats(t.say("/stats"))
     assert s1["finish"] == "interrupted" and s1["generated"] < 600
 
     out = t.say("/set max_tokens 24")
     assert "max_tokens = 24" in out
     reply = t.say("Thank you!")
-    assert answer_of(reply)
     s2 = stats(t.say("/stats"))
     assert s2["finish"] in ("eos", "length")
     # The cut answer stayed in the conversation and in the KV cache: only about the new message is evaluated.
@@ -198,7 +228,13 @@ def test_ctrl_c_stops_the_answer_and_the_next_turn_works(smollm2, engine, term):
     assert s2["cached"] >= s1["prompt"]
     assert s2["eval_prompt"] <= glue_tokens(engine, u1, "Thank you!") + 2
     assert "2 turn(s)" in t.say("/show")
+    # The conversation holds exactly what was shown: the partial answer, then the reply.
+    assert "saved session cut" in t.say("/save cut")
     assert t.bye() == 0
+    saved = json.loads(run_cli("sessions", "show", "cut", "--json").stdout)["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant", "user", "assistant"]
+    assert saved[1]["content"].strip() == shown and len(shown) >= 3
+    assert saved[3]["content"].strip() == answer_of(reply)
 
 
 def test_ctrl_c_at_the_prompt_hints_and_ctrl_d_exits(smollm2, term):
@@ -222,7 +258,8 @@ def test_multiline_block_and_bracketed_paste_send_one_message(smollm2, engine, t
     block = t.say('"""\rfirst line\rsecond line"""')
     want = prompt_size(engine, [{"role": "user", "content": "first line\nsecond line"}])
     assert stats(block)["prompt"] == want
-    assert answer_of(block)
+    [(ref, _)] = reference(engine, ["first line\nsecond line"], temperature=0, max_tokens=32)
+    assert answer_of(block) == ref.strip()
     t.say("/clear")
     pasted = t.say("\x1b[200~alpha beta\ngamma delta\x1b[201~")
     assert stats(pasted)["prompt"] == prompt_size(engine, [{"role": "user", "content": "alpha beta\ngamma delta"}])
@@ -248,29 +285,34 @@ def test_history_is_kept_across_runs(smollm2, term, isolated_home):
 # -- piped stdin ---------------------------------------------------------------------------------------
 
 
-def test_piped_stdin_one_answer_line_per_message(smollm2, cli):
+def test_piped_stdin_one_answer_line_per_message(smollm2, engine, cli):
     r = cli("chat", str(smollm2), *ARGS, input="Hello!\n\nWhat is 2+2?\n/set top_k 20\nName a colour.\n")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
     assert lines[-1] == "" and len(lines) == 4, r.stdout  # three answers, each one line; blank input skipped
-    assert all(line.strip() for line in lines[:3])
+    ref = reference(engine, ["Hello!", "What is 2+2?", ("Name a colour.", {"top_k": 20})], temperature=0, max_tokens=32)
+    assert lines[:3] == [line_of(a) for a, _ in ref]
     assert "\x1b" not in r.stdout and ">>>" not in r.stdout + r.stderr
     assert "top_k = 20" in r.stderr
 
 
-def test_piped_triple_quoted_block_is_one_message(smollm2, cli):
+def test_piped_triple_quoted_block_is_one_message(smollm2, engine, cli):
     """/help advertises triple-quoted blocks; piped, each of their lines (markers included) went as a message."""
     r = cli("chat", str(smollm2), *ARGS, input='"""\nline one\nline two"""\n"""one line"""\nHi\n')
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.split("\n")) == 4, r.stdout  # three answers: the block, the one-line block, Hi
+    ref = reference(engine, ["line one\nline two", "one line", "Hi"], temperature=0, max_tokens=32)
+    assert r.stdout == "".join(line_of(a) + "\n" for a, _ in ref)
 
 
-def test_piped_answers_escape_newlines(smollm2, cli):
+def test_piped_answers_escape_newlines(smollm2, engine, cli):
     r = cli("chat", str(smollm2), "-t", "0", "-n", "48", "--ctx", "1024", *T1,
             input="Write a numbered list of five animals, one per line.\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1 and r.stdout.endswith("\n")
-    assert "\\n" in r.stdout  # the list's line breaks, escaped
+    [(answer, _)] = reference(engine, ["Write a numbered list of five animals, one per line."], temperature=0, max_tokens=48)
+    assert "\n" in answer.strip()  # the answer has line breaks inside ...
+    assert r.stdout == line_of(answer) + "\n" and "\\n" in r.stdout  # ... written as \n
 
 
 def test_piped_bad_set_and_bye(smollm2, cli):
@@ -307,7 +349,11 @@ def test_message_too_long_for_the_context_is_one_line(smollm2, cli):
     r = cli("chat", str(smollm2), "-t", "0", "-n", "16", "--ctx", "64", *T1, input=("word " * 200) + "\nHi\n")
     assert r.returncode == 0, r.stderr
     assert "context holds 64" in r.stderr
-    assert r.stdout.split("\n")[0] == "" and r.stdout.split("\n")[1]  # an empty line for the failed one, then an answer
+    from localrun.engine import Engine, LoadOptions
+
+    with Engine(smollm2, LoadOptions(n_ctx=64, n_threads=1)) as small:  # the failed message left nothing behind
+        [(answer, _)] = reference(small, ["Hi"], temperature=0, max_tokens=16)
+    assert r.stdout == "\n" + line_of(answer) + "\n"  # an empty line for the failed one, then the answer to Hi
 
 
 def test_save_load_and_session(smollm2, gemma, cli):
@@ -323,7 +369,10 @@ def test_save_load_and_session(smollm2, gemma, cli):
     two = cli("chat", str(smollm2), *ARGS, "--session", "work", "-v", input="/show\nWhat is my name?\n")
     assert two.returncode == 0, two.stderr
     assert "loaded session work" in two.stderr and re.search(r"conversation:\s+1 turn", two.stderr)
-    assert two.stdout.strip()
+    # The reference: both messages in one process, no session: resuming continues as if never stopped.
+    straight = cli("chat", str(smollm2), *ARGS, input="My name is Ada.\nWhat is my name?\n")
+    assert straight.stdout.splitlines()[0] + "\n" == one.stdout
+    assert two.stdout == straight.stdout.splitlines()[1] + "\n"
     # The restored KV cache serves the saved turn: only the new message is evaluated.
     s = stats(two.stderr)
     assert s["cached"] > 10 and s["eval_prompt"] < s["cached"]
@@ -423,4 +472,6 @@ def test_a_hard_interrupt_empties_the_kv_cache_and_keeps_the_conversation(engine
         conv.send("Tell me a story.", opts.model_copy(update={"max_tokens": 64}), pieces.append, second_ctrl_c)
     assert engine.kv.tokens[0] == [] and conv.messages == before
     answer, final = conv.send("Hello again", opts, lambda piece: None)
-    assert final.stats.cached_tokens == 0 and answer
+    assert final.stats.cached_tokens == 0
+    [(want, _)] = reference(engine, ["Hello again"], history=before, temperature=0, max_tokens=12)
+    assert answer == want

@@ -156,14 +156,90 @@ def test_show_for_a_sliding_window_model(cli, gemma):
     assert d["memory_allocated"]["kv_bytes"] == d["memory_estimate"]["kv_bytes"]
 
 
-def test_doctor_reports_the_build(cli):
-    r = cli("doctor", "--json")
+def _free_disk(path) -> int:
+    """Free bytes on the file system that holds `path` (or its nearest existing parent)."""
+    import shutil
+    from pathlib import Path
+
+    target = Path(path)
+    while not target.exists() and target.parent != target:
+        target = target.parent
+    return shutil.disk_usage(target).free
+
+
+def test_doctor_reports_the_build(cli, isolated_home):
+    """Every fact compared with its own source: llama.cpp's answers, the environment, the disk, the metadata."""
+    import os
+    import platform
+    from importlib.metadata import version
+    from pathlib import Path
+
+    import llama_cpp
+
+    import localrun
+
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9/hub", "HF_HUB_OFFLINE": "1"}
+    free_before = _free_disk(isolated_home)
+    r = cli("doctor", "--json", env=env)
+    free_after = _free_disk(isolated_home)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert "AVX2 = 1" in d["system_info"]
     assert "AMX" not in d["system_info"] or "AMX_INT8 = 1" not in d["system_info"]
-    assert d["gpu_offload"] in (True, False)
-    assert d["free_disk_bytes"] > 0 and d["llama_cpp_python"] == "0.3.36"
+    assert d["system_info"] == llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    assert d["gpu_offload"] is bool(llama_cpp.llama_supports_gpu_offload())
+    assert d["mmap"] is bool(llama_cpp.llama_supports_mmap())
+    # Paths: the ones the fixture (and this test) put in the environment.
+    assert d["home"] == os.environ["LOCALRUN_HOME"] == str(isolated_home)
+    assert d["mirror_dir"] == str(isolated_home / "mirror")
+    assert d["hf_home"] == os.environ["HF_HOME"]
+    assert (d["hf_endpoint"], d["hf_offline"]) == ("http://127.0.0.1:9/hub", "1")
+    assert d["models_files"] == [str(Path(localrun.__file__).parent / "models.yaml")]  # no user models.yaml yet
+    # Free disk where LOCALRUN_HOME will be, as the disk was around the command (other processes write too).
+    slack = 16 << 20
+    assert min(free_before, free_after) - slack <= d["free_disk_bytes"] <= max(free_before, free_after) + slack
+    # Versions: the installed distributions' metadata.
+    assert d["llama_cpp_python"] == version("llama_cpp_python") == llama_cpp.__version__ == "0.3.36"
+    assert d["localrun"] == version("localrun") == localrun.__version__
+    assert d["huggingface_hub"] == version("huggingface_hub") and d["gguf"] == version("gguf")
+    assert d["python"] == platform.python_version()
+
+
+def test_doctor_shows_the_cpu_features_of_the_default_build(cli):
+    """The default build (BACKEND=cpu, and the CUDA one) enables AVX2 explicitly; that only applies on an x86
+    CPU that has it."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"AVX2 is an x86 feature; this is {platform.machine()}")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to read the CPU's features from")
+    if "avx2" not in flags:
+        pytest.skip("this CPU has no AVX2, so the build cannot use it")
+    r = cli("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "AVX2 = 1" in json.loads(r.stdout)["system_info"]
+
+
+@pytest.mark.parametrize("debug", ["1", "0", None], ids=["LOCALRUN_DEBUG=1", "LOCALRUN_DEBUG=0", "unset"])
+def test_localrun_debug_shows_the_traceback(cli, tmp_path, debug):
+    """The README: every known failure is one line; LOCALRUN_DEBUG=1 shows the traceback as well."""
+    f = tmp_path / "notes.gguf"
+    f.write_text("just some text, not a model\n")
+    r = cli("run", str(f), "hi", env={} if debug is None else {"LOCALRUN_DEBUG": debug})
+    line = f"error: {f}: not a GGUF file (starts with b'just som'): pass a .gguf model file, or delete it and pull again"
+    assert r.returncode == 1 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == line
+    if debug == "1":
+        assert "Traceback (most recent call last)" in r.stderr
+        # the frames down to where the error was raised
+        assert "read_info" in r.stderr and "InvalidModelFile: " in r.stderr
+        assert len(lines) > 10
+    else:
+        assert lines == [line]
 
 
 def test_ctrl_c_during_generation_exits_130(smollm2):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +16,28 @@ COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 
 def _done(stdout: str) -> dict:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()][-1]
+
+
+def _engine(path, beams: int = 1):
+    from localrun.engine import Engine, LoadOptions
+
+    return Engine(path, LoadOptions(n_ctx=512, n_threads=1, n_seq_max=2 * beams + 1, kv_unified=True))
+
+
+def reference_logprob(engine, prompt: list[int], tokens: list[int]) -> float:
+    """log P(tokens | prompt) from the model's own logits, one token at a time (float64 log-softmax over the
+    whole vocabulary): what beam search ranks its hypotheses by."""
+    from localrun.engine import llama_cpp_module
+    from localrun.engine.loop import evaluate
+
+    ll = llama_cpp_module()
+    total = 0.0
+    for i, tok in enumerate(tokens):
+        evaluate(engine, prompt + tokens[:i])
+        x = np.ctypeslib.as_array(ll.llama_get_logits_ith(engine.ctx, -1), shape=(engine.n_vocab,)).astype(np.float64)
+        x -= x.max()
+        total += float(x[tok] - np.log(np.exp(x).sum()))
+    return total
 
 
 def test_beam_search_agrees_with_brute_force(smollm2):
@@ -52,13 +75,61 @@ def test_beam_search_agrees_with_brute_force(smollm2):
 
 
 def test_beam_search_in_run_honours_stop_and_json(smollm2, cli):
+    from localrun.engine import SamplingOptions
+    from localrun.engine.strategies import BeamSearch
+
+    prompt = "The three primary colours are"
     r = cli("run", str(smollm2), "--beams", "3", "--raw", "-n", "40", "--threads", "1", "--no-cache",
-            "--stop", ".", "--json", "The three primary colours are")
+            "--stop", ".", "--json", prompt)
     assert r.returncode == 0, r.stderr
     done = _done(r.stdout)
-    assert done["text"].strip() and "." not in done["text"]
-    assert done["tokens"]  # the best beam's ids (they were missing: beam search streams it as text)
-    assert done["stats"]["finish_reason"] == "stop" and done["stats"]["target_steps"] >= 1
+    stats = done["stats"]
+    engine = _engine(smollm2, beams=3)
+    try:
+        # The best beam's ids (they were missing: beam search streams it as text): their text, cut at the
+        # stop, is the answer; the last of them made the stop.
+        full = engine.detokenize(done["tokens"])
+        assert done["text"].strip() and "." in full and done["text"] == full[: full.index(".")]
+        assert "." not in engine.detokenize(done["tokens"][:-1])
+        # The same search in-process (3 beams, length penalty 1, stop "."): the CLI ran it, not plain decoding.
+        best, ref_stats = BeamSearch(3, 1.0).search(engine, engine.tokenize(prompt),
+                                                    SamplingOptions(max_tokens=40, stop=["."]))
+    finally:
+        engine.close()
+    assert done["tokens"] == best.tokens and best.stopped_by == "."
+    assert stats["finish_reason"] == "stop" and stats["target_steps"] == ref_stats.target_steps
+    # The chosen beam needed one batched step per token after the prompt's logits; the search may go on.
+    assert len(done["tokens"]) - 1 <= stats["target_steps"] < 40
+
+
+def test_length_penalty_changes_which_beam_is_picked(smollm2, cli):
+    """Finished beams are ranked by logprob / length ** P: with P = 0 the most likely (shortest) answer wins,
+    with 0.5 a longer one, with 1 (average log-probability) a longer one still. Each pick is the best of the
+    three picks under its own P, with the log-probabilities computed independently from the model's logits."""
+    prompt = "The best way to learn is"
+    picks = {}
+    for penalty in ("0", "0.5", "1"):
+        r = cli("run", str(smollm2), "--beams", "4", "--length-penalty", penalty, "--stop", ".", "--raw", "-n", "30",
+                "--threads", "1", "--no-cache", "--json", prompt)
+        assert r.returncode == 0, r.stderr
+        done = _done(r.stdout)
+        assert done["stats"]["finish_reason"] == "stop"
+        picks[float(penalty)] = done
+    assert [picks[p]["text"] for p in (0.0, 0.5, 1.0)] == [
+        " by doing", " to start with the basics",
+        " to start with the basics and gradually work your way up to more complex concepts"]
+    lengths = [len(picks[p]["tokens"]) for p in (0.0, 0.5, 1.0)]
+    assert lengths[0] < lengths[1] < lengths[2]
+    engine = _engine(smollm2)
+    try:
+        ids = engine.tokenize(prompt)
+        logprob = {p: reference_logprob(engine, ids, done["tokens"]) for p, done in picks.items()}
+    finally:
+        engine.close()
+    for p, done in picks.items():
+        score = {q: logprob[q] / len(picks[q]["tokens"]) ** p for q in picks}
+        assert max(score, key=score.get) == p, (p, score)  # the pick under P has the best score under P
+        assert min(score[p] - score[q] for q in picks if q != p) > 0.05  # by a margin above rounding
 
 
 def test_lookup_draft_is_token_identical_and_accepts_copied_text(smollm2, cli):
@@ -76,11 +147,19 @@ def test_lookup_draft_is_token_identical_and_accepts_copied_text(smollm2, cli):
 
 
 def test_draft_model_with_same_vocabulary(smollm2, cli):
-    r = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "30", "--no-cache", "--threads", "1", "--json",
-            "--draft", str(smollm2), "--draft-max", "4", "Once upon a time")
-    assert r.returncode == 0, r.stderr
-    stats = _done(r.stdout)["stats"]
+    """The README's promise: greedy output with a draft model is the target's own, token for token (against
+    plain decoding with flash attention off, as --draft sets it)."""
+    common = ["run", str(smollm2), "--raw", "-t", "0", "-n", "30", "--no-cache", "--threads", "1", "--json"]
+    r = cli(*common, "--draft", str(smollm2), "--draft-max", "4", "Once upon a time")
+    plain = cli(*common, "--no-flash-attn", "Once upon a time")
+    assert r.returncode == 0 and plain.returncode == 0, r.stderr + plain.stderr
+    done, ref = _done(r.stdout), _done(plain.stdout)
+    assert len(ref["tokens"]) == 30  # no end of text within 30 tokens: the whole run is compared
+    assert done["tokens"] == ref["tokens"] and done["text"] == ref["text"]
+    stats = done["stats"]
     assert stats["draft_tokens"] > 0 and stats["acceptance_rate"] > 0.8  # a model agrees with itself
+    # Every step emits the kept draft plus the target's own token; the last step's excess is cut.
+    assert stats["target_steps"] < stats["eval_tokens"] <= stats["target_steps"] + stats["draft_accepted"]
 
 
 def test_draft_model_with_another_vocabulary_is_refused(smollm2, gemma, cli):
@@ -101,19 +180,67 @@ def test_bad_decoding_options(smollm2, cli, args, flag):
 
 
 def test_chat_with_lookup_draft(smollm2, cli):
-    r = cli("chat", str(smollm2), "--draft", "lookup", "-t", "0", "-n", "20", "--threads", "1",
-            input="Say hello.\nSay goodbye.\n")
-    assert r.returncode == 0, r.stderr
-    assert len(r.stdout.splitlines()) == 2 and all(line.strip() for line in r.stdout.splitlines())
+    """Each turn's answer is the one chat gives without a draft (flash attention off, as --draft sets it), and
+    -v shows, per turn, that drafts from the conversation were kept (the answers repeat themselves, and the
+    second repeats the first)."""
+    turns = "Say hello.\nSay goodbye.\n"
+    common = ["chat", str(smollm2), "-t", "0", "-n", "20", "--threads", "1"]
+    r = cli(*common, "--draft", "lookup", "-v", input=turns)
+    plain = cli(*common, "--no-flash-attn", input=turns)
+    assert r.returncode == 0 and plain.returncode == 0, r.stderr + plain.stderr
+    assert len(plain.stdout.splitlines()) == 2 and all(line.strip() for line in plain.stdout.splitlines())
+    assert r.stdout == plain.stdout
+    steps = [int(n) for n in re.findall(r"^target steps:\s+(\d+) \(", r.stderr, re.M)]
+    accepted = [tuple(map(int, m)) for m in re.findall(r"^draft acceptance:\s+(\d+)/(\d+) \(", r.stderr, re.M)]
+    evals = [int(n) for n in re.findall(r"^eval count:\s+(\d+) token", r.stderr, re.M)]
+    assert len(steps) == len(accepted) == len(evals) == 2, r.stderr  # one report per turn
+    for n_steps, (ok, drafted), n_eval in zip(steps, accepted, evals):
+        assert 0 < ok <= drafted and n_steps < n_eval  # drafts kept: fewer target steps than tokens
+        assert n_eval <= 1 + n_steps + ok  # the first token, then per step the kept draft and one more
 
 
-def test_bench_compares_decoding_strategies(smollm2, cli):
+def test_bench_compares_decoding_strategies(smollm2, cli, monkeypatch, capsys):
+    """One tg row per --decode value, and each measured with its strategy: bench's rows say only the label,
+    so the generations bench times are watched (the real engine.generate, wrapped to keep each one's final
+    stats): plain decoding has no target steps; lookup drafted and was verified by the target; two beams
+    took one batched step per token."""
     r = cli("bench", str(smollm2), "--pp", "0", "--tg", "16", "--depth", "64", "--reps", "1", "--threads", "1",
             "--decode", "plain,lookup,beams2", "--output", "json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["settings"]["decode"] for row in rows] == ["plain", "lookup", "beams2"]
-    assert all(row["median_ts"] > 0 for row in rows)
+    assert [(row["test"], row["n_tokens"], row["depth"], row["reps"]) for row in rows] == [("tg16@d64", 16, 64, 1)] * 3
+    assert len({json.dumps({**row["settings"], "decode": None}) for row in rows}) == 1  # only the decode differs
+    assert all(row["median_ts"] == row["mean_ts"] == row["samples_ts"][0] > 0 for row in rows)
+
+    import localrun.engine as engine_api
+    from localrun.cli import bench as front
+
+    real = engine_api.generate
+    finals = []
+
+    def watched(engine, prompt, sampling, **kw):
+        for response in real(engine, prompt, sampling, **kw):
+            if response.done:
+                finals.append((len(prompt), sampling.max_tokens, response))
+            yield response
+
+    monkeypatch.setattr(engine_api, "generate", watched)
+    assert front.run_from_cli([str(smollm2)], pp="0", tg="16", depth="64", reps=1, threads="1",
+                              decode="plain,lookup,beams2", output="json") == 0
+    assert [row["settings"]["decode"] for row in json.loads(capsys.readouterr().out)] == ["plain", "lookup", "beams2"]
+    # The timed generations (the warm-ups decode 2 after one token): 64 tokens of context, 17 sampled.
+    timed = [resp for n_prompt, max_tokens, resp in finals if (n_prompt, max_tokens) == (64, 17)]
+    assert len(timed) == 3
+    plain, lookup, beams = (resp.stats for resp in timed)
+    assert [len(resp.tokens) for resp in timed[::2]] == [1, 17]  # plain streams tokens; beams answer at once
+    for stats in (plain, lookup, beams):
+        assert stats.eval_tokens == 16 and stats.finish_reason == "length"
+    assert plain.target_steps == 0 and plain.draft_tokens == 0
+    assert lookup.draft_tokens > 0 and 0 < lookup.target_steps <= 16
+    assert lookup.eval_tokens <= lookup.target_steps + lookup.draft_accepted
+    assert beams.target_steps == 16 and beams.draft_tokens == 0  # the first token comes from the prompt's logits
+
     r = cli("bench", str(smollm2), "--decode", "beams1")
     assert r.returncode == 2 and "--decode" in r.stderr
 
@@ -121,13 +248,32 @@ def test_bench_compares_decoding_strategies(smollm2, cli):
 def test_draft_with_a_quantized_kv_cache_keeps_flash_attention(smollm2, cli):
     """--draft turns flash attention off for identity, but a quantized V cache needs it: this was refused
     with "drop --no-flash-attn", a flag the user never gave."""
-    r = cli("run", str(smollm2), "--draft", "lookup", "--kv-type", "q8_0", "-t", "0", "-n", "8", "--threads", "1", "--raw", "Hi")
+    common = ["run", str(smollm2), "--kv-type", "q8_0", "-t", "0", "-n", "40", "--threads", "1", "--raw", "--no-cache",
+              "--json", "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,"]
+    r = cli(*common, "--draft", "lookup")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip()
+    plain = cli(*common)  # the same quantized cache, flash attention on by default for it
+    assert plain.returncode == 0, plain.stderr
+    done, ref = _done(r.stdout), _done(plain.stdout)
+    assert len(ref["tokens"]) == 40 and done["tokens"] == ref["tokens"] and done["text"] == ref["text"]
+    stats = done["stats"]  # lookup did draft the repeated counting, and the target verified it
+    assert stats["draft_accepted"] > 20 and stats["target_steps"] < stats["eval_tokens"]
 
 
 def test_verbose_shows_target_steps_and_acceptance(smollm2, cli):
-    r = cli("run", str(smollm2), "--draft", "lookup", "-t", "0", "-n", "40", "--threads", "1", "--raw", "--verbose",
-            "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,")
-    assert r.returncode == 0, r.stderr
-    assert "target steps:" in r.stderr and "tokens per step" in r.stderr and "draft acceptance:" in r.stderr
+    """--verbose shows the numbers --json reports for the same (deterministic) run: text that partly repeats,
+    so that some drafts are kept and some are not."""
+    common = ["run", str(smollm2), "--draft", "lookup", "-t", "0", "-n", "60", "--threads", "1", "--raw", "--no-cache",
+              "The cat sat on the mat. The dog sat on the log. The cat"]
+    r = cli(*common, "--verbose")
+    ref = cli(*common, "--json")
+    assert r.returncode == 0 and ref.returncode == 0, r.stderr + ref.stderr
+    stats = _done(ref.stdout)["stats"]
+    steps = re.search(r"^target steps:\s+(\d+) \(([\d.]+) tokens per step\)$", r.stderr, re.M)
+    accepted = re.search(r"^draft acceptance:\s+(\d+)/(\d+) \(([\d.]+)%\)$", r.stderr, re.M)
+    assert steps and accepted, r.stderr
+    assert int(steps.group(1)) == stats["target_steps"] < stats["eval_tokens"]
+    assert float(steps.group(2)) == pytest.approx((stats["eval_tokens"] + 1) / stats["target_steps"], abs=0.0051)
+    assert (int(accepted.group(1)), int(accepted.group(2))) == (stats["draft_accepted"], stats["draft_tokens"])
+    assert float(accepted.group(3)) == pytest.approx(100 * stats["acceptance_rate"], abs=0.051)
+    assert 0 < stats["draft_accepted"] < stats["draft_tokens"]  # kept and rejected drafts: the two numbers differ

@@ -17,26 +17,18 @@ from localrun.errors import InvalidModelFile, UsageError
 from localrun.engine.gguf_info import GGUFInfo, kv_cache_bytes, memory_estimate, read_info
 from localrun.store.files import sha256_file
 
-MODELS = Path.home() / ".cache" / "localrun-test-models"
-SMOLLM = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
-GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
 MiB = 1 << 20
 
 
-def _need(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"test model {path.name} not fetched")
-    return path
+# The real models come from conftest's fixtures (fetched once, never skipped).
+@pytest.fixture(scope="module")
+def smollm(smollm2: Path) -> GGUFInfo:
+    return read_info(smollm2)
 
 
 @pytest.fixture(scope="module")
-def smollm() -> GGUFInfo:
-    return read_info(_need(SMOLLM))
-
-
-@pytest.fixture(scope="module")
-def gemma() -> GGUFInfo:
-    return read_info(_need(GEMMA))
+def gemma_info(gemma: Path) -> GGUFInfo:
+    return read_info(gemma)
 
 
 def make_gguf(path: Path, arch: str = "llama", *, n_layer: int = 2, configure=None, n_tensors: int = 2) -> Path:
@@ -73,7 +65,7 @@ def assert_refused(path: Path, *fragments: str) -> str:
 # --- the real models -------------------------------------------------------------------------
 
 
-def test_smollm_metadata(smollm: GGUFInfo) -> None:
+def test_smollm_metadata(smollm: GGUFInfo, smollm2: Path) -> None:
     assert smollm.architecture == "llama"
     assert smollm.quant == "Q4_1"
     assert smollm.gguf_version == 3
@@ -85,12 +77,13 @@ def test_smollm_metadata(smollm: GGUFInfo) -> None:
     assert smollm.vocab_size == 49152
     assert smollm.chat_template is not None and "<|im_start|>" in smollm.chat_template
     assert (smollm.bos_token_id, smollm.eos_token_id) == (1, 2)
-    assert smollm.n_tensors == 272 and smollm.n_split == 1 and smollm.shards == (SMOLLM,)
-    assert smollm.file_size == SMOLLM.stat().st_size
+    assert smollm.n_tensors == 272 and smollm.n_split == 1 and smollm.shards == (smollm2,)
+    assert smollm.file_size == smollm2.stat().st_size
     assert smollm.metadata["general.architecture"] == "llama"
 
 
-def test_gemma_metadata(gemma: GGUFInfo) -> None:
+def test_gemma_metadata(gemma_info: GGUFInfo) -> None:
+    gemma = gemma_info
     assert gemma.architecture == "gemma3"
     assert gemma.quant == "Q4_K_M"
     assert (gemma.n_layer, gemma.n_embd, gemma.n_head, gemma.n_kv_head) == (18, 640, 4, 1)
@@ -106,17 +99,18 @@ def test_gemma_metadata(gemma: GGUFInfo) -> None:
     assert [il for il, swa in enumerate(gemma.swa_layers) if not swa] == [5, 11, 17]
 
 
-@pytest.mark.parametrize("model", [SMOLLM, GEMMA], ids=["smollm", "gemma"])
-def test_layer_count_matches_tensor_names(model: Path) -> None:
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_layer_count_matches_tensor_names(which: str, request: pytest.FixtureRequest) -> None:
     """Cross-check by other means: grep the raw header for blk.N. tensor names."""
-    info = read_info(_need(model))
+    model: Path = request.getfixturevalue(which)
+    info = read_info(model)
     header = model.read_bytes()[: info.file_size - info.tensor_bytes]
     blocks = {int(n) for n in re.findall(rb"blk\.(\d+)\.", header)}
     assert blocks == set(range(info.n_layer))
 
 
-def test_smollm_agrees_with_gguf_reader(smollm: GGUFInfo) -> None:
-    reader = gguf.GGUFReader(_need(SMOLLM))
+def test_smollm_agrees_with_gguf_reader(smollm: GGUFInfo, smollm2: Path) -> None:
+    reader = gguf.GGUFReader(smollm2)
     assert smollm.n_tensors == len(reader.tensors)
     assert smollm.n_params == sum(int(t.n_elements) for t in reader.tensors)
     assert smollm.tensor_bytes == sum(int(t.n_bytes) for t in reader.tensors)
@@ -124,7 +118,8 @@ def test_smollm_agrees_with_gguf_reader(smollm: GGUFInfo) -> None:
     assert smollm.chat_template == reader.fields["tokenizer.chat_template"].contents()
 
 
-def test_kv_cache_by_hand(smollm: GGUFInfo, gemma: GGUFInfo) -> None:
+def test_kv_cache_by_hand(smollm: GGUFInfo, gemma_info: GGUFInfo) -> None:
+    gemma = gemma_info
     # 2 (K and V) x layers x kv heads x head dim x 2 bytes (f16) x n_ctx
     assert kv_cache_bytes(smollm, 2048) == 2 * 30 * 3 * 64 * 2 * 2048 == 45 * MiB
     assert kv_cache_bytes(gemma, 2048) == 2 * 18 * 1 * 256 * 2 * 2048 == 36 * MiB
@@ -155,9 +150,13 @@ def test_kv_cache_bad_arguments(smollm: GGUFInfo, bad: dict) -> None:
         kv_cache_bytes(smollm, args["n_ctx"], args["kv_type"])
 
 
-def test_memory_estimate(smollm: GGUFInfo) -> None:
+def test_memory_estimate(smollm: GGUFInfo, smollm2: Path) -> None:
+    # The weights are the tensors' bytes as the gguf package's own reader sizes them (the file without its
+    # header and alignment padding); the KV cache is test_kv_cache_by_hand's 2 x 30 x 3 x 64 x 2 bytes x 2048.
+    weights = sum(int(t.n_bytes) for t in gguf.GGUFReader(smollm2).tensors)
+    assert 0.9 * smollm2.stat().st_size < weights < smollm2.stat().st_size
     estimate = memory_estimate(smollm, 2048, "f16")
-    assert estimate == {"weights_bytes": 96576768, "kv_bytes": 45 * MiB, "total_bytes": 96576768 + 45 * MiB}
+    assert estimate == {"weights_bytes": weights, "kv_bytes": 45 * MiB, "total_bytes": weights + 45 * MiB}
 
 
 # --- synthetic files ---------------------------------------------------------------------------
@@ -275,16 +274,16 @@ def test_missing(tmp_path: Path) -> None:
     assert_refused(tmp_path / "nowhere.gguf", "no such file")
 
 
-def test_truncated_real_model(tmp_path: Path) -> None:
-    data = _need(SMOLLM).read_bytes()
+def test_truncated_real_model(tmp_path: Path, smollm2: Path) -> None:
+    data = smollm2.read_bytes()
     path = tmp_path / "partial.gguf"
     path.write_bytes(data[: len(data) * 4 // 10])
     assert_refused(path, "truncated", f"expected {len(data)} bytes", f"found {len(data) * 4 // 10}")
 
 
-def test_truncated_in_header(tmp_path: Path) -> None:
+def test_truncated_in_header(tmp_path: Path, smollm2: Path) -> None:
     path = tmp_path / "head.gguf"
-    with open(_need(SMOLLM), "rb") as f:
+    with open(smollm2, "rb") as f:
         path.write_bytes(f.read(100))
     assert_refused(path, "truncated")
 

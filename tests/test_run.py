@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -60,15 +61,22 @@ def test_greedy_output_matches_llama_cpp_token_for_token(which, request, cli):
     done = json_events(r.stdout)[-1]
     assert done["type"] == "done"
     assert done["tokens"] == want
-    assert len(want) > 0
+    assert len(want) == 32  # neither model ends its text within 32 tokens here: the whole run is compared
 
 
 def test_stdout_carries_only_the_answer_and_stats_go_to_stderr(smollm2, cli):
-    r = cli("run", str(smollm2), "-t", "0", "-n", "16", "--verbose", "What is 2+2?")
+    args = ("run", str(smollm2), "-t", "0", "-n", "16", "--no-cache", "What is 2+2?")
+    r = cli(*args, "--verbose")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip()
+    # The reference: the same greedy run as JSON events, its answer text and stats.
+    done = json_events(cli(*args, "--json").stdout)[-1]
+    assert r.stdout == done["text"] + ("" if done["text"].endswith("\n") else "\n")
+    stats = done["stats"]
     assert "eval rate" not in r.stdout and "eval rate:" in r.stderr
-    assert "time to first token:" in r.stderr and "prompt eval count:" in r.stderr
+    assert "time to first token:" in r.stderr
+    assert re.search(r"^prompt eval count:\s+(\d+) token\(s\)$", r.stderr, re.M).group(1) == str(stats["prompt_tokens"])
+    assert re.search(r"^eval count:\s+(\d+) token\(s\)$", r.stderr, re.M).group(1) == str(len(done["tokens"]))
+    assert re.search(r"^finish reason:\s+(\w+)$", r.stderr, re.M).group(1) == stats["finish_reason"]
 
 
 def test_same_seed_same_text_different_seed_differs(smollm2, cli):
@@ -79,6 +87,41 @@ def test_same_seed_same_text_different_seed_differs(smollm2, cli):
     assert a.returncode == b.returncode == c.returncode == 0
     assert a.stdout == b.stdout
     assert a.stdout != c.stdout
+
+
+def test_typical_p_and_mirostat_each_change_the_sampled_text(smollm2, cli):
+    """--typical-p and --mirostat 1|2 each run and take part in sampling: with the same seed, each gives its own
+    text (an option the chain ignored would give the plain text), and the same text again."""
+    args = ("run", str(smollm2), "--raw", "-t", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0", "-n", "24",
+            "--threads", "1", "--seed", "7", "--json")
+    variants = {"plain": (), "typical": ("--typical-p", "0.2"), "mirostat1": ("--mirostat", "1"), "mirostat2": ("--mirostat", "2")}
+    texts = {}
+    for name, extra in variants.items():
+        r = cli(*args, *extra, "Once upon a time")
+        assert r.returncode == 0, (name, r.stderr)
+        done = json_events(r.stdout)[-1]
+        assert done["stats"]["finish_reason"] == "length", name
+        texts[name] = done["tokens"]
+    assert len({tuple(t) for t in texts.values()}) == 4, texts  # all four differ
+    again = json_events(cli(*args, "--mirostat", "2", "Once upon a time").stdout)[-1]
+    assert again["tokens"] == texts["mirostat2"]  # Mirostat's own draws follow the seed too
+
+
+def test_grammar_file_constrains_the_answer(smollm2, cli, tmp_path):
+    grammar = tmp_path / "yesno.gbnf"
+    grammar.write_text('root ::= ("yes" | "no")\n')
+    args = ("run", str(smollm2), "-t", "0", "-n", "8", "--threads", "1", "--json")
+    free = json_events(cli(*args, "Is the sky blue?").stdout)[-1]
+    assert free["text"].strip() not in ("yes", "no")  # the control: unconstrained, the model says more
+    r = cli(*args, "--grammar", str(grammar), "Is the sky blue?")
+    assert r.returncode == 0, r.stderr
+    done = json_events(r.stdout)[-1]
+    assert done["text"] in ("yes", "no")
+    assert done["stats"]["finish_reason"] == "eos"  # the grammar is complete: only end-of-text was left
+    sampled = cli("run", str(smollm2), "-t", "1.5", "--top-k", "0", "--min-p", "0", "-n", "8", "--seed", "3", "--threads", "1",
+                  "--grammar", str(grammar), "Is the sky blue?")
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout in ("yes\n", "no\n")
 
 
 def test_json_schema_output_parses_and_validates(smollm2, cli, tmp_path):
@@ -123,6 +166,27 @@ def test_stop_sequence_split_across_tokens_is_cut_exactly(smollm2, cli):
     assert done["stats"]["finish_reason"] == "stop"
 
 
+def test_repeated_stops_the_earliest_one_cuts(smollm2, cli):
+    args = ("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--ctx", "512", "--threads", "1", "--json")
+    text = json_events(cli(*args, PROMPT).stdout)[-1]["text"]
+    # Three stops from the greedy text, at about a quarter, half and three quarters of it (each first seen there).
+    stops = []
+    for at in (len(text) // 2, len(text) // 4, 3 * len(text) // 4):
+        for start in range(at, len(text) - 4):
+            piece = text[start : start + 4]
+            if text.find(piece) == start and piece.strip() == piece and piece.isprintable():
+                stops.append(piece)
+                break
+    assert len(stops) == 3, text
+    cuts = [text.find(s) for s in stops]
+    assert cuts[1] < cuts[0] < cuts[2]  # the earliest is neither the first flag nor the last
+    r = cli(*args, "--stop", stops[0], "-s", stops[1], "--stop", stops[2], PROMPT)
+    assert r.returncode == 0, r.stderr
+    done = json_events(r.stdout)[-1]
+    # Honouring only the first flag would cut at stops[0], only the last at stops[2].
+    assert done["text"] == text[: cuts[1]] and done["stats"]["finish_reason"] == "stop"
+
+
 def test_pipe_into_head_exits_cleanly(smollm2):
     proc = subprocess.run(
         ["bash", "-c", f'set -o pipefail; "{LOCALRUN}" run "{smollm2}" --raw -t 0 --min-tokens 200 -n 200 "Count: 1, 2, 3," | head -c 20; echo "rc=${{PIPESTATUS[0]}}" >&2'],
@@ -137,25 +201,61 @@ def test_stdin_comes_first_then_the_argument(smollm2, cli):
     piped = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "12", "--ctx", "512", "continue the list:", input="apples, pears,")
     joined = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "12", "--ctx", "512", "apples, pears,\n\ncontinue the list:")
     assert piped.returncode == joined.returncode == 0
-    assert piped.stdout == joined.stdout and piped.stdout.strip()
+    assert piped.stdout == joined.stdout
+    # The joined prompt's answer, by llama.cpp's low-level API (stdin, a blank line, then the argument).
+    pj = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "12", "--ctx", "512", "--json", "continue the list:", input="apples, pears,")
+    done = json_events(pj.stdout)[-1]
+    assert done["tokens"] == reference_greedy(smollm2, "apples, pears,\n\ncontinue the list:", 12)
+    assert piped.stdout == done["text"] + ("" if done["text"].endswith("\n") else "\n")
 
 
 def test_base_model_without_template_falls_back_with_a_notice(gemma, cli):
     r = cli("run", str(gemma), "-t", "0", "-n", "8", "--ctx", "512", PROMPT)
     assert r.returncode == 0, r.stderr
     assert "no chat template" in r.stderr
-    assert r.stdout.strip()
+    # Falling back means the prompt goes as it is: the answer is llama.cpp's own greedy continuation of it.
+    rj = cli("run", str(gemma), "-t", "0", "-n", "8", "--ctx", "512", "--json", PROMPT)
+    done = json_events(rj.stdout)[-1]
+    assert done["tokens"] == reference_greedy(gemma, PROMPT, 8)
+    assert r.stdout == done["text"] + ("" if done["text"].endswith("\n") else "\n")
+
+
+COUNT_TO_300 = ", ".join(str(i) for i in range(1, 301)) + ","  # 1391 tokens: SmolLM2 splits numbers into digits
 
 
 def test_prompt_too_long_names_both_numbers_and_truncate_keeps_the_end(smollm2, cli):
-    long = "word " * 400
-    r = cli("run", str(smollm2), "--raw", "--ctx", "128", "-n", "4", long)
+    from localrun.engine import Engine, LoadOptions, SamplingOptions
+    from localrun.runtime.request import Request, prompt_for
+
+    engine = Engine(smollm2, LoadOptions(n_ctx=128, n_threads=1))
+    try:
+        full = engine.tokenize(COUNT_TO_300, add_special=True, parse_special=True)
+        request = Request(messages=[{"role": "user", "content": COUNT_TO_300}], raw=True, truncate=True,
+                          sampling=SamplingOptions(max_tokens=4))
+        kept = prompt_for(engine, request).tokens
+        tail = engine.detokenize(kept)
+        assert engine.tokenize(tail, add_special=True, parse_special=True) == kept  # the end, as text, is those tokens
+    finally:
+        engine.close()
+    assert full[0] != engine.info.bos_token_id  # SmolLM2 adds no BOS: nothing is kept from the start
+    # 128 - 4 tokens for the answer: the last 124 of the prompt.
+    assert kept == full[-124:] and tail.endswith(", 299, 300,")
+
+    r = cli("run", str(smollm2), "--raw", "--ctx", "128", "-n", "4", COUNT_TO_300)
     assert r.returncode == 1
-    assert "128" in r.stderr and "--truncate" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    ok = cli("run", str(smollm2), "--raw", "--ctx", "128", "-n", "4", "--truncate", "--json", long)
+    assert f"the prompt is {len(full)} tokens but the context holds 128" in r.stderr and "--truncate" in r.stderr
+
+    args = ("run", str(smollm2), "--raw", "-t", "0", "--ctx", "128", "-n", "4", "--threads", "1", "--no-cache", "--json")
+    ok = cli(*args, "--truncate", COUNT_TO_300)
     assert ok.returncode == 0, ok.stderr
-    assert json_events(ok.stdout)[-1]["stats"]["prompt_tokens"] <= 128
+    done = json_events(ok.stdout)[-1]
+    assert done["stats"]["prompt_tokens"] == done["stats"]["prompt_eval_tokens"] == 124
+    # The reference: the kept end given as the whole prompt. Same tokens, so the same greedy answer, which
+    # goes on counting from the end.
+    reference = json_events(cli(*args, tail).stdout)[-1]
+    assert reference["stats"]["prompt_tokens"] == 124
+    assert done["tokens"] == reference["tokens"] and done["text"] == reference["text"] == " 301"
 
 
 def test_truncate_with_the_chat_template_cuts_the_message_not_the_template(smollm2):
@@ -245,9 +345,16 @@ def test_ctrl_c_while_llama_cpp_logs_during_load_is_not_lost(smollm2):
 
 
 def test_min_tokens_suppresses_end_of_generation(smollm2, cli):
+    # The control: without --min-tokens the answer ends with end-of-text well before 60 tokens.
+    plain = json_events(cli("run", str(smollm2), "-t", "0", "-n", "60", "--json", "Say hi.").stdout)[-1]
+    assert plain["stats"]["finish_reason"] == "eos" and len(plain["tokens"]) < 50
     r = cli("run", str(smollm2), "-t", "0", "--min-tokens", "60", "-n", "60", "--json", "Say hi.")
-    stats = json_events(r.stdout)[-1]["stats"]
+    assert r.returncode == 0, r.stderr
+    done = json_events(r.stdout)[-1]
+    stats = done["stats"]
     assert stats["eval_tokens"] + 1 == 60 and stats["finish_reason"] == "length"
+    # The same greedy answer up to where it ended; there the end-of-text was suppressed and it went on.
+    assert done["tokens"][: len(plain["tokens"])] == plain["tokens"] and len(done["tokens"]) == 60
 
 
 def test_logit_bias_bans_a_token(smollm2, cli):

@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import pytest
 
-from conftest import LOCALRUN
+from conftest import LOCALRUN, run_cli
 
 openai = pytest.importorskip("openai")
 
@@ -88,11 +88,37 @@ def stream_text(client, prompt: str, **kw) -> tuple[str, str]:
     return "".join(parts), finish
 
 
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+IDLE = {"status": "ok", "slots_idle": 8, "slots_processing": 0, "requests_waiting": 0}  # the module's server, at rest
+
+
+def post(server, **body) -> dict:
+    """A /v1/completions request with httpx (fields the `openai` client does not know go as they are)."""
+    r = httpx.post(server.url + "/v1/completions", json=body, headers=HEADERS, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def metrics(server) -> str:
+    return httpx.get(server.url + "/metrics", headers=HEADERS).text
+
+
+def wait_idle(server, slots: int = 8) -> dict:
+    """/health once every slot is idle and nobody waits (a generous deadline: callers assert on counts)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        health = httpx.get(server.url + "/health").json()
+        if health["slots_idle"] == slots and health["requests_waiting"] == 0:
+            return health
+        time.sleep(0.05)
+    return httpx.get(server.url + "/health").json()
+
+
 def test_models_and_health(server):
     models = server.client().models.list().data
     assert [m.id for m in models] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
     health = httpx.get(server.url + "/health").json()  # no key needed
-    assert health["status"] == "ok" and health["slots_idle"] + health["slots_processing"] == 8
+    assert health == IDLE  # nothing has been asked yet
 
 
 def test_api_key_is_enforced(server):
@@ -102,14 +128,23 @@ def test_api_key_is_enforced(server):
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_chat_non_streaming_and_streaming_agree(server):
+def test_chat_non_streaming_and_streaming_agree(server, smollm2, cli):
+    """Both equal `localrun run` with the same system prompt (the model's chat template, greedy): text, token
+    counts and finish reason."""
     client = server.client()
     messages = [{"role": "system", "content": "You are concise."}, {"role": "user", "content": "Name a primary colour."}]
     whole = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=40)
     text = whole.choices[0].message.content
-    assert whole.choices[0].message.role == "assistant" and text.strip()
-    assert whole.choices[0].finish_reason in ("stop", "length")
-    assert whole.usage.completion_tokens > 0 and whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    ran = cli("run", str(smollm2), "--system", "You are concise.", "-t", "0", "-n", "40", "--no-cache", "--threads", "1",
+              "--json", "Name a primary colour.")
+    assert ran.returncode == 0, ran.stderr
+    done = json.loads(ran.stdout.splitlines()[-1])
+    assert done["type"] == "done"
+    assert whole.choices[0].message.role == "assistant" and text == done["text"]
+    assert whole.choices[0].finish_reason == {"eos": "stop", "stop": "stop", "length": "length"}[done["stats"]["finish_reason"]]
+    assert whole.usage.prompt_tokens == done["stats"]["prompt_tokens"]
+    assert whole.usage.completion_tokens == len(done["tokens"])
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
     chunks = list(client.chat.completions.create(
         model="smollm2", messages=messages, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -151,19 +186,31 @@ def test_stop_sequence_cut_exactly(server):
 
 
 def test_concurrent_requests_finish_independently_with_solo_output(server):
-    """8 greedy requests together: each ends on its own (short ones first) with exactly what it gives alone."""
+    """8 greedy requests together: each ends on its own (short ones first) with exactly what it gives alone.
+    The evidence is the server's own: `localrun_batch_sequences` counts the sequences each decode step
+    carried, so its sum is the generated tokens decoded so far (every token but a request's last)."""
     client = server.client()
     prompts = [f"Write a sentence about the number {i}." for i in range(8)]
     prompts[7] = "Summarise: " + "the cat sat on the mat and looked at the dog. " * 40  # > one prefill chunk (256)
     lengths = [4, 64, 8, 64, 16, 64, 32, 64]
     solo = [complete(client, p, max_tokens=n, extra_body={"ignore_eos": True}).choices[0].text for p, n in zip(prompts, lengths)]
-    results, ends = [None] * 8, [0.0] * 8
+    assert wait_idle(server) == IDLE
+    before = metrics(server)
+    decoded = lambda text: _metric(text, "localrun_batch_sequences_sum") - _metric(before, "localrun_batch_sequences_sum")  # noqa: E731
+    results, used, decoded_when_done = [None] * 8, [None] * 8, [None] * 8
     barrier = threading.Barrier(8)
 
     def one(i):
         barrier.wait()
-        results[i], _ = stream_text(client, prompts[i], max_tokens=lengths[i], extra_body={"ignore_eos": True})
-        ends[i] = time.monotonic()
+        parts = []
+        for chunk in client.completions.create(model="smollm2", prompt=prompts[i], temperature=0, max_tokens=lengths[i],
+                                               stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+            if chunk.choices:
+                parts.append(chunk.choices[0].text)
+            else:
+                used[i] = chunk.usage.completion_tokens
+        decoded_when_done[i] = decoded(metrics(server))  # how far the whole batch had got when this one ended
+        results[i] = "".join(parts)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
     for t in threads:
@@ -171,17 +218,26 @@ def test_concurrent_requests_finish_independently_with_solo_output(server):
     for t in threads:
         t.join(timeout=300)
     assert results == solo
-    assert max(ends[i] for i in (0, 2)) < min(ends[i] for i in (1, 3, 5, 7))  # 4 and 8 tokens done before any 64
-    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-    # Some step decoded more than one sequence at once: they really were batched together.
-    batched = _metric(metrics, 'localrun_batch_sequences_count') - _metric(metrics, 'localrun_batch_sequences_bucket{le="1.0"}')
-    assert batched > 0, metrics
+    assert used == lengths
+    after = metrics(server)
+    # Every request decoded all its tokens but the last, and nothing more: none ran past its own end.
+    total = sum(n - 1 for n in lengths)
+    assert decoded(after) == total
+    # The short ones ended while the long ones still had most of their tokens to decode (4 and 8 tokens
+    # done before any 64), in the server's own token count.
+    assert max(decoded_when_done[i] for i in (0, 2)) < min(decoded_when_done[i] for i in (1, 3, 5, 7))
+    assert max(decoded_when_done) == total
+    # Batched: fewer than half as many decode steps as tokens decoded (one request at a time: one step each).
+    steps = _metric(after, "localrun_batch_sequences_count") - _metric(before, "localrun_batch_sequences_count")
+    assert steps < total / 2, (steps, total)
 
 
-def _metric(text: str, name: str) -> float:
+def _metric(text: str, name: str, default: float | None = None) -> float:
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[-1])
+    if default is not None:  # a labelled series appears with its first sample
+        return default
     raise AssertionError(f"{name} not in metrics")
 
 
@@ -197,19 +253,33 @@ def test_shared_prefix_is_reused_across_requests(server):
 
 
 def test_disconnect_mid_stream_frees_the_slot(server):
-    headers = {"Authorization": f"Bearer {KEY}"}
-    body = {"prompt": "Count forever:", "max_tokens": 900, "temperature": 0, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+    """A client that closes its stream stops the generation at once: counted in tokens the server decoded
+    (/metrics), not in time. Asked for 2000 tokens (the slot's context allows ~1020, all of them with
+    ignore_eos), it decodes a few more than the client read, then its slot is idle."""
+    assert wait_idle(server) == IDLE
+    before = metrics(server)
+    body = {"prompt": "Count forever:", "max_tokens": 2000, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=HEADERS, timeout=60) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         got = [next(lines) for _ in range(5)]
         assert any(line.startswith("data: ") for line in got)
-        assert httpx.get(server.url + "/health").json()["slots_processing"] >= 1
-    deadline = time.monotonic() + 10
-    while httpx.get(server.url + "/health").json()["slots_processing"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert httpx.get(server.url + "/health").json()["slots_processing"] == 0  # long before 900 tokens
-    assert complete(server.client(), "Hello", max_tokens=3).choices[0].text  # still serving
+        assert httpx.get(server.url + "/health").json()["slots_processing"] == 1
+    assert wait_idle(server) == IDLE
+    after = metrics(server)
+    delta = lambda name: _metric(after, name) - _metric(before, name)  # noqa: E731
+    decoded = delta("localrun_batch_sequences_sum")  # this request was alone: its generated tokens decoded
+    prompt = delta("localrun_batch_tokens_sum") - decoded  # the rest of what the steps evaluated
+    assert prompt == 3  # "Count forever:", evaluated once
+    assert 0 < decoded < 250, decoded  # of the 1024 - 3 it was allowed
+    assert _metric(after, "localrun_requests_running") == 0 and _metric(after, "localrun_requests_waiting") == 0
+    # The cut-off request is counted as any other (it was missing from /metrics): what it generated, and a 499.
+    assert delta("localrun_generated_tokens_total") == decoded + 1  # the last sampled token was never decoded
+    assert delta("localrun_prompt_tokens_total") == 3
+    status = 'localrun_requests_total{endpoint="/v1/completions",status="499"}'
+    assert _metric(after, status, 0.0) - _metric(before, status, 0.0) == 1
+    still = complete(server.client(), "Hello", max_tokens=3, extra_body={"ignore_eos": True})  # still serving
+    assert still.usage.completion_tokens == 3 and still.choices[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("body, fragment", [
@@ -230,7 +300,7 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     (b'{"prompt": "hi", "logit_bias": {"5": NaN}}', "large bias"),
     (json.dumps({"prompt": "hi", "logit_bias": {"99999999": -100}}).encode(), "logit-bias token"),
 ])
-def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragment):
+def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragment, hi_reference):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     r = httpx.post(server.url + "/v1/completions", content=body, headers=headers)
     assert r.status_code == 400, r.text
@@ -238,7 +308,17 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragmen
     assert fragment in error["message"] and error["type"] == "invalid_request_error"
     if "logit_bias" in body.decode(errors="replace"):
         assert error["param"] == "logit_bias"
-    assert complete(server.client(), "Hi", max_tokens=2).choices[0].text is not None
+    answer = complete(server.client(), "Hi", max_tokens=2)  # and serves exactly what `localrun run` gives
+    assert (answer.choices[0].text, answer.usage.completion_tokens) == hi_reference
+
+
+@pytest.fixture(scope="module")
+def hi_reference(smollm2) -> tuple[str, int]:
+    """`localrun run --raw -t 0 -n 2 Hi`: its text and token count ("Hi" is one token: never a cached prefix)."""
+    ran = run_cli("run", str(smollm2), "--raw", "-t", "0", "-n", "2", "--no-cache", "--threads", "1", "--json", "Hi")
+    assert ran.returncode == 0, ran.stderr
+    done = json.loads(ran.stdout.splitlines()[-1])
+    return done["text"], len(done["tokens"])
 
 
 def test_unknown_paths_and_methods_get_openai_style_errors(server):
@@ -250,15 +330,23 @@ def test_unknown_paths_and_methods_get_openai_style_errors(server):
 
 
 def test_fields_common_clients_send_with_their_off_values_are_accepted(server):
-    out = server.client().chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0,
+    client = server.client()
+    hi = [{"role": "user", "content": "Hi"}]
+    # Warm: both answers below then reuse the same cached prefix (a warm and a cold prompt can round apart).
+    client.chat.completions.create(model="smollm2", messages=hi, max_tokens=1, temperature=0)
+    plain = client.chat.completions.create(model="smollm2", messages=hi, max_tokens=3, temperature=0)
+    out = client.chat.completions.create(
+        model="smollm2", messages=hi, max_tokens=3, temperature=0,
         n=1, logprobs=False, stream=False, tool_choice="none", parallel_tool_calls=False, user="u1", store=False,
         extra_body={"tools": []},
     )
-    assert out.choices[0].message.content is not None
+    # They change nothing: the same text, token counts and finish as without them.
+    assert out.choices[0].message.content == plain.choices[0].message.content
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.choices[0].finish_reason) == (
+        plain.usage.prompt_tokens, plain.usage.completion_tokens, plain.choices[0].finish_reason)
     with pytest.raises(openai.BadRequestError) as exc:
-        server.client().chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        client.chat.completions.create(
+            model="smollm2", messages=hi, max_tokens=3,
             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
     assert "tools" in str(exc.value)
 
@@ -280,14 +368,135 @@ def test_json_schema_response_format(server):
     jsonschema.validate(json.loads(out.choices[0].message.content), schema)
 
 
+def test_response_format_json_object(server):
+    out = post(server, prompt="A JSON object describing a dog:", max_tokens=60, temperature=0,
+               response_format={"type": "json_object"})
+    # Greedy, this prompt alone answers with a JSON object inside a Markdown code block; the grammar makes
+    # the answer the object itself, closed (finish stop) well within max_tokens.
+    assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] < 60
+    assert isinstance(json.loads(out["choices"][0]["text"]), dict)
+
+
+def _texts(server, prompt: str, variants: list[dict], n: int) -> list[str]:
+    """The answers to `prompt` with each variant's fields, after a warm-up: every answer then reuses the same
+    cached prefix (its last prompt token evaluated alone), so only the fields tell them apart. Greedy unless
+    a variant gives a temperature."""
+    post(server, prompt=prompt, max_tokens=1, temperature=0)
+    return [post(server, prompt=prompt, max_tokens=n, **{"temperature": 0, **v})["choices"][0]["text"] for v in variants]
+
+
+def test_seed_top_k_top_p_and_min_p(server):
+    """At temperature 1 over the whole vocabulary, the seed decides the text (the same seed the same text,
+    another seed another text); top_k 1, a tiny top_p or min_p 1 each leave only the most likely token, so
+    the same seed then gives the greedy text."""
+    whole = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    greedy, seed1, again, seed2, top_k, top_p, min_p = _texts(server, "Once upon a time, in a small village by the sea,", [
+        {"temperature": 0}, {**whole, "seed": 1}, {**whole, "seed": 1}, {**whole, "seed": 2},
+        {**whole, "seed": 1, "top_k": 1}, {**whole, "seed": 1, "top_p": 0.01}, {**whole, "seed": 1, "min_p": 1.0}], 16)
+    assert seed1 == again
+    assert seed2 != seed1
+    assert seed1 != greedy  # so each cut below changed what seed 1 draws
+    assert top_k == greedy
+    assert top_p == greedy
+    assert min_p == greedy
+
+
+def test_repetition_penalties_change_greedy_output(server):
+    """Each penalty moves greedy decoding off a repetitive prompt from the first token on (they see the
+    prompt, as llama.cpp's server does); repeat_last_n 0 (a window of no tokens) turns the penalty off; the
+    frequency penalty grows with the count (each word is 4 times in the prompt), the presence penalty not."""
+    prompt = "one two three one two three one two three one two three"
+    greedy, repeat, presence, frequency, windowless, light_presence, light_frequency = _texts(server, prompt, [
+        {}, {"repeat_penalty": 1.5}, {"presence_penalty": 1.5}, {"frequency_penalty": 1.5},
+        {"repeat_penalty": 1.5, "repeat_last_n": 0}, {"presence_penalty": 0.5}, {"frequency_penalty": 0.5}], 16)
+    assert greedy.split()[:3] == ["one", "two", "three"]
+    for penalised in (repeat, presence, frequency, light_frequency):  # 4 x 0.5 outweighs the lead of " one"
+        assert penalised.split()[0] not in ("one", "two", "three"), penalised
+    assert light_presence.split()[0] == "one" and light_presence != greedy  # 0.5 does not, but changes it later
+    assert windowless == greedy
+
+
+BANANA = 21285  # " banana" in SmolLM2's vocabulary
+
+
+def test_positive_logit_bias_forces_a_token(server):
+    out = post(server, prompt="The capital of France is", max_tokens=4, temperature=0, logit_bias={str(BANANA): 100})
+    assert out["choices"][0]["text"] == " banana" * 4 and out["usage"]["completion_tokens"] == 4
+
+
+def test_prefix_is_copied_from_a_busy_slot(server):
+    """A request sharing a long prefix with one that is still running in another slot copies that slot's
+    KV (engine.kv.reuse_from) and evaluates only the rest: all of the shared prefix is cached when its own
+    tokens follow, and all but the last prompt token (its logits are sampled) when the prompt is the other's."""
+    assert wait_idle(server) == IDLE
+    shared = [30000 + (i * 7) % 9000 for i in range(200)]  # token ids: no other request's prefix
+    running = shared + [500, 501, 502]
+    before = metrics(server)
+    body = {"prompt": running, "max_tokens": 800, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=HEADERS, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)  # its prompt is in its slot's KV, and it keeps that slot while it generates
+        assert httpx.get(server.url + "/health").json()["slots_processing"] == 1
+        other = post(server, prompt=shared + [600, 601], max_tokens=3, temperature=0, ignore_eos=True)
+        same = post(server, prompt=running, max_tokens=3, temperature=0, ignore_eos=True)
+        assert httpx.get(server.url + "/health").json()["slots_processing"] == 1  # still running: the donor was busy
+    assert other["usage"]["prompt_tokens"] == 202 and other["usage"]["prompt_tokens_details"]["cached_tokens"] == 200
+    assert same["usage"]["prompt_tokens"] == 203 and same["usage"]["prompt_tokens_details"]["cached_tokens"] == 202
+    assert other["usage"]["completion_tokens"] == same["usage"]["completion_tokens"] == 3
+    assert wait_idle(server) == IDLE
+    after = metrics(server)
+    # Prompt tokens the steps evaluated: 203 for the running one, 2 and 1 for the two that copied its prefix.
+    evaluated = (_metric(after, "localrun_batch_tokens_sum") - _metric(before, "localrun_batch_tokens_sum")
+                 - (_metric(after, "localrun_batch_sequences_sum") - _metric(before, "localrun_batch_sequences_sum")))
+    assert evaluated == 203 + 2 + 1
+
+
+def _buckets(text: str, name: str) -> dict[float, float]:
+    out = {}
+    for line in text.splitlines():
+        m = re.fullmatch(name + r'_bucket\{le="([^"]+)"\} (\S+)', line)
+        if m:
+            out[float(m.group(1))] = float(m.group(2))
+    assert out, f"{name} not in metrics"
+    return out
+
+
 def test_metrics_are_prometheus_text(server):
-    complete(server.client(), "Hi", max_tokens=3)
-    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-    assert _metric(text, 'localrun_requests_total{endpoint="/v1/completions",status="200"}') >= 1
-    assert _metric(text, "localrun_time_to_first_token_seconds_count") >= 1
-    assert _metric(text, "localrun_generated_tokens_total") >= 3
+    """Each request moves the counters by exactly its usage, the TTFT and TPOT histograms by exactly its
+    timings, and the KV gauge by exactly the tokens its slot holds (prompt + generated - 1: the last token
+    is never decoded). Three requests on one token prompt: 3 tokens, 10 tokens, then 1 token."""
+    assert wait_idle(server) == IDLE
+    prompt = [41000 + i for i in range(50)]  # token ids: no other request's prefix
+    tpot, ttft = "localrun_time_per_output_token_seconds", "localrun_time_to_first_token_seconds"
+    done = 'localrun_requests_total{endpoint="/v1/completions",status="200"}'
+    text = metrics(server)
+    for n, cached in ((3, 0), (10, 49), (1, 49)):
+        answer = post(server, prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True)
+        assert answer["usage"]["completion_tokens"] == n and answer["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+        before, text = text, metrics(server)
+        delta = lambda name: _metric(text, name) - _metric(before, name)  # noqa: E731
+        assert _metric(text, done) - _metric(before, done, default=0.0) == 1
+        assert delta("localrun_prompt_tokens_total") == 50 and delta("localrun_prompt_tokens_cached_total") == cached
+        assert delta("localrun_generated_tokens_total") == n
+        # The histograms hold exactly the timings the answer reports (rounded there to 1 µs).
+        assert delta(ttft + "_count") == 1 and abs(delta(ttft + "_sum") - answer["timings"]["ttft_s"]) < 2e-6
+        observed = 1 if n > 1 else 0  # one token has no time per output token
+        assert delta(tpot + "_count") == observed
+        assert abs(delta(tpot + "_sum") - observed * answer["timings"]["tpot_s"]) < 2e-6
+        after_b, before_b = _buckets(text, tpot), _buckets(before, tpot)
+        for le in after_b:
+            if abs(le - answer["timings"]["tpot_s"]) > 2e-6:  # (a value on a bucket's edge could round either way)
+                assert after_b[le] - before_b[le] == (observed if answer["timings"]["tpot_s"] <= le else 0), le
+        kv = _metric(text, "localrun_kv_cache_tokens")
+        if n == 3:
+            first_kv = kv  # a slot that held other tokens went to this prompt: 50 + 3 - 1 now
+            assert kv <= _metric(before, "localrun_kv_cache_tokens") + 50 + 3 - 1
+        else:
+            assert kv == first_kv + (n - 1) - (3 - 1)  # the same slot: its prompt kept, its old answer replaced
+    assert _metric(text, "localrun_requests_running") == 0 and _metric(text, "localrun_requests_waiting") == 0
     assert _metric(text, "localrun_slots") == 8
     assert _metric(text, "localrun_kv_cache_capacity_tokens") == 8 * 1024
+    assert _metric(text, "localrun_kv_cache_tokens") <= 8 * 1024
 
 
 def test_full_queue_gets_429_and_ctrl_c_stops_cleanly(smollm2, tmp_path):
@@ -379,9 +588,12 @@ def test_bench_serve_load_test(server, cli):
     assert [row["concurrency"] for row in rows] == [1, 3]
     for row in rows:
         assert row["requests"] == 3 and row["failed"] == 0 and row["tokens"] == 3 * 8  # ignore_eos: exactly --tg each
-        assert row["tokens_per_s"] > 0 and row["requests_per_s"] > 0
+        # Both rates over the level's one wall time (rounded: tokens/s to 0.01, requests/s to 0.001, wall to 1 ms)
+        assert row["tokens_per_s"] > 0 and abs(row["tokens_per_s"] - 8 * row["requests_per_s"]) <= 0.01
+        assert abs(row["tokens_per_s"] - row["tokens"] / row["wall_s"]) <= 0.006 + row["tokens"] * 0.0006 / row["wall_s"] ** 2
         assert 0 < row["ttft_p50_s"] <= row["ttft_p95_s"] and 0 < row["tpot_p50_s"] <= row["tpot_p95_s"]
-    assert rows[0]["speedup_vs_first"] == 1.0 and rows[1]["speedup_vs_first"] > 0
+    assert rows[0]["speedup_vs_first"] == 1.0
+    assert rows[1]["speedup_vs_first"] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"], rel=1e-3, abs=1e-3)
 
 
 def test_bench_serve_bad_target(server, cli):
@@ -393,14 +605,17 @@ def test_bench_serve_bad_target(server, cli):
     assert r.returncode == 2 and "base URL" in r.stderr
 
 
-def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path):
+def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path, cli):
     """gemma-3 (sliding-window attention, no chat template): batched output equals solo output, and a
-    cached prefix is reused. (Its answer is not compared with a fresh evaluation: llama.cpp's K-quant
-    kernels round a last token evaluated alone differently from one inside a prompt batch.)"""
+    cached prefix is reused. llama.cpp's K-quant kernels round a last token evaluated alone differently
+    from one inside a prompt batch, so the warm answer may differ from the cold one: each is compared with
+    `localrun run` in the same state (cold, then with its prefix cache holding the prompt)."""
     srv = start_server(gemma, tmp_path / "home", "--parallel", "2", "--ctx", "512")
     try:
         client = srv.client(key="unused")
         prompts = ["The tallest mountain in Europe is", "A recipe for bread needs flour, water,"]
+        for p in prompts:  # warm: solo and together then both reuse the prompt but its last token
+            complete(client, p, max_tokens=1)
         solo = [complete(client, p, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
         together = [None, None]
         threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, complete(
@@ -413,10 +628,18 @@ def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path)
         shared = "Facts about the planets of the solar system, one per line. " * 12
         first = complete(client, shared + "Mars:", max_tokens=12)
         again = complete(client, shared + "Mars:", max_tokens=12)  # the whole prompt but its last token is reused
+        assert first.usage.prompt_tokens_details.cached_tokens == 1  # only <bos>, which every prompt starts with
         assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
-        assert again.usage.completion_tokens == 12 and again.choices[0].text.strip()
+        assert again.usage.completion_tokens == 12
     finally:
         assert srv.stop() == 130
+    # run's first evaluates the prompt whole; its second restores all but the last prompt token from its cache
+    for answer, cached in ((first, 0), (again, again.usage.prompt_tokens_details.cached_tokens)):
+        ran = cli("run", str(gemma), "--raw", "-t", "0", "-n", "12", "--threads", "1", "--json", shared + "Mars:")
+        assert ran.returncode == 0, ran.stderr
+        done = json.loads(ran.stdout.splitlines()[-1])
+        assert done["stats"]["cached_tokens"] == cached
+        assert done["text"] == answer.choices[0].text and len(done["tokens"]) == answer.usage.completion_tokens
 
 
 def test_requests_that_would_crash_llama_cpp_are_refused(server, smollm2, cli, tmp_path):

@@ -22,7 +22,7 @@ from localrun.engine import Engine, LoadOptions, SamplingOptions, generate, llam
 from localrun.engine.loop import evaluate
 from localrun.errors import SessionError, UsageError
 from localrun.runtime.sessions import Sessions as SessionStore
-from localrun.store.sessions import MIN_PREFIX_TOKENS, cache_max_bytes, check_name
+from localrun.store.sessions import MIN_PREFIX_TOKENS, cache_max_bytes, check_name, unpack_tokens
 
 GREEDY = SamplingOptions(temperature=0, max_tokens=12)
 SYSTEM = (
@@ -348,27 +348,45 @@ def test_prune_and_the_cache_cap_keep_named_sessions(smol, store, monkeypatch):
     _save_small(store, smol, "keep-me", "smollm2")
     smol.reset()
     evaluate(smol, base)
-    sizes = []
+    prompts = [base + smol.tokenize(f" question number {i}", add_special=False) for i in range(4)]
+    entries = []
     for i in range(3):  # three prefix entries that do not extend one another (prefill cuts back to `base`)
-        evaluate(smol, base + smol.tokenize(f" question number {i}", add_special=False))
+        evaluate(smol, prompts[i])
         entry = store.save_prefix(smol)
         assert entry is not None
-        sizes.append(entry.size)
+        entries.append(entry)
         time.sleep(0.01)
+    sizes = [e.size for e in entries]
     named_size = store.show("keep-me").size
     assert store.total_bytes() == named_size + sum(sizes)
 
-    # The cap applies to prefix entries only and evicts the least recently used.
-    monkeypatch.setenv("LOCALRUN_CACHE_MAX", str(sizes[1] + sizes[2] + 10))
-    evaluate(smol, base + smol.tokenize(" question number 3", add_special=False))
+    def held() -> list[list[int]]:
+        """The tokens of the prefix entries still stored, most recently used first."""
+        rows = store.db.execute("SELECT tokens FROM entries WHERE kind = 'prefix' ORDER BY last_used DESC, id DESC")
+        return [unpack_tokens(row[0]) for row in rows]
+
+    assert held() == [prompts[2], prompts[1], prompts[0]]
+    # Using the oldest entry makes it the most recently used: least recently used is not oldest created.
+    smol.reset()
+    assert store.lookup_prefix(smol, prompts[0]) == len(prompts[0])
+    assert held() == [prompts[0], prompts[2], prompts[1]]
+    time.sleep(0.01)
+
+    # The cap applies to prefix entries only and evicts the least recently used: entries 1 and 2 go,
+    # entry 0 (just used) and the new one stay.
+    monkeypatch.setenv("LOCALRUN_CACHE_MAX", str(sizes[0] + sizes[2] + 10))
+    evaluate(smol, prompts[3])
     newest = store.save_prefix(smol)
+    assert newest is not None
     prefixes = [s for s in store.list(prefixes=True) if s.kind == "prefix"]
-    assert len(prefixes) == 2 and prefixes[0].checksum == newest.checksum
-    assert store.total_bytes("prefix") <= sizes[1] + sizes[2] + 10
+    assert [p.checksum for p in prefixes] == [newest.checksum, entries[0].checksum]
+    assert held() == [prompts[3], prompts[0]]
+    assert store.total_bytes("prefix") <= sizes[0] + sizes[2] + 10
     assert [s.name for s in store.list()] == ["keep-me"]
 
     removed = store.prune(0)
-    assert [r.kind for r in removed] == ["prefix", "prefix"]
+    # Least recently used first: entry 0 (used before the newest was saved), then the newest.
+    assert [(r.kind, r.checksum) for r in removed] == [("prefix", entries[0].checksum), ("prefix", newest.checksum)]
     assert [s.name for s in store.list(prefixes=True)] == ["keep-me"]
     assert store.load("keep-me", smol)
 

@@ -52,7 +52,8 @@ def pull(
         err.print(f"[ok]a local file[/ok], nothing to pull: use it by its path ({_size(local.size)})", highlight=False)
         return
     verb = "already pulled" if local.already_present else "pulled"
-    err.print(f"[ok]{verb}[/ok] {local.ref} ({_size(local.size)}, {local.source}) -> {local.path}")
+    err.print(f"[ok]{verb}[/ok] ", end="")
+    err.print(f"{local.ref} ({_size(local.size)}, {local.source}) -> {local.path}", markup=False)  # user data: no markup
 
 
 @app.command("list")
@@ -93,7 +94,7 @@ def rm(model: ModelArg) -> None:
     from .. import hub
 
     for path in hub.remove(model):
-        err.print(f"removed {path}")
+        err.print(f"removed {path}", markup=False)
 
 
 @app.command()

@@ -159,8 +159,12 @@ def catalogue() -> Catalogue:
 
 
 def entry_for(ref: str) -> Optional[ModelEntry]:
-    """The catalogue entry an `ALIAS[:QUANT]` reference names, or None (a repo, a path, unknown)."""
-    alias = ref.split(":", 1)[0]
-    if "/" in alias or alias.endswith(".gguf"):
+    """The catalogue entry an `ALIAS[@REVISION][:QUANT]` reference names, or None (a repo, a path, unknown). The
+    alias matches as `pull` matches it: exactly, else regardless of case."""
+    alias = ref.split(":", 1)[0].split("@", 1)[0]
+    if "/" in alias or alias.lower().endswith(".gguf"):
         return None
-    return catalogue().models.get(alias)
+    models = catalogue().models
+    if alias in models:
+        return models[alias]
+    return next((entry for name, entry in models.items() if name.casefold() == alias.casefold()), None)

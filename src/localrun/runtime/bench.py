@@ -124,7 +124,7 @@ class Settings:
     kv_type: str
     gpu_layers: str  # a number of layers, or "auto"
     flash_attn: str  # auto, on, off
-    decode: str = "plain"  # plain, lookup, draft:MODEL or beamsN (decoding.py)
+    decode: str = "plain"  # plain, lookup, draft:MODEL or beamsN (engine/strategies.py)
 
     def n_ctx(self, tests: Sequence["Test"]) -> int:
         return self.ctx if self.ctx is not None else max([16, *(t.context_needed for t in tests)])
@@ -601,7 +601,8 @@ def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
         kv, device = allocated_buffers(lines)
         config.load_ms = load_ms
         try:  # exact, where the log rounds to 0.01 MiB (test_bench checks the two agree)
-            config.kv_bytes = kv_cache_bytes(engine.info, n_ctx, config.settings.kv_type, n_ubatch=options.n_ubatch)
+            # the context as loaded: beam search's is larger than the one asked for (room for N answers)
+            config.kv_bytes = kv_cache_bytes(engine.info, options.n_ctx, config.settings.kv_type, n_ubatch=options.n_ubatch)
         except LocalrunError:
             config.kv_bytes = kv or 0
         config.device_bytes = device

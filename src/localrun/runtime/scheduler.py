@@ -40,6 +40,7 @@ class Job:
     seq: Sequence
     sampler: Sampler
     sink: object = None  # opaque to the scheduler: where `deliver` routes this job's responses
+    on_done: object = None  # opaque to the scheduler: what the deliverer calls with the final response
     id: int = field(default_factory=itertools.count().__next__)
     cancelled: bool = False
     # scheduler thread only

@@ -64,6 +64,8 @@ class Service:
 def _dispatch(responses: list[tuple[Job, Response]]) -> None:
     for job, response in responses:
         job.sink.put_nowait(response)
+        if response.done and job.on_done is not None:
+            job.on_done(response)  # counted whether or not anyone still reads the stream
 
 
 def build_app(service: Service, on_started=None):
@@ -91,6 +93,7 @@ def build_app(service: Service, on_started=None):
         except Exception as exc:  # noqa: BLE001 - e.g. a chat template that raises on these messages
             return error_response(ApiError(400, f"cannot build the prompt: {type(exc).__name__}: {exc}"), endpoint)
         job.sink = asyncio.Queue()
+        job.on_done = lambda final: metrics.finished(final.stats)
         if not scheduler.submit(job):
             job.sampler.close()
             if scheduler.fatal:
@@ -105,12 +108,12 @@ def build_app(service: Service, on_started=None):
             include_usage = bool((body.stream_options or {}).get("include_usage"))
 
             def on_final(final: Response, status: str) -> None:
-                metrics.finished(final.stats)
                 metrics.requests.labels(endpoint, status).inc()
 
-            def cancel() -> None:
+            def cancel() -> None:  # the client went away mid-stream: 499, as for a plain request
                 watcher.cancel()
                 scheduler.cancel(job)
+                metrics.requests.labels(endpoint, "499").inc()
 
             async def events():
                 try:
@@ -128,7 +131,6 @@ def build_app(service: Service, on_started=None):
             raise
         finally:
             watcher.cancel()
-        metrics.finished(final.stats)
         if final.finish_reason not in openai.FINISH_REASONS:
             status = {"error": 500, "shutdown": 503}.get(final.finish_reason, 499)
             return error_response(ApiError(status, final.error or "the request was cancelled", type_="server_error"), endpoint)
