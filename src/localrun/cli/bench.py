@@ -96,6 +96,30 @@ def tables(rows: Sequence[dict]) -> tuple[list[str], list[list[str]], list[str],
     return head, speed, mhead, models
 
 
+def quality_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+    """One row per model (a quant) with a perplexity: size, memory at the context, speed, perplexity and its
+    ratio to the best. Empty unless the run measured perplexity."""
+    from .render import human_size
+
+    varying = _varying(rows) if rows else []
+    head = ["model", *(["settings"] if varying else []), "quant", "file", "memory", "pp t/s", "tg t/s", "PPL", "PPL / best"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model_path"], json.dumps(r["settings"], sort_keys=True)), []).append(r)
+    body = []
+    for group in groups.values():
+        ppl = next((g for g in group if g["kind"] == "ppl"), None)
+        if ppl is None:
+            continue
+        pp = next((g for g in group if g["kind"] == "pp"), None)
+        tg = next((g for g in group if g["kind"] == "tg"), None)
+        body.append([ppl["model"], *([_settings_label(ppl["settings"], varying)] if varying else []), ppl["quant"],
+                     human_size(ppl["file_bytes"]), human_size(ppl["memory_bytes"]),
+                     f"{pp['median_ts']:.2f}" if pp else "-", f"{tg['median_ts']:.2f}" if tg else "-",
+                     f"{ppl['ppl']:.4f} ± {ppl['ppl_error']:.4f}", f"{ppl['ppl_ratio']:.4f}"])
+    return head, body
+
+
 def to_markdown(rows: Sequence[dict]) -> str:
     if not rows:
         return "no results\n"
@@ -110,6 +134,9 @@ def to_markdown(rows: Sequence[dict]) -> str:
     if speed:
         out += table(head, speed) + [""]
     out += table(mhead, models)
+    qhead, quants = quality_table(rows)
+    if len(quants) > 1:
+        out += [""] + table(qhead, quants)
     return "\n".join(out) + "\n"
 
 
@@ -123,7 +150,8 @@ def print_tables(rows: Sequence[dict]) -> None:
         console.print("no results")
         return
     head, speed, mhead, models = tables(rows)
-    for h, body, title in ((head, speed, "speed"), (mhead, models, "per model")):
+    qhead, quants = quality_table(rows)
+    for h, body, title in ((head, speed, "speed"), (mhead, models, "per model"), (qhead, quants if len(quants) > 1 else [], "quants")):
         if not body:
             continue
         table = Table(title=title, title_justify="left", title_style="bold", header_style="bold", box=None)
@@ -152,7 +180,12 @@ def plot(rows: Sequence[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     varying = _varying(rows) if rows else []
-    fig, (ax_pp, ax_tg) = plt.subplots(1, 2, figsize=(12, 4.8))
+    qhead, quants = quality_table(rows)
+    if len(quants) > 1:  # several quants with a perplexity each: speed against quality too
+        fig, (ax_pp, ax_tg, ax_q) = plt.subplots(1, 3, figsize=(18, 4.8))
+        _plot_quality(ax_q, rows)
+    else:
+        fig, (ax_pp, ax_tg) = plt.subplots(1, 2, figsize=(12, 4.8))
     series: dict[tuple, dict[str, list]] = {}
     for r in rows:
         if r["kind"] == "ppl":
@@ -183,6 +216,23 @@ def plot(rows: Sequence[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _plot_quality(ax, rows: Sequence[dict]) -> None:
+    """Decode (else prefill) tokens/s against perplexity, one point per quant."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["model_path"] + json.dumps(r["settings"], sort_keys=True), []).append(r)
+    kind = "tg" if any(r["kind"] == "tg" for r in rows) else "pp"
+    for group in groups.values():
+        ppl = next((g for g in group if g["kind"] == "ppl"), None)
+        speed = next((g for g in group if g["kind"] == kind), None)
+        if ppl is None or speed is None:
+            continue
+        ax.errorbar([ppl["ppl"]], [speed["median_ts"]], xerr=[ppl["ppl_error"]], marker="o", capsize=3)
+        ax.annotate(ppl["quant"] or ppl["model"], (ppl["ppl"], speed["median_ts"]), textcoords="offset points", xytext=(5, 5))
+    ax.set(title="speed against quality", xlabel="perplexity (lower is better)", ylabel=f"{kind} tokens/s (median)")
+    ax.grid(alpha=0.3)
 
 
 # -- the command --------------------------------------------------------------------------------------

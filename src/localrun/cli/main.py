@@ -89,6 +89,27 @@ def show(
 
 
 @app.command()
+def quantize(
+    model: ModelArg,
+    quant: Annotated[str, typer.Argument(help="Q4_0, Q4_1, Q4_K_M, Q5_K_M, Q6_K, Q8_0, F16, BF16 (also Q2_K ... Q6_K, Q5_0, Q5_1, F32)")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="where to write it (default: $LOCALRUN_HOME/quantized/NAME/)")] = None,
+    allow_requantize: Annotated[bool, typer.Option("--allow-requantize", help="quantize a model that is already quantized (worse than from its F16/BF16 original)")] = False,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)")] = None,
+    source: SourceOpt = "auto",
+) -> None:
+    """Write a model in another quant with llama.cpp's quantizer; it is then listed and run as NAME:QUANT."""
+    from ..console import StatusLine
+    from ..runtime.quantize import quantize_model
+
+    what = f"quantizing {model} to {quant.upper()}"
+    with StatusLine(what) as status:
+        made = quantize_model(model, quant, out=output, allow_requantize=allow_requantize, source=_source(source),
+                              threads=threads, on_progress=lambda i, n: status.update(f"{what}: tensor {i}/{n}"))
+    err.print("[ok]quantized[/ok] ", end="")
+    err.print(f"{made.ref} ({_size(made.size)}, local) -> {made.path}; run it with `localrun run {made.ref}`", markup=False)
+
+
+@app.command()
 def rm(model: ModelArg) -> None:
     """Delete a pulled model's files."""
     from .. import hub

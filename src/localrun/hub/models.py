@@ -70,7 +70,7 @@ _QUANT_ARG_RE = re.compile(r"^[\w.-]+$")
 class ModelRef:
     """A parsed model reference. `quant` is upper-case, or None when the reference names none."""
 
-    kind: Literal["alias", "repo", "path"]
+    kind: Literal["alias", "repo", "path", "local"]  # local: a name only the registry knows (made here)
     name: str  # alias, owner/repo, or the path as given
     quant: Optional[str] = None
     revision: Optional[str] = None
@@ -122,6 +122,9 @@ def parse_ref(ref: str) -> ModelRef:
     models = catalogue().models
     alias = name if name in models else next((a for a in models if a.casefold() == name.casefold()), None)
     if alias is None:
+        made = next((r["name"] for r in _read_registry().values() if r["source"] == "local" and r["name"].casefold() == name.casefold()), None)
+        if made is not None:
+            return ModelRef(kind="local", name=made, quant=norm_quant, revision=revision or None)
         raise ModelNotFound(
             f"unknown model '{name}': run `localrun list --available` to see aliases, or use owner/repo[:QUANT]"
         )
@@ -162,7 +165,7 @@ class LocalModel:
     files: tuple[Path, ...]  # absolute; first shard first
     sizes: tuple[int, ...]  # bytes, one per file
     sha256: tuple[str, ...]  # one per file; empty for a plain local path (not hashed)
-    source: Literal["hub", "mirror", "path"]
+    source: Literal["hub", "mirror", "path", "local"]  # local: made here (`localrun quantize`)
     origin: str = ""  # Hub URL, or the pinned PyPI packages
     pulled_at: Optional[str] = None  # ISO 8601, UTC
     already_present: bool = False  # pull downloaded nothing: every file was already on disk, verified
@@ -285,6 +288,14 @@ def _record(model: LocalModel) -> None:
         models[_key(model.name, model.quant)] = model.to_record()
 
 
+def register_local(name: str, quant: str, path: Path, sha256: str, *, origin: str) -> LocalModel:
+    """Record a model made here (`localrun quantize`) like a pulled one: `list` shows it, NAME:QUANT finds it."""
+    model = LocalModel(name=name, quant=quant, repo=None, revision=None, commit=None, files=(path,),
+                       sizes=(path.stat().st_size,), sha256=(sha256,), source="local", origin=origin, pulled_at=_now())
+    _record(model)
+    return model
+
+
 def list_local() -> list[LocalModel]:
     """Every pulled model, by name then quant. Use LocalModel.missing_files() to spot deleted files."""
     return [LocalModel.from_record(r) for _, r in sorted(_read_registry().items())]
@@ -376,11 +387,11 @@ def remove(ref: Union[str, ModelRef]) -> list[Path]:
                 continue
             if model.source == "hub":
                 deleted += _remove_cached_file(path, still_used_blobs)
-            elif model.source == "mirror":
+            elif model.source in ("mirror", "local"):
                 if path.exists():
                     path.unlink()
                     deleted.append(path)
-                _prune_empty_dirs(path.parent, paths.mirror_dir())
+                _prune_empty_dirs(path.parent, paths.mirror_dir() if model.source == "mirror" else paths.home() / "quantized")
     return deleted
 
 
@@ -465,6 +476,11 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: bool = True)
     mref = parse_ref(ref) if isinstance(ref, str) else ref
     if mref.kind == "path":
         return _path_model(mref)
+    if mref.kind == "local":
+        present = _already_present(mref) if mref.quant else None
+        if present is not None:
+            return present
+        raise ModelNotFound(f"model '{mref}' was made here and is not there any more: make it again with `localrun quantize`")
 
     if mref.kind == "alias":
         assert mref.entry is not None

@@ -57,7 +57,7 @@ RESULT_SCHEMA: dict[str, Any] = {
         "required": [
             "model", "model_path", "test", "kind", "n_tokens", "depth", "settings", "reps", "mean_ts", "std_ts",
             "median_ts", "samples_ts", "ttft_ms", "tpot_ms", "load_ms", "peak_rss_bytes", "kv_bytes",
-            "device_bytes", "build",
+            "device_bytes", "build", "quant", "file_bytes", "memory_bytes",
         ],
         "properties": {
             "model": {"type": "string", "description": "the model as given (file name for a path)"},
@@ -97,6 +97,10 @@ RESULT_SCHEMA: dict[str, Any] = {
             "build": {"type": "string"},
             "ppl": {**_NUMBER, "description": "perplexity (ppl rows)"},
             "ppl_error": {"type": "number", "minimum": 0, "description": "its +/- (llama-perplexity's estimate)"},
+            "ppl_ratio": {**_NUMBER, "description": "perplexity / the lowest perplexity of this run (ppl rows)"},
+            "quant": {"type": "string", "description": "the file's quant (from its GGUF header)"},
+            "file_bytes": {"type": "integer", "minimum": 1, "description": "size of the model file(s)"},
+            "memory_bytes": {"type": "integer", "minimum": 1, "description": "weights + KV cache at the context"},
             "ref_mean_ts": {**_NULLABLE_NUMBER, "description": "llama-bench's mean tokens/s, same settings"},
             "ref_std_ts": _NULLABLE_NUMBER,
             "ref_median_ts": {**_NULLABLE_NUMBER, "description": "llama-bench's median tokens/s (the ratio's denominator)"},
@@ -108,7 +112,8 @@ RESULT_SCHEMA: dict[str, Any] = {
 
 CSV_FIELDS = [
     "model", "test", "kind", "n_tokens", "depth", *SETTINGS, "reps", "mean_ts", "std_ts", "median_ts",
-    "ref_mean_ts", "ref_std_ts", "ref_median_ts", "ratio", "ppl", "ppl_error", "ref_ppl", "ttft_ms", "tpot_ms", "load_ms",
+    "ref_mean_ts", "ref_std_ts", "ref_median_ts", "ratio", "ppl", "ppl_error", "ppl_ratio", "ref_ppl", "quant", "file_bytes",
+    "memory_bytes", "ttft_ms", "tpot_ms", "load_ms",
     "peak_rss_bytes", "kv_bytes", "device_bytes", "build", "model_path",
 ]
 
@@ -217,6 +222,7 @@ def make_plan(
     """Parse and check every option (naming the bad value), find llama-bench if asked to compare."""
     from ..engine import KV_TYPES, default_threads, parse_gpu_layers
 
+    models = [m.strip() for arg in models for m in arg.split(",") if m.strip()]  # A,B,C as well as A B C
     if not models:
         raise UsageError("give at least one model to benchmark")
     if output not in OUTPUTS:
@@ -480,6 +486,9 @@ class ConfigRun:
     device_bytes: Optional[int] = None
     ttft_ms: Optional[float] = None
     peak_rss_bytes: int = 0
+    quant: str = ""
+    file_bytes: int = 0
+    memory_bytes: int = 0  # weights + KV cache at the context
 
 
 @dataclass
@@ -524,7 +533,7 @@ class Result:
             "median_ts": _r(self.median_ts), "samples_ts": [_r(s) for s in self.samples_ts],
             "ttft_ms": _r(c.ttft_ms), "tpot_ms": _r(self.tpot_ms), "load_ms": _r(c.load_ms),
             "peak_rss_bytes": c.peak_rss_bytes, "kv_bytes": c.kv_bytes, "device_bytes": c.device_bytes,
-            "build": c.build,
+            "build": c.build, "quant": c.quant, "file_bytes": c.file_bytes, "memory_bytes": c.memory_bytes,
         }
         if self.ppl is not None:
             row["ppl"] = round(self.ppl.ppl, 4)
@@ -606,6 +615,8 @@ def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
         except LocalrunError:
             config.kv_bytes = kv or 0
         config.device_bytes = device
+        config.quant, config.file_bytes = engine.info.quant, engine.info.file_size
+        config.memory_bytes = engine.info.tensor_bytes + config.kv_bytes
     return engine, strategy
 
 
@@ -732,4 +743,10 @@ def _run_tool(cmd: list[str], name: str) -> subprocess.CompletedProcess:
 
 
 def rows_of(results: Sequence[Result]) -> list[dict[str, Any]]:
-    return [r.as_row() for r in results]
+    """The rows, each perplexity also as a ratio to the lowest of the run (1.0: the best quant)."""
+    rows = [r.as_row() for r in results]
+    best = min((r["ppl"] for r in rows if r["kind"] == "ppl"), default=None)
+    for r in rows:
+        if r["kind"] == "ppl" and best:
+            r["ppl_ratio"] = round(r["ppl"] / best, 4)
+    return rows
