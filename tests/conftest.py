@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,3 +124,55 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeo
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# -- a `localrun serve` process, for the tests that talk to one ---------------------------------------------------
+
+SERVE_KEY = "test-key-123"  # the key test_serve's module server requires
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, stderr: list[str]):
+        self.proc, self.port, self.stderr = proc, port, stderr
+        self.url = f"http://127.0.0.1:{port}"
+
+    def client(self, key: str = SERVE_KEY, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
+
+    def stop(self) -> int:
+        """Ctrl-C: a graceful stop, exit 130 (interrupted) like every other command, never a traceback."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        time.sleep(0.2)  # the drain thread reads the last lines
+        assert "Traceback" not in "".join(self.stderr), "".join(self.stderr)
+        return self.proc.returncode
+
+
+def start_server(model, home, *args: str, sigint=signal.SIG_DFL) -> Server:
+    env = {**os.environ, "LOCALRUN_HOME": str(home)}
+    # --threads 1: llama.cpp's threads spin, and the test client shares this machine's few cores.
+    proc = subprocess.Popen(
+        [LOCALRUN, "serve", str(model), "--port", "0", "--threads", "1", *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
+    )
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        if m:
+            threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()  # keep draining
+            return Server(proc, int(m.group(1)), lines)
+    proc.kill()
+    raise AssertionError(f"server did not start: {''.join(lines)}")

@@ -1,7 +1,7 @@
 """The KV-cache session store: real llama.cpp, real GGUF files, real processes (no mocks).
 
 Processes that must be separate (resume across processes, kill -9, concurrent writers) run this file as a
-script: `python tests/test_sessions.py COMMAND ...` (see `child_main` at the bottom).
+script: `python tests/store/test_sessions.py COMMAND ...` (see `child_main` at the bottom).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-DOC = (Path(__file__).resolve().parents[1] / "src" / "localrun" / "data" / "wonderland.txt").read_text()[:4000]
+DOC = (Path(__file__).resolve().parents[2] / "src" / "localrun" / "data" / "wonderland.txt").read_text()[:4000]
 
 
 def done(stdout: str) -> dict:

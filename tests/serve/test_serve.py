@@ -15,57 +15,12 @@ import httpx
 import jsonschema
 import pytest
 
-from conftest import LOCALRUN, run_cli
+from conftest import LOCALRUN, SERVE_KEY, Server, run_cli, start_server  # noqa: F401 - Server for annotations
 
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
-KEY = "test-key-123"
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, stderr: list[str]):
-        self.proc, self.port, self.stderr = proc, port, stderr
-        self.url = f"http://127.0.0.1:{port}"
-
-    def client(self, key: str = KEY, **kw) -> "openai.OpenAI":
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
-
-    def stop(self) -> int:
-        """Ctrl-C: a graceful stop, exit 130 (interrupted) like every other command, never a traceback."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        time.sleep(0.2)  # the drain thread reads the last lines
-        assert "Traceback" not in "".join(self.stderr), "".join(self.stderr)
-        return self.proc.returncode
-
-
-def start_server(model, home, *args: str, sigint=signal.SIG_DFL) -> Server:
-    env = {**os.environ, "LOCALRUN_HOME": str(home)}
-    # --threads 1: llama.cpp's threads spin, and the test client shares this machine's few cores.
-    proc = subprocess.Popen(
-        [LOCALRUN, "serve", str(model), "--port", "0", "--threads", "1", *args],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
-    )
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
-        if m:
-            threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()  # keep draining
-            return Server(proc, int(m.group(1)), lines)
-    proc.kill()
-    raise AssertionError(f"server did not start: {''.join(lines)}")
+KEY = SERVE_KEY
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""hub.py against a loopback Hub stand-in (tests/hubstub.py): real huggingface_hub, real HTTP, real files."""
+"""The hub package against a loopback Hub stand-in (tests/hubstub.py): real huggingface_hub, real HTTP, real files."""
 
 from __future__ import annotations
 

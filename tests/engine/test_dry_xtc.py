@@ -96,7 +96,7 @@ def test_the_server_takes_them_per_request(smollm2, tmp_path, cli):
     options, token for token, and not the one without."""
     import openai
 
-    from test_serve import start_server
+    from conftest import start_server
 
     srv = start_server(smollm2, tmp_path / "home", "--parallel", "2", "--ctx", "512")
     try:
