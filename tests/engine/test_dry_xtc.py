@@ -103,7 +103,7 @@ def test_the_server_takes_them_per_request(smollm2, tmp_path, cli):
         client = srv.client(key="none")
 
         def complete(**extra) -> str:
-            r = client.completions.create(model="m", prompt=REPEAT, max_tokens=40, temperature=0, extra_body=extra)
+            r = client.completions.create(model=smollm2.name, prompt=REPEAT, max_tokens=40, temperature=0, extra_body=extra)
             return r.choices[0].text
 
         plain, dry = complete(), complete(dry_multiplier=2.0)

@@ -21,6 +21,7 @@ openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 KEY = SERVE_KEY
+SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the name the server gives a model loaded by path
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +31,13 @@ def server(smollm2, tmp_path_factory):
     assert srv.stop() == 130
 
 
-def complete(client, prompt: str, **kw):
-    return client.completions.create(model="smollm2", prompt=prompt, temperature=0, **kw)
+def complete(client, prompt: str, model: str = SMOL, **kw):
+    return client.completions.create(model=model, prompt=prompt, temperature=0, **kw)
 
 
 def stream_text(client, prompt: str, **kw) -> tuple[str, str]:
     parts, finish = [], None
-    for chunk in client.completions.create(model="smollm2", prompt=prompt, temperature=0, stream=True, **kw):
+    for chunk in client.completions.create(model=SMOL, prompt=prompt, temperature=0, stream=True, **kw):
         if chunk.choices:
             parts.append(chunk.choices[0].text)
             finish = chunk.choices[0].finish_reason or finish
@@ -44,7 +45,7 @@ def stream_text(client, prompt: str, **kw) -> tuple[str, str]:
 
 
 HEADERS = {"Authorization": f"Bearer {KEY}"}
-IDLE = {"status": "ok", "slots_idle": 8, "slots_processing": 0, "requests_waiting": 0}  # the module's server, at rest
+IDLE = {"status": "ok", "slots_idle": 8, "slots_processing": 0, "requests_waiting": 0, "models": 1}  # the module's server, at rest
 
 
 def post(server, **body) -> dict:
@@ -88,7 +89,7 @@ def test_chat_non_streaming_and_streaming_agree(server, smollm2, cli):
     counts and finish reason."""
     client = server.client()
     messages = [{"role": "system", "content": "You are concise."}, {"role": "user", "content": "Name a primary colour."}]
-    whole = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=40)
+    whole = client.chat.completions.create(model=SMOL, messages=messages, temperature=0, max_tokens=40)
     text = whole.choices[0].message.content
     ran = cli("run", str(smollm2), "--system", "You are concise.", "-t", "0", "-n", "40", "--no-cache", "--threads", "1",
               "--json", "Name a primary colour.")
@@ -101,7 +102,7 @@ def test_chat_non_streaming_and_streaming_agree(server, smollm2, cli):
     assert whole.usage.completion_tokens == len(done["tokens"])
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
     chunks = list(client.chat.completions.create(
-        model="smollm2", messages=messages, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}))
+        model=SMOL, messages=messages, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -158,7 +159,7 @@ def test_concurrent_requests_finish_independently_with_solo_output(server):
     def one(i):
         barrier.wait()
         parts = []
-        for chunk in client.completions.create(model="smollm2", prompt=prompts[i], temperature=0, max_tokens=lengths[i],
+        for chunk in client.completions.create(model=SMOL, prompt=prompts[i], temperature=0, max_tokens=lengths[i],
                                                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
             if chunk.choices:
                 parts.append(chunk.choices[0].text)
@@ -199,9 +200,9 @@ def _metric(text: str, name: str, default: float | None = None) -> float:
 def test_shared_prefix_is_reused_across_requests(server):
     client = server.client()
     system = "You are a helpful assistant for a bakery. " * 20
-    first = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=4, messages=[
+    first = client.chat.completions.create(model=SMOL, temperature=0, max_tokens=4, messages=[
         {"role": "system", "content": system}, {"role": "user", "content": "Do you sell bread?"}])
-    second = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=4, messages=[
+    second = client.chat.completions.create(model=SMOL, temperature=0, max_tokens=4, messages=[
         {"role": "system", "content": system}, {"role": "user", "content": "When do you open?"}])
     assert first.usage.prompt_tokens > 150
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 20
@@ -288,10 +289,10 @@ def test_fields_common_clients_send_with_their_off_values_are_accepted(server):
     client = server.client()
     hi = [{"role": "user", "content": "Hi"}]
     # Warm: both answers below then reuse the same cached prefix (a warm and a cold prompt can round apart).
-    client.chat.completions.create(model="smollm2", messages=hi, max_tokens=1, temperature=0)
-    plain = client.chat.completions.create(model="smollm2", messages=hi, max_tokens=3, temperature=0)
+    client.chat.completions.create(model=SMOL, messages=hi, max_tokens=1, temperature=0)
+    plain = client.chat.completions.create(model=SMOL, messages=hi, max_tokens=3, temperature=0)
     out = client.chat.completions.create(
-        model="smollm2", messages=hi, max_tokens=3, temperature=0,
+        model=SMOL, messages=hi, max_tokens=3, temperature=0,
         n=1, logprobs=False, stream=False, tool_choice="none", parallel_tool_calls=False, user="u1", store=False,
         extra_body={"tools": []},
     )
@@ -301,14 +302,14 @@ def test_fields_common_clients_send_with_their_off_values_are_accepted(server):
         plain.usage.prompt_tokens, plain.usage.completion_tokens, plain.choices[0].finish_reason)
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(
-            model="smollm2", messages=hi, max_tokens=3,
+            model=SMOL, messages=hi, max_tokens=3,
             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
     assert "tools" in str(exc.value)
 
 
 def test_context_overflow_is_a_bad_request_in_the_client(server):
     with pytest.raises(openai.BadRequestError) as exc:
-        server.client().chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "word " * 1100}])
+        server.client().chat.completions.create(model=SMOL, messages=[{"role": "user", "content": "word " * 1100}])
     assert exc.value.code == "context_length_exceeded"
 
 
@@ -316,7 +317,7 @@ def test_json_schema_response_format(server):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
     out = server.client().chat.completions.create(
-        model="smollm2", temperature=0, max_tokens=60,
+        model=SMOL, temperature=0, max_tokens=60,
         messages=[{"role": "user", "content": "Give me a person as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
     )
@@ -470,7 +471,7 @@ def test_full_queue_gets_429_and_ctrl_c_stops_cleanly(smollm2, tmp_path):
                 time.sleep(0.02)
             assert httpx.get(srv.url + "/health").json()["requests_waiting"] == 1
             with pytest.raises(openai.RateLimitError):
-                srv.client().completions.create(model="m", prompt="hi", max_tokens=2)
+                srv.client().completions.create(model=SMOL, prompt="hi", max_tokens=2)
         waiting.join(timeout=120)
         assert answers[0].status_code == 200 and answers[0].json()["usage"]["completion_tokens"] == 5
     finally:
@@ -570,19 +571,19 @@ def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path,
         client = srv.client(key="unused")
         prompts = ["The tallest mountain in Europe is", "A recipe for bread needs flour, water,"]
         for p in prompts:  # warm: solo and together then both reuse the prompt but its last token
-            complete(client, p, max_tokens=1)
-        solo = [complete(client, p, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+            complete(client, p, gemma.name, max_tokens=1)
+        solo = [complete(client, p, gemma.name, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
         together = [None, None]
         threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, complete(
-            client, prompts[i], max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text)) for i in range(2)]
+            client, prompts[i], gemma.name, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text)) for i in range(2)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=120)
         assert together == solo
         shared = "Facts about the planets of the solar system, one per line. " * 12
-        first = complete(client, shared + "Mars:", max_tokens=12)
-        again = complete(client, shared + "Mars:", max_tokens=12)  # the whole prompt but its last token is reused
+        first = complete(client, shared + "Mars:", gemma.name, max_tokens=12)
+        again = complete(client, shared + "Mars:", gemma.name, max_tokens=12)  # the whole prompt but its last token is reused
         assert first.usage.prompt_tokens_details.cached_tokens == 1  # only <bos>, which every prompt starts with
         assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
         assert again.usage.completion_tokens == 12

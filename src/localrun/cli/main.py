@@ -175,31 +175,76 @@ def chat(
 @app.command()
 @shared_options()
 def serve(
-    model: ModelArg,
-    parallel: Annotated[int, typer.Option("--parallel", "-np", help="sequences decoded together (slots)")] = 4,
+    model: Annotated[Optional[str], typer.Argument(help="a model to load at start and serve by default (alias, owner/repo[:QUANT] or path); others load when a request names them")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", "-np", help="sequences decoded together (slots), per model")] = 4,
     host: Annotated[str, typer.Option("--host", help="address to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="port to listen on (0 = any free port)")] = 11435,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
     queue: Annotated[int, typer.Option("--queue", help="requests that may wait for a slot; more get 429")] = 64,
     prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="prompt tokens evaluated per step (smaller: running streams stall less)")] = 256,
+    keep_alive: Annotated[str, typer.Option("--keep-alive", envvar="LOCALRUN_KEEP_ALIVE", help="how long a model stays loaded after its last request: 5m, 1h, 90s, 0 (unload at once) or -1 (forever)")] = "5m",
+    max_models: Annotated[int, typer.Option("--max-models", help="most models loaded at once (0: as many as memory allows)")] = 0,
+    memory_budget: Annotated[Optional[str], typer.Option("--memory-budget", help="memory the loaded models may take, e.g. 8G or 500M (default: free RAM at each load)")] = None,
     **options,
 ) -> None:
-    """Serve the model over an OpenAI-compatible HTTP API, many requests decoded together."""
+    """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
+    from ..runtime.options import SAMPLING, cli_value
+    from ..runtime.pool import parse_keep_alive
     from ..serve.app import ServeOptions, serve as run_server
 
-    for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0)):
+    for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0), ("--max-models", max_models, 0)):
         if value < least or (flag == "--port" and value > 65535):
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
-    loaded = _load(model, options, parallel=parallel)
-    slot_ctx = loaded.engine.n_ctx // parallel
-    options = ServeOptions(parallel=parallel, slot_ctx=slot_ctx, max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key)
+    serve_options = ServeOptions(
+        spec=_load_spec(options, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
+        sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
+        max_models=max_models, memory_budget=_parse_size(memory_budget, "--memory-budget"), source=_source(options["source"]),
+    )
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         notice(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
 
-    def ready(bound: int) -> None:
-        err.print(f"[ok]serving[/ok] {loaded.name} on http://{host}:{bound}/v1 ({parallel} slots x {slot_ctx} tokens); Ctrl-C stops")
+    def ready(bound: int, resident) -> None:
+        what = (f"{resident.name} ({parallel} slots x {resident.slot_ctx} tokens) and any pulled model"
+                if resident else "any pulled model")
+        err.print(f"[ok]serving[/ok] {what} on http://{host}:{bound}/v1; Ctrl-C stops", markup=True, highlight=False)
 
-    run_server(loaded, options, host=host, port=port, on_ready=ready)
+    run_server(serve_options, host=host, port=port, on_ready=ready, on_notice=notice)
+
+
+@app.command()
+def ps(
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+    host: Annotated[str, typer.Option("--host", envvar="LOCALRUN_HOST", help="the server's address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="the server's port")] = 11435,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="the server's API key")] = None,
+) -> None:
+    """List the models the server holds: memory, processor, context, slots busy, and until when."""
+    from . import render
+    from .client import Client
+
+    render.loaded_models(Client(host, port, api_key).get("/api/ps")["models"], as_json)
+
+
+@app.command()
+def stop(
+    model: Annotated[Optional[str], typer.Argument(help="the model to unload (as ps names it, or its alias or path)")] = None,
+    all_models: Annotated[bool, typer.Option("--all", help="unload every model")] = False,
+    server: Annotated[bool, typer.Option("--server", help="end the server itself")] = False,
+    host: Annotated[str, typer.Option("--host", envvar="LOCALRUN_HOST", help="the server's address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="the server's port")] = 11435,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="the server's API key")] = None,
+) -> None:
+    """Unload a model from the server (or --all of them), or end the server (--server)."""
+    from .client import Client
+
+    if sum((model is not None, all_models, server)) != 1:
+        raise UsageError("name one MODEL, or give --all or --server")
+    body = {"server": True} if server else {"all": True} if all_models else {"model": model}
+    stopped = Client(host, port, api_key).post("/api/stop", body)["stopped"]
+    if server:
+        err.print("server stopping" + (f"; unloaded {', '.join(stopped)}" if stopped else ""), markup=False)
+    else:
+        err.print(f"unloaded {', '.join(stopped)}" if stopped else "no model was loaded", markup=False)
 
 
 @app.command()
@@ -326,6 +371,28 @@ def _load(model: str, options: dict, parallel: int = 1):
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, on_notice=notice,
         parallel=parallel, decoding=decoding,
     )
+
+
+def _load_spec(options: dict, parallel: int):
+    """The load-time options as the resident runtime compares them, checked now (before any model loads)."""
+    from ..runtime.pool import LoadSpec
+
+    spec = LoadSpec(ctx=options["ctx"], parallel=parallel, gpu_layers=options["gpu_layers"], flash_attn=options["flash_attn"],
+                    kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"])
+    spec.check()
+    return spec
+
+
+def _parse_size(value: Optional[str], flag: str) -> Optional[int]:
+    """8G, 500M, 1.5GiB, 123456 (bytes) -> bytes."""
+    import re
+
+    if value is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value, re.IGNORECASE)
+    if not m:
+        raise UsageError(f"invalid {flag} {value!r}: use a size like 8G, 500M or a number of bytes")
+    return int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "b").lower()))
 
 
 def read_prompt(args: list[str], stdin) -> str:

@@ -120,6 +120,26 @@ def local_models_table(models: list, as_json: bool) -> None:
     _print_table(table)
 
 
+def loaded_models(models: list[dict], as_json: bool) -> None:
+    """`localrun ps`: what the server holds, as Ollama's `ps` shows it, plus the slots."""
+    if as_json:
+        _json_out(models)
+        return
+    if not models:
+        err.print("no model is loaded")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS BUSY", "UNTIL"):
+        table.add_column(col)
+    for m in models:
+        until = "in use" if m["requests"] else (m["expires_at"] or "forever")
+        table.add_row(m["name"], human_size(m["size"]), m["processor"], str(m["context_length"]),
+                      f"{m['slots_busy']}/{m['slots']}", until)
+    _print_table(table)
+
+
 def catalogue_table(cat, as_json: bool) -> None:
     if as_json:
         _json_out({alias: e.model_dump() for alias, e in cat.models.items()})

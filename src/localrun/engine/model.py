@@ -353,6 +353,14 @@ class Engine:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def gpu_fraction(self) -> float:
+        """The share of the model's layers (repeating layers plus the output layer, as llama.cpp counts
+        them for --gpu-layers) placed on a GPU: 0 on a CPU build."""
+        total = self.info.n_layer + 1
+        if self.gpu_layers < 0:
+            return 1.0
+        return min(self.gpu_layers, total) / total
+
     def close(self) -> None:
         if not loaded():
             return

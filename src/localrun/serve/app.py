@@ -15,11 +15,12 @@ import json
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from ..errors import LocalrunError, UsageError
+from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
+from ..runtime.pool import FOREVER, LoadSpec, ModelPool, ModelTooBig, PoolBusy, Resident, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
 from . import openai
 from .metrics import Metrics
@@ -28,28 +29,61 @@ from .openai import ApiError, ChatBody, CompletionBody
 
 @dataclass
 class ServeOptions:
-    parallel: int = 4
-    slot_ctx: int = 4096
+    spec: LoadSpec = field(default_factory=LoadSpec)  # the server's load-time options (requests may differ)
     max_waiting: int = 64
     prefill_chunk: int = 256
     api_key: Optional[str] = None
+    model: Optional[str] = None  # the model named on the command line: loaded at start, the default
+    sampling: Optional[dict] = None  # the sampling flags given to serve, over each model's catalogue defaults
+    keep_alive: float = 300.0
+    max_models: int = 0
+    memory_budget: Optional[int] = None
+    source: str = "auto"
 
 
 class Service:
-    """What the routes share: the loaded model, the scheduler and the metrics."""
+    """What the routes share: the model pool (each resident model with its scheduler) and the metrics."""
 
-    def __init__(self, loaded: Loaded, options: ServeOptions):
-        self.loaded = loaded
-        self.engine = loaded.engine
+    def __init__(self, options: ServeOptions, on_notice=None):
         self.options = options
         self.created = int(time.time())
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.metrics = Metrics()
-        self.scheduler = Scheduler(
-            self.engine, parallel=options.parallel, slot_ctx=options.slot_ctx, max_waiting=options.max_waiting,
-            prefill_chunk=options.prefill_chunk, deliver=self._deliver, on_step=self.metrics.step,
+        self.pool = ModelPool(
+            make_scheduler=self._scheduler, load=self._load, keep_alive=options.keep_alive,
+            max_models=options.max_models, memory_budget=options.memory_budget,
+            on_notice=on_notice or (lambda message: None),
         )
-        self.metrics.watch(self.scheduler, options.parallel * options.slot_ctx)
+        self.metrics.watch(self.pool)
+        self.stopping = False
+        self.exit = lambda: None  # ends the HTTP server (set by `serve`)
+
+    def end(self) -> None:
+        """Stop serving: open requests end at once, then the HTTP server exits (exit status 0)."""
+        self.stopping = True
+        self.pool.request_stop()
+        self.exit()
+
+    def _load(self, ref: str, spec: LoadSpec):
+        from ..runtime.loader import load
+
+        return load(ref, source=self.options.source, ctx=spec.ctx, gpu_layers=spec.gpu_layers, flash_attn=spec.flash_attn,
+                    kv_type=spec.kv_type, threads=spec.threads, batch=spec.batch, sampling=self.options.sampling,
+                    parallel=spec.parallel)
+
+    def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec) -> Scheduler:
+        scheduler = Scheduler(
+            loaded.engine, parallel=spec.parallel, slot_ctx=slot_ctx, max_waiting=self.options.max_waiting,
+            prefill_chunk=self.options.prefill_chunk, deliver=self._deliver, on_step=self.metrics.step,
+        )
+        scheduler.start()
+        return scheduler
+
+    def preload(self) -> Resident:
+        """The command line's model, loaded before the port opens (a bad one fails `serve` itself)."""
+        resident = self.pool.acquire(self.options.model, self.options.spec, pinned=True)
+        self.pool.release(resident, keep_alive=FOREVER)
+        return resident
 
     # scheduler thread -> event loop: one wake-up per step
     def _deliver(self, responses: list[tuple[Job, Response]]) -> None:
@@ -70,39 +104,82 @@ def _dispatch(responses: list[tuple[Job, Response]]) -> None:
 
 def build_app(service: Service, on_started=None):
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response as HttpResponse, StreamingResponse
     from starlette.routing import Route
 
-    engine, scheduler, metrics = service.engine, service.scheduler, service.metrics
-    model_id = service.loaded.name
+    pool, metrics = service.pool, service.metrics
 
     def error_response(exc: ApiError, endpoint: str) -> JSONResponse:
         metrics.requests.labels(endpoint, str(exc.status)).inc()
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
+    async def resident_for(body) -> tuple[Resident, Optional[float]]:
+        """The model the body names (the server's own when it names none), loaded, with a reference taken."""
+        ref = body.model or service.options.model
+        if not ref:
+            raise ApiError(400, "no model given and this server was started without one: name one in 'model'", param="model")
+        keep_alive = None
+        if body.keep_alive is not None:
+            try:
+                keep_alive = parse_keep_alive(body.keep_alive)
+            except LocalrunError as exc:
+                raise ApiError(400, exc.message, param="keep_alive") from None
+        spec = openai.load_spec(service.options.spec, body.options)
+        if service.stopping:
+            raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
+        try:
+            return await run_in_threadpool(pool.acquire, ref, spec), keep_alive
+        except ModelNotFound as exc:
+            raise ApiError(404, exc.message, param="model", code="model_not_found") from None
+        except ModelTooBig as exc:
+            raise ApiError(400, exc.message, param="model", code="model_too_big") from None
+        except PoolBusy as exc:
+            raise ApiError(503, exc.message, type_="server_error", code="models_busy") from None
+        except UsageError as exc:
+            raise ApiError(400, exc.message, param="options") from None
+        except LocalrunError as exc:  # the file would not load: this request fails, the server goes on
+            raise ApiError(500, f"cannot load {ref}: {exc.message}", param="model", type_="server_error") from None
+
     async def generate(request: Request, kind, endpoint: str):
         try:
             body = openai.parse_body(await request.body(), kind)
-            job = openai.job_for(service, body)
+            resident, keep_alive = await resident_for(body)
         except ApiError as exc:
             return error_response(exc, endpoint)
-        except LocalrunError as exc:
-            return error_response(ApiError(400, exc.message), endpoint)
-        except Exception as exc:  # noqa: BLE001 - e.g. a chat template that raises on these messages
+        try:
+            job = openai.job_for(resident, body)
+        except Exception as exc:  # noqa: BLE001 - the reference is given back whatever went wrong
+            pool.release(resident, keep_alive)
+            if isinstance(exc, ApiError):
+                return error_response(exc, endpoint)
+            if isinstance(exc, LocalrunError):
+                return error_response(ApiError(400, exc.message), endpoint)
+            # e.g. a chat template that raises on these messages
             return error_response(ApiError(400, f"cannot build the prompt: {type(exc).__name__}: {exc}"), endpoint)
+        scheduler = resident.scheduler
         job.sink = asyncio.Queue()
-        job.on_done = lambda final: metrics.finished(final.stats)
+
+        def on_done(final: Response) -> None:
+            metrics.finished(final.stats)
+            pool.release(resident, keep_alive)
+
+        job.on_done = on_done
         if not scheduler.submit(job):
             job.sampler.close()
+            pool.release(resident, keep_alive)
             if scheduler.fatal:
                 return error_response(ApiError(503, scheduler.fatal, type_="server_error"), endpoint)
+            if scheduler.stopping:
+                return error_response(ApiError(503, "the server is shutting down: retry later", type_="server_error"), endpoint)
             return error_response(ApiError(
                 429, f"the server is busy: {service.options.max_waiting} requests are already waiting; retry shortly",
                 type_="rate_limit_error", code="queue_full"), endpoint)
         chat = isinstance(body, ChatBody)
         rid = openai.new_id(chat)
+        model_id = resident.name
         watcher = asyncio.ensure_future(_cancel_on_disconnect(request, job, scheduler))
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -144,17 +221,51 @@ def build_app(service: Service, on_started=None):
         return await generate(request, ChatBody, "/v1/chat/completions")
 
     async def models(request: Request):
+        """The loaded models first (with their slots), then the pulled ones a request may name."""
+        from .. import hub
+
         metrics.requests.labels("/v1/models", "200").inc()
-        return JSONResponse({"object": "list", "data": [{
-            "id": model_id, "object": "model", "created": service.created, "owned_by": "localrun",
-            "meta": {"n_ctx_slot": service.options.slot_ctx, "slots": service.options.parallel, "file": str(engine.path)},
-        }]})
+        data, seen = [], set()
+        for r in pool.ps():
+            seen.add(r["path"])
+            data.append({"id": r["name"], "object": "model", "created": service.created, "owned_by": "localrun",
+                         "meta": {"n_ctx_slot": r["context_length"], "slots": r["slots"], "file": r["path"], "loaded": True}})
+        for local in await run_in_threadpool(hub.list_local):
+            if str(local.path) not in seen and not local.missing_files():
+                data.append({"id": local.ref, "object": "model", "created": service.created, "owned_by": "localrun",
+                             "meta": {"file": str(local.path), "loaded": False}})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def ps(request: Request):
+        return JSONResponse({"models": pool.ps()})
+
+    async def stop(request: Request):
+        """Unload one model ({"model": NAME}), every model ({"all": true}), or end the server ({"server": true})."""
+        try:
+            body = json.loads(await request.body() or b"{}")
+            if not isinstance(body, dict) or not ({"model", "all", "server"} & body.keys()):
+                raise ValueError
+        except ValueError:
+            return error_response(ApiError(400, 'send {"model": NAME}, {"all": true} or {"server": true}'), "/api/stop")
+        if body.get("server"):
+            stopped = [r["name"] for r in pool.ps()]
+            asyncio.get_running_loop().call_soon(service.end)
+            return JSONResponse({"stopped": stopped, "server": True})
+        try:
+            stopped = pool.stop(None if body.get("all") else str(body["model"]))
+        except ModelNotFound as exc:
+            return error_response(ApiError(404, exc.message, param="model", code="model_not_found"), "/api/stop")
+        return JSONResponse({"stopped": stopped})
 
     async def health(request: Request):
-        if scheduler.fatal:
-            return JSONResponse({"status": "error", "error": scheduler.fatal}, status_code=503)
-        return JSONResponse({"status": "ok", "slots_idle": scheduler.idle_slots(), "slots_processing":
-                             len(scheduler.slots) - scheduler.idle_slots(), "requests_waiting": scheduler.stats.waiting})
+        schedulers = [r.scheduler for r in list(pool.residents)]
+        fatal = next((s.fatal for s in schedulers if s.fatal), None)
+        if fatal:
+            return JSONResponse({"status": "error", "error": fatal}, status_code=503)
+        slots = sum(len(s.slots) for s in schedulers)
+        idle = sum(s.idle_slots() for s in schedulers)
+        return JSONResponse({"status": "ok", "slots_idle": idle, "slots_processing": slots - idle,
+                             "requests_waiting": sum(s.stats.waiting for s in schedulers), "models": len(schedulers)})
 
     async def prometheus(request: Request):
         return HttpResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -162,7 +273,6 @@ def build_app(service: Service, on_started=None):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         service.loop = asyncio.get_running_loop()
-        scheduler.start()
         if on_started:  # only now: uvicorn handles Ctrl-C from here on, so "Ctrl-C stops" is true once printed
             on_started()
         yield
@@ -171,6 +281,8 @@ def build_app(service: Service, on_started=None):
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/api/ps", ps, methods=["GET"]),
+        Route("/api/stop", stop, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]
@@ -238,14 +350,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(loaded: Loaded, options: ServeOptions, *, host: str, port: int, on_ready=None) -> None:
-    """Bind, then serve until Ctrl-C/SIGTERM; in-flight streams get a few seconds to finish."""
+def serve(options: ServeOptions, *, host: str, port: int, on_ready=None, on_notice=None) -> None:
+    """Load the command line's model (if any), bind, then serve until Ctrl-C/SIGTERM; in-flight streams get
+    a few seconds to finish."""
     import uvicorn
 
-    sock = bind(host, port)
-    service = Service(loaded, options)
+    service = Service(options, on_notice=on_notice)
+    try:
+        resident = service.preload() if options.model else None
+        sock = bind(host, port)
+    except BaseException:
+        service.pool.close()
+        raise
     bound = sock.getsockname()[1]
-    app = build_app(service, on_started=(lambda: on_ready(bound)) if on_ready else None)
+    app = build_app(service, on_started=(lambda: on_ready(bound, resident)) if on_ready else None)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on")
 
     interrupted = []
@@ -255,14 +373,16 @@ def serve(loaded: Loaded, options: ServeOptions, *, host: str, port: int, on_rea
             # End the open requests first (503 JSON, or an error event on a stream), so that uvicorn's
             # graceful wait sees them finish: past it, uvicorn cancels them and logs a traceback.
             interrupted.append(sig == signal.SIGINT)
-            service.scheduler.request_stop()
+            service.stopping = True
+            service.pool.request_stop()
             super().handle_exit(sig, frame)
 
     server = Server(config)
+    service.exit = lambda: setattr(server, "should_exit", True)
     try:
         server.run(sockets=[sock])
     finally:
-        service.scheduler.stop()
+        service.pool.close()
         sock.close()
     if any(interrupted):
         # uvicorn re-raises the SIGINT it caught, which ends in KeyboardInterrupt (exit 130) unless SIGINT

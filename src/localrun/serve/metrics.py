@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..runtime import Stats
 
 if TYPE_CHECKING:
-    from ..runtime.scheduler import Scheduler
+    from ..runtime.pool import ModelPool
 
 
 class Metrics:
@@ -38,15 +39,21 @@ class Metrics:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
         )
 
-    def watch(self, scheduler: "Scheduler", kv_capacity: int) -> None:
+    def watch(self, pool: "ModelPool") -> None:
+        """Gauges over every resident model's scheduler, summed (one model: that model's)."""
         from prometheus_client import Gauge
 
         r = self.registry
-        Gauge("localrun_requests_running", "requests holding a slot", registry=r).set_function(lambda: scheduler.stats.running)
-        Gauge("localrun_requests_waiting", "requests queued for a slot", registry=r).set_function(lambda: scheduler.stats.waiting)
-        Gauge("localrun_kv_cache_tokens", "tokens held in the slots' KV sequences", registry=r).set_function(lambda: scheduler.stats.kv_tokens)
-        Gauge("localrun_kv_cache_capacity_tokens", "tokens the KV cache holds", registry=r).set(kv_capacity)
-        Gauge("localrun_slots", "sequence slots", registry=r).set(len(scheduler.slots))
+
+        def total(of) -> Callable[[], float]:
+            return lambda: sum(of(resident) for resident in list(pool.residents))
+
+        Gauge("localrun_models_loaded", "models held in memory", registry=r).set_function(lambda: len(pool.residents))
+        Gauge("localrun_requests_running", "requests holding a slot", registry=r).set_function(total(lambda m: m.scheduler.stats.running))
+        Gauge("localrun_requests_waiting", "requests queued for a slot", registry=r).set_function(total(lambda m: m.scheduler.stats.waiting))
+        Gauge("localrun_kv_cache_tokens", "tokens held in the slots' KV sequences", registry=r).set_function(total(lambda m: m.scheduler.stats.kv_tokens))
+        Gauge("localrun_kv_cache_capacity_tokens", "tokens the KV caches hold", registry=r).set_function(total(lambda m: m.slot_ctx * len(m.scheduler.slots)))
+        Gauge("localrun_slots", "sequence slots", registry=r).set_function(total(lambda m: len(m.scheduler.slots)))
 
     def step(self, batch_tokens: int, decoding: int) -> None:
         self.batch_tokens.observe(batch_tokens)

@@ -47,6 +47,10 @@ class _Fields(BaseModel):
     store: Optional[bool] = None
     metadata: Optional[dict[str, Any]] = None
     service_tier: Optional[str] = None
+    # Ollama's per-request fields, which localrun's resident server takes on /v1 too: how long the model
+    # stays loaded after this answer, and load-time options (a model loaded with others is reloaded).
+    keep_alive: Union[int, float, str, None] = None
+    options: Optional[dict[str, Any]] = None
 
 
 # Every sampling option is a request field too (as in llama.cpp's server), checked where options merge.
@@ -138,12 +142,13 @@ def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
 # -- a body becomes a job --------------------------------------------------------------------------
 
 
-def job_for(service, body: Union[CompletionBody, ChatBody]) -> Job:
-    """Prompt tokens, merged options and the sampler chain for a request; 400 for what cannot be served."""
+def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
+    """Prompt tokens, merged options and the sampler chain for a request to a resident model (see
+    runtime.pool); 400 for what cannot be served."""
     feature = _unsupported(body)
     if feature is not None:
         raise ApiError(400, f"{feature!r} is not supported by localrun serve: leave it out", param=feature)
-    engine, slot_ctx = service.engine, service.options.slot_ctx
+    engine, slot_ctx = resident.engine, resident.slot_ctx
     chat = isinstance(body, ChatBody)
     if chat:
         request = Request(messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages])
@@ -165,9 +170,9 @@ def job_for(service, body: Union[CompletionBody, ChatBody]) -> Job:
         ) from None
     if not prompt.tokens:
         raise ApiError(400, "empty prompt", param="prompt")
-    options = _options(service.loaded.sampling, body, prompt.stops)
+    options = _options(resident.loaded.sampling, body, prompt.stops)
     room = slot_ctx - len(prompt.tokens)
-    base = service.loaded.sampling
+    base = resident.loaded.sampling
     asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if asked is None:
         asked = base.max_tokens if base.max_tokens > 0 else room
@@ -181,6 +186,32 @@ def job_for(service, body: Union[CompletionBody, ChatBody]) -> Job:
     except LocalrunError as exc:
         param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
         raise ApiError(400, exc.message.replace("--", ""), param=param) from None
+
+
+# Ollama's names for the load-time options (api.Runner), plus localrun's for the KV cache and flash attention.
+_LOAD_FIELDS = {"num_ctx": "ctx", "num_gpu": "gpu_layers", "num_thread": "threads", "num_batch": "batch",
+                "num_parallel": "parallel", "kv_type": "kv_type", "flash_attn": "flash_attn"}
+
+
+def load_spec(base, options: Optional[dict[str, Any]]):
+    """The server's load options with a request's `options` over them; 400 naming a bad one."""
+    from dataclasses import replace
+
+    if not options:
+        return base
+    unknown = sorted(set(options) - set(_LOAD_FIELDS))
+    if unknown:
+        raise ApiError(400, f"unknown load option {unknown[0]!r}: use {', '.join(_LOAD_FIELDS)}", param=f"options.{unknown[0]}")
+    update = {}
+    for name, value in options.items():
+        field = _LOAD_FIELDS[name]
+        ok = {"kv_type": lambda v: v in ("f16", "q8_0", "q4_0"), "flash_attn": lambda v: v is None or isinstance(v, bool),
+              "gpu_layers": lambda v: isinstance(v, int) and not isinstance(v, bool) or v == "auto"}.get(
+            field, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+        if not ok(value):
+            raise ApiError(400, f"invalid options.{name} {value!r}", param=f"options.{name}")
+        update[field] = str(value) if field == "gpu_layers" else value
+    return replace(base, **update)
 
 
 def _options(base: SamplingOptions, body, format_stops: list[str]) -> SamplingOptions:

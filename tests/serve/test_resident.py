@@ -1,0 +1,221 @@
+"""The resident runtime end to end: one `localrun serve` process holding several real models, loading them
+when a request names them, keeping them for their keep-alive, evicting the least recently used one to make
+room, reloading on other load-time options, and `localrun ps` / `localrun stop` against it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import start_server
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+
+def ps(server) -> list[dict]:
+    return httpx.get(server.url + "/api/ps").json()["models"]
+
+
+def ask(server, model, prompt="The capital of France is", n=8, **extra) -> httpx.Response:
+    return httpx.post(server.url + "/v1/completions", timeout=120, json={
+        "model": str(model), "prompt": prompt, "max_tokens": n, "temperature": 0, **extra})
+
+
+def wait_for(condition, what: str, timeout: float = 30):
+    """Poll until `condition()` is truthy (a deadline, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def reference(cli, model, prompt="The capital of France is", n=8) -> str:
+    """What `localrun run` answers in-process (greedy, raw)."""
+    ran = cli("run", str(model), "--raw", "-t", "0", "-n", str(n), "--no-cache", "--threads", "1", prompt)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.rstrip("\n")
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    started = []
+
+    def start(*args, model=None):
+        srv = start_server(model, tmp_path / "home", *args)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        if srv.proc.poll() is None:
+            assert srv.stop() == 130
+
+
+def test_many_models_on_one_server_answer_as_run_does(server_factory, smollm2, gemma, cli):
+    """No model at start; each request names a file; both stay loaded, each answering token for token as
+    `localrun run` does in-process, and `ps` (HTTP and CLI) lists them with their slots and expiry."""
+    srv = server_factory("--parallel", "2", "--ctx", "512")
+    assert ps(srv) == []
+    assert httpx.get(srv.url + "/health").json()["models"] == 0
+    answers = {}
+    for model in (smollm2, gemma):
+        r = ask(srv, model)
+        assert r.status_code == 200, r.text
+        answers[model.name] = r.json()["choices"][0]["text"]
+        assert r.json()["model"] == model.name
+    loaded = {m["name"]: m for m in ps(srv)}
+    assert set(loaded) == {smollm2.name, gemma.name}
+    for m in loaded.values():
+        assert m["slots"] == 2 and m["context_length"] == 512 and m["slots_busy"] == 0 and m["requests"] == 0
+        assert m["processor"] == "100% CPU" and m["size"] > 0 and m["expires_at"]  # the default keep-alive: 5m
+    assert loaded[gemma.name]["size"] > loaded[smollm2.name]["size"]  # 262k vocabulary
+    assert answers == {smollm2.name: reference(cli, smollm2), gemma.name: reference(cli, gemma)}
+
+    listed = cli("ps", "--port", str(srv.port), "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {m["name"] for m in json.loads(listed.stdout)} == {smollm2.name, gemma.name}
+    table = cli("ps", "--port", str(srv.port))
+    assert "PROCESSOR" in table.stdout and smollm2.name in table.stdout and "0/2" in table.stdout
+
+    # Requests naming the same file another way share the loaded model (no second copy).
+    r = ask(srv, smollm2.name)
+    assert r.status_code == 200 and len(ps(srv)) == 2
+
+    stopped = cli("stop", smollm2.name, "--port", str(srv.port))
+    assert stopped.returncode == 0 and f"unloaded {smollm2.name}" in stopped.stderr
+    wait_for(lambda: [m["name"] for m in ps(srv)] == [gemma.name], "smollm2 to unload")
+    assert cli("stop", "nothing-like-this", "--port", str(srv.port)).returncode == 1
+    bye = cli("stop", "--server", "--port", str(srv.port))
+    assert bye.returncode == 0 and gemma.name in bye.stderr
+    assert srv.proc.wait(timeout=30) == 0  # ended on request: not interrupted
+
+
+def test_keep_alive_per_request_and_server_default(server_factory, smollm2, gemma):
+    srv = server_factory("--parallel", "1", "--ctx", "256", "--keep-alive", "1s")
+    assert ask(srv, smollm2, keep_alive=0).status_code == 200  # unload after this answer
+    wait_for(lambda: ps(srv) == [], "keep_alive 0 to unload")
+    assert ask(srv, smollm2, keep_alive=-1).status_code == 200  # forever
+    assert ask(srv, gemma).status_code == 200  # the server's 1s
+    wait_for(lambda: [m["name"] for m in ps(srv)] == [smollm2.name], "gemma's 1s keep-alive to run out")
+    (kept,) = ps(srv)
+    assert kept["expires_at"] is None and kept["keep_alive"] is None
+    bad = ask(srv, smollm2, keep_alive="soon")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+
+
+def test_lru_eviction_memory_budget_and_a_model_too_big(server_factory, smollm2, gemma, cli):
+    from localrun.runtime.pool import LoadSpec, estimate_bytes
+
+    spec = LoadSpec(ctx=256, parallel=1)
+    small, big = estimate_bytes(smollm2, spec), estimate_bytes(gemma, spec)
+    # Each fits alone, not both: loading one unloads the other (the least recently used idle one).
+    srv = server_factory("--parallel", "1", "--ctx", "256", "--memory-budget", str(big + small // 2))
+    assert ask(srv, smollm2).status_code == 200
+    assert [m["size"] for m in ps(srv)] == [small]  # the estimate ps reports is the one the budget counts
+    assert ask(srv, gemma).status_code == 200
+    assert [m["name"] for m in ps(srv)] == [gemma.name]
+    wait_for(lambda: any(f"unloading {smollm2.name} to make room" in line for line in srv.stderr), "the notice")
+
+    # A model in use is never evicted: while a long stream holds gemma, smollm2 cannot be loaded beside it.
+    stream = httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
+        "model": str(gemma), "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True,
+        "ignore_eos": True})
+    with stream as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        busy = ask(srv, smollm2)
+        assert busy.status_code == 503 and busy.json()["error"]["code"] == "models_busy"
+        assert busy.headers["retry-after"] == "1"
+        rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]"  # the stream went on undisturbed
+    assert [m["name"] for m in ps(srv)] == [gemma.name]
+
+    # --max-models 1: the count caps too, whatever the memory.
+    capped = server_factory("--parallel", "1", "--ctx", "256", "--max-models", "1")
+    assert ask(capped, smollm2).status_code == 200 and ask(capped, gemma).status_code == 200
+    assert [m["name"] for m in ps(capped)] == [gemma.name]
+
+    # Too big even alone: refused with both numbers, and the server goes on.
+    tiny = server_factory("--parallel", "1", "--ctx", "256", "--memory-budget", "50M")
+    r = ask(tiny, smollm2)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_too_big"
+    message = r.json()["error"]["message"]
+    assert f"{small / 2**20:.0f} MiB" in message and "50 MiB" in message
+    assert httpx.get(tiny.url + "/health").json()["status"] == "ok"
+
+
+def test_other_load_options_reload_the_model_with_a_notice(server_factory, smollm2):
+    srv = server_factory("--parallel", "1", "--ctx", "256")
+    first = ask(srv, smollm2)
+    assert first.status_code == 200 and [m["context_length"] for m in ps(srv)] == [256]
+    again = ask(srv, smollm2, options={"num_ctx": 512})
+    assert again.status_code == 200
+    assert [m["context_length"] for m in ps(srv)] == [512]  # one instance, reloaded
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    assert any("reloading" in line and "ctx 256 -> 512" in line for line in srv.stderr), srv.stderr
+    bad = ask(srv, smollm2, options={"num_ctx": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "options.num_ctx"
+    bad = ask(srv, smollm2, options={"num_ctxx": 512})
+    assert bad.status_code == 400 and "num_ctxx" in bad.json()["error"]["message"]
+
+
+def test_a_model_that_fails_to_load_fails_only_its_request(server_factory, smollm2, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)  # a header that lies
+    srv = server_factory("--parallel", "1", "--ctx", "256", model=smollm2)
+    r = ask(srv, broken)
+    assert r.status_code == 500, r.text
+    assert "broken.gguf" in r.json()["error"]["message"] and r.json()["error"]["param"] == "model"
+    missing = ask(srv, "no-such-model")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert "no-such-model" in missing.json()["error"]["message"]
+    unpulled = ask(srv, "smollm2")  # an alias this home has not pulled: the server does not pull on request
+    assert unpulled.status_code == 404 and "localrun pull smollm2" in unpulled.json()["error"]["message"]
+    # The server and its model go on; a request naming no model gets the command line's.
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200 and r.json()["model"] == smollm2.name
+    (only,) = ps(srv)
+    assert only["name"] == smollm2.name and only["expires_at"] is None  # named at start: kept
+
+
+def test_no_model_named_and_none_at_start(server_factory):
+    srv = server_factory()
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
+def test_ps_and_stop_usage(cli):
+    assert cli("stop").returncode == 2
+    assert cli("stop", "x", "--all").returncode == 2
+    gone = cli("ps", "--port", "1")
+    assert gone.returncode == 1 and "no localrun server at http://127.0.0.1:1" in gone.stderr
+    assert cli("serve", "--keep-alive", "soon", "--port", "0").returncode == 2
+    assert cli("serve", "--memory-budget", "lots", "--port", "0").returncode == 2
+
+
+def test_keep_alive_and_size_parsing():
+    from localrun.cli.main import _parse_size
+    from localrun.errors import UsageError
+    from localrun.runtime.pool import FOREVER, parse_keep_alive
+
+    cases = {"5m": 300, "90s": 90, "1h30m": 5400, "0": 0, 0: 0, "-1": FOREVER, -5: FOREVER, "2.5": 2.5, "1h": 3600, "-1m": FOREVER}
+    for given, seconds in cases.items():
+        assert parse_keep_alive(given) == seconds, given
+    for bad in ("", "soon", "5x", "m", True):
+        with pytest.raises(UsageError):
+            parse_keep_alive(bad)
+    assert _parse_size("8G", "--memory-budget") == 8 * 2**30
+    assert _parse_size("500MiB", "--memory-budget") == 500 * 2**20
+    assert _parse_size("123", "--memory-budget") == 123
+    with pytest.raises(UsageError):
+        _parse_size("lots", "--memory-budget")
