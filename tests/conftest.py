@@ -93,6 +93,9 @@ def isolated_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("LOCALRUN_MODELS", raising=False)
     monkeypatch.delenv("LOCALRUN_DEBUG", raising=False)
+    # run/chat answer in-process unless a test asks for the background server (tests/cli/test_resident_run.py),
+    # so that no test leaves a server behind.
+    monkeypatch.setenv("LOCALRUN_KEEP_ALIVE", "0")
     return home
 
 

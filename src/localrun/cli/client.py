@@ -1,49 +1,273 @@
-"""A small HTTP client for the server's own endpoints (ps, stop), on the standard library: the CLI's
-client path imports neither the server stack nor httpx."""
+"""Clients of a localrun server, on the standard library: the CLI's client path imports neither llama_cpp,
+numpy nor the server stack, so a `run` against a warm resident server starts as fast as Python does.
+
+`Client` speaks to a server's own endpoints (ps, stop) over TCP or the resident server's Unix socket;
+`resident_run` sends a run request to the resident server for this LOCALRUN_HOME, starting it in the
+background first when none answers, and streams the engine's responses back.
+"""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import LocalrunError
 
+START_TIMEOUT_S = 60.0
+
+
+def idle_exit_s() -> float:
+    """How long the resident server stays up with no model loaded (LOCALRUN_SERVER_IDLE_S, default 10 s)."""
+    try:
+        return max(0.0, float(os.environ.get("LOCALRUN_SERVER_IDLE_S", "10")))
+    except ValueError:
+        return 10.0
+
+
+class RemoteError(LocalrunError):
+    """A failure the server reported, with the exit code the same failure has in-process."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class InProcess(Exception):
+    """The resident server cannot take this request (another build, busy): run it in this process."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: Optional[float]):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.socket_path))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
 
 class Client:
-    def __init__(self, host: str, port: int, api_key: Optional[str] = None, timeout: float = 30.0):
-        self.host, self.port, self.api_key, self.timeout = host, port, api_key, timeout
+    """JSON requests to a server: TCP (host, port) or, with `socket_path`, the resident server's socket."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 11435, api_key: Optional[str] = None, *,
+                 socket_path: Optional[Path] = None, timeout: Optional[float] = 30.0):
+        self.host, self.port, self.api_key, self.socket_path, self.timeout = host, port, api_key, socket_path, timeout
 
     @property
     def address(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"unix:{self.socket_path}" if self.socket_path else f"http://{self.host}:{self.port}"
+
+    def connection(self, timeout: Optional[float] = None) -> http.client.HTTPConnection:
+        if self.socket_path is not None:
+            return _UnixConnection(self.socket_path, timeout if timeout is not None else self.timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout if timeout is not None else self.timeout)
 
     def get(self, path: str) -> Any:
-        return self._call("GET", path, None)
+        return self.call("GET", path, None)[1]
 
     def post(self, path: str, body: dict) -> Any:
-        return self._call("POST", path, body)
+        return self.call("POST", path, body)[1]
 
-    def _call(self, method: str, path: str, body: Optional[dict]) -> Any:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+    def call(self, method: str, path: str, body: Optional[dict], *, check: bool = True) -> tuple[int, Any]:
+        conn = self.connection()
         try:
-            conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
-            response = conn.getresponse()
+            response = self.send(conn, method, path, body)
             raw = response.read()
-        except ConnectionRefusedError:
-            raise LocalrunError(f"no localrun server at {self.address}: start one with `localrun serve`") from None
-        except OSError as exc:
-            raise LocalrunError(f"cannot reach the server at {self.address}: {exc.strerror or exc}") from None
         finally:
             conn.close()
         try:
             data = json.loads(raw)
         except ValueError:
             raise LocalrunError(f"{self.address} did not answer as a localrun server (HTTP {response.status})") from None
-        if response.status >= 400:
-            message = (data.get("error") or {}).get("message") if isinstance(data, dict) else None
+        if check and response.status >= 400:
+            message = data.get("error") if isinstance(data, dict) else None
+            message = message.get("message") if isinstance(message, dict) else message
             raise LocalrunError(f"the server at {self.address} answered {response.status}: {message or raw[:200]!r}")
-        return data
+        return response.status, data
+
+    def send(self, conn: http.client.HTTPConnection, method: str, path: str, body: Optional[dict]) -> http.client.HTTPResponse:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        try:
+            conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+            return conn.getresponse()
+        except (ConnectionRefusedError, FileNotFoundError):
+            raise NoServer(f"no localrun server at {self.address}: start one with `localrun serve`") from None
+        except OSError as exc:
+            raise LocalrunError(f"cannot reach the server at {self.address}: {exc.strerror or exc}") from None
+
+
+class NoServer(LocalrunError):
+    """Nothing listens at the address."""
+
+
+# -- the resident server ---------------------------------------------------------------------------
+
+
+def resident() -> Client:
+    from ..store.paths import server_socket
+
+    return Client(socket_path=server_socket())
+
+
+def resident_run(model: str, *, load: dict, request: dict, keep_alive: float, source: str) -> Iterator:
+    """The responses to a run request from the resident server (started if none answers). Raises
+    InProcess when it should run here instead, RemoteError for what the server refused."""
+    from ..runtime.identity import build_identity
+
+    client = resident()
+    body = {"identity": build_identity(), "model": model, "load": load, "keep_alive": keep_alive, "request": request}
+    pulled = restarted = False
+    while True:
+        conn = _connect_or_start(client, keep_alive)
+        try:
+            response = client.send(conn, "POST", "/api/run", body)
+        except NoServer:  # it went away between connecting and sending: start another
+            conn.close()
+            continue
+        if response.status == 200:
+            return _responses(conn, response, client)
+        try:
+            answer = json.loads(response.read())
+        except ValueError:
+            answer = {"error": f"the resident server answered HTTP {response.status}", "exit": 1}
+        finally:
+            conn.close()
+        if answer.get("code") == "other_build" and not restarted:
+            if answer.get("busy"):
+                raise InProcess(f"the running localrun server is another build ({answer['error']}) and busy: running in this process")
+            _stop_and_wait(client)
+            restarted = True
+            continue
+        if answer.get("code") == "model_not_found" and not pulled:
+            from .. import hub
+
+            hub.ensure_local(model, source=source)  # as in-process: pull it here (progress on stderr), or fail the same way
+            pulled = True
+            continue
+        raise RemoteError(answer.get("error") or f"the resident server answered HTTP {response.status}", int(answer.get("exit") or 1))
+
+
+def _responses(conn: http.client.HTTPConnection, response: http.client.HTTPResponse, client: Client) -> Iterator:
+    from ..console import notice
+    from ..runtime import Response, Stats
+
+    finished = False
+    try:
+        while True:
+            try:
+                line = response.readline()
+            except (ConnectionError, http.client.IncompleteRead, OSError):
+                line = b""
+            if not line:
+                break
+            item = json.loads(line)
+            if "notice" in item:
+                notice(item["notice"])
+            elif "error" in item:
+                finished = True
+                raise RemoteError(item["error"], int(item.get("exit") or 1))
+            else:
+                stats = Stats(**item["stats"]) if item.get("stats") else None
+                done = item.get("finish_reason") is not None
+                finished = finished or done
+                yield Response(text=item["text"], tokens=item["tokens"], finish_reason=item.get("finish_reason"),
+                               stats=stats, error=item.get("error_text"))
+        if not finished:
+            from ..store.paths import logs_dir
+
+            raise LocalrunError(
+                f"the localrun server stopped in the middle of the answer (see {logs_dir() / 'server.log'}); "
+                "the next run starts a new one"
+            )
+    finally:
+        conn.close()  # early (Ctrl-C, a closed pipe): the server sees the disconnect and stops generating
+
+
+def _connect_or_start(client: Client, keep_alive: float) -> http.client.HTTPConnection:
+    conn = _try_connect(client)
+    if conn is not None:
+        return conn
+    from filelock import FileLock
+
+    from ..store.paths import run_dir
+
+    # Two clients racing to start a server: the lock makes the second find the first one's server.
+    with FileLock(str(run_dir() / "start.lock"), timeout=START_TIMEOUT_S):
+        conn = _try_connect(client)
+        if conn is not None:
+            return conn
+        proc = _spawn(client.socket_path, keep_alive)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            conn = _try_connect(client)
+            if conn is not None:
+                return conn
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+    from ..store.paths import logs_dir
+
+    raise LocalrunError(f"the resident server did not start (see {logs_dir() / 'server.log'}): use --keep-alive 0 to run without it")
+
+
+def _try_connect(client: Client) -> Optional[http.client.HTTPConnection]:
+    conn = client.connection(timeout=None)
+    try:
+        conn.connect()
+        return conn
+    except (FileNotFoundError, ConnectionRefusedError):  # none, or a dead server's socket (replaced on start)
+        conn.close()
+        return None
+
+
+def _spawn(socket_path: Path, keep_alive: float) -> subprocess.Popen:
+    """Start the resident server detached from this terminal (its own session, output to the log)."""
+    from ..console import notice
+    from ..store.paths import logs_dir, run_dir
+
+    log_path = logs_dir() / "server.log"
+    code = "import sys; from localrun.cli import main; sys.argv[0] = 'localrun'; main()"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "serve", "--socket", str(socket_path), "--keep-alive", str(keep_alive),
+             "--exit-when-idle", str(idle_exit_s())],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
+        )
+    told = run_dir() / "told"
+    if not told.exists():
+        told.touch()
+        notice(f"started a localrun server in the background: models stay loaded after use (--keep-alive, default 5m); "
+               f"`localrun stop --server` ends it, --keep-alive 0 runs without it; log: {log_path}")
+    return proc
+
+
+def _stop_and_wait(client: Client) -> None:
+    """End an idle server of another build and wait until its socket is gone (the next request starts ours)."""
+    try:
+        client.post("/api/stop", {"server": True})
+    except NoServer:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        conn = _try_connect(client)
+        if conn is None:
+            return
+        conn.close()
+        time.sleep(0.05)
+    raise LocalrunError(f"the localrun server at {client.address} did not stop: end it with `localrun stop --server`")

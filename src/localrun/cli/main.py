@@ -10,8 +10,8 @@ import typer
 
 from .. import __version__
 from ..console import err, notice
-from ..errors import EXIT_INTERRUPTED, UsageError
-from .options import CtxOpt, KvTypeOpt, ModelArg, SourceOpt, shared_options
+from ..errors import EXIT_INTERRUPTED, LocalrunError, UsageError
+from .options import CtxOpt, KeepAliveOpt, KvTypeOpt, ModelArg, SourceOpt, shared_options
 from .render import render_error
 
 app = typer.Typer(
@@ -139,19 +139,44 @@ def run(
     truncate: Annotated[bool, typer.Option("--truncate", help="keep the end of a prompt that does not fit")] = False,
     session: Annotated[Optional[str], typer.Option("--session", help="continue this named session (KV state kept on disk)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="do not use or fill the automatic prefix cache")] = False,
+    keep_alive: KeepAliveOpt = "5m",
     **options,
 ) -> None:
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
-    from ..runtime import Request
-    from ..runtime.generate import generate
     from . import render
 
     _check_before_loading(session, use_cache=not no_cache, options=options)
     text = read_prompt(prompt or [], sys.stdin)
-    loaded = _load(model, options)
-    request = Request(messages=[{"role": "user", "content": text}], raw=True if raw else None, sampling=loaded.sampling, truncate=truncate,
-                      session=session, use_cache=not no_cache, system=system)
-    render.stream_answer(generate(loaded, request, on_notice=notice), as_json=as_json, verbose=verbose)
+    asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
+                 use_cache=not no_cache, system=system)
+    responses = _resident_answer(model, asked, keep_alive, options)
+    if responses is None:  # in this process, as with --keep-alive 0
+        from ..runtime import Request
+        from ..runtime.generate import generate
+
+        loaded = _load(model, options)
+        responses = generate(loaded, Request(sampling=loaded.sampling, **asked), on_notice=notice)
+    render.stream_answer(responses, as_json=as_json, verbose=verbose)
+
+
+def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict):
+    """The answer's responses from the resident server, or None where this process should answer: keep-alive
+    0, a decoding strategy (--draft, --beams: loaded per run), or a server of another build that is busy."""
+    from ..runtime.options import SAMPLING, cli_value
+    from ..runtime.pool import parse_keep_alive
+    from .client import InProcess, resident_run
+
+    seconds = parse_keep_alive(keep_alive)
+    if seconds == 0 or options.get("draft") is not None or (options.get("beams") or 1) > 1:
+        return None
+    load = {name: options[name] for name in ("ctx", "gpu_layers", "flash_attn", "kv_type", "threads", "batch")}
+    sampling = {o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None}
+    try:
+        return resident_run(model, load=load, request={**asked, "sampling": sampling}, keep_alive=seconds,
+                            source=_source(options["source"]))
+    except InProcess as exc:
+        notice(str(exc))
+        return None
 
 
 @app.command()
@@ -182,15 +207,18 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
     queue: Annotated[int, typer.Option("--queue", help="requests that may wait for a slot; more get 429")] = 64,
     prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="prompt tokens evaluated per step (smaller: running streams stall less)")] = 256,
-    keep_alive: Annotated[str, typer.Option("--keep-alive", envvar="LOCALRUN_KEEP_ALIVE", help="how long a model stays loaded after its last request: 5m, 1h, 90s, 0 (unload at once) or -1 (forever)")] = "5m",
+    keep_alive: Annotated[str, typer.Option("--keep-alive", help="how long a model stays loaded after its last request: 5m, 1h, 90s, 0 (unload at once) or -1 (forever)")] = "5m",
     max_models: Annotated[int, typer.Option("--max-models", help="most models loaded at once (0: as many as memory allows)")] = 0,
     memory_budget: Annotated[Optional[str], typer.Option("--memory-budget", help="memory the loaded models may take, e.g. 8G or 500M (default: free RAM at each load)")] = None,
+    socket_path: Annotated[Optional[Path], typer.Option("--socket", hidden=True, help="the resident server: listen on this Unix socket, no TCP")] = None,
+    exit_when_idle: Annotated[Optional[float], typer.Option("--exit-when-idle", hidden=True, help="the resident server: exit after this many seconds with no model loaded")] = None,
     **options,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
     from ..runtime.options import SAMPLING, cli_value
     from ..runtime.pool import parse_keep_alive
     from ..serve.app import ServeOptions, serve as run_server
+    from ..store.paths import parse_size
 
     for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0), ("--max-models", max_models, 0)):
         if value < least or (flag == "--port" and value > 65535):
@@ -198,50 +226,78 @@ def serve(
     serve_options = ServeOptions(
         spec=_load_spec(options, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
-        max_models=max_models, memory_budget=_parse_size(memory_budget, "--memory-budget"), source=_source(options["source"]),
+        max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
+        exit_when_idle=exit_when_idle,
     )
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         notice(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
 
-    def ready(bound: int, resident) -> None:
+    def ready(bound: Optional[int], resident) -> None:
         what = (f"{resident.name} ({parallel} slots x {resident.slot_ctx} tokens) and any pulled model"
                 if resident else "any pulled model")
-        err.print(f"[ok]serving[/ok] {what} on http://{host}:{bound}/v1; Ctrl-C stops", markup=True, highlight=False)
+        where = f"unix:{socket_path}" if socket_path else f"http://{host}:{bound}/v1"
+        err.print(f"[ok]serving[/ok] {what} on {where}; Ctrl-C stops", markup=True, highlight=False)
 
-    run_server(serve_options, host=host, port=port, on_ready=ready, on_notice=notice)
+    run_server(serve_options, host=host, port=port, socket_path=socket_path, on_ready=ready, on_notice=notice)
+
+
+_HostOpt = Annotated[Optional[str], typer.Option("--host", envvar="LOCALRUN_HOST", help="a `localrun serve` server's address (default: the background server)")]
+_PortOpt = Annotated[Optional[int], typer.Option("--port", help="a `localrun serve` server's port (default: the background server)")]
+_KeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="the server's API key")]
+
+
+def _server(host: Optional[str], port: Optional[int], api_key: Optional[str]):
+    """The background server for this LOCALRUN_HOME (its Unix socket), or `localrun serve` at --host/--port."""
+    from .client import Client, resident
+
+    if host is None and port is None:
+        return resident()
+    return Client(host or "127.0.0.1", port or 11435, api_key)
 
 
 @app.command()
 def ps(
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
-    host: Annotated[str, typer.Option("--host", envvar="LOCALRUN_HOST", help="the server's address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="the server's port")] = 11435,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="the server's API key")] = None,
+    host: _HostOpt = None, port: _PortOpt = None, api_key: _KeyOpt = None,
 ) -> None:
     """List the models the server holds: memory, processor, context, slots busy, and until when."""
     from . import render
-    from .client import Client
+    from .client import NoServer
 
-    render.loaded_models(Client(host, port, api_key).get("/api/ps")["models"], as_json)
+    server = _server(host, port, api_key)
+    try:
+        models = server.get("/api/ps")["models"]
+    except NoServer:
+        if server.socket_path is None:
+            raise
+        models = []  # no background server: nothing is loaded
+    render.loaded_models(models, as_json)
 
 
 @app.command()
 def stop(
     model: Annotated[Optional[str], typer.Argument(help="the model to unload (as ps names it, or its alias or path)")] = None,
     all_models: Annotated[bool, typer.Option("--all", help="unload every model")] = False,
-    server: Annotated[bool, typer.Option("--server", help="end the server itself")] = False,
-    host: Annotated[str, typer.Option("--host", envvar="LOCALRUN_HOST", help="the server's address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="the server's port")] = 11435,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="the server's API key")] = None,
+    server_too: Annotated[bool, typer.Option("--server", help="end the server itself")] = False,
+    host: _HostOpt = None, port: _PortOpt = None, api_key: _KeyOpt = None,
 ) -> None:
     """Unload a model from the server (or --all of them), or end the server (--server)."""
-    from .client import Client
+    from .client import NoServer
 
-    if sum((model is not None, all_models, server)) != 1:
+    if sum((model is not None, all_models, server_too)) != 1:
         raise UsageError("name one MODEL, or give --all or --server")
-    body = {"server": True} if server else {"all": True} if all_models else {"model": model}
-    stopped = Client(host, port, api_key).post("/api/stop", body)["stopped"]
-    if server:
+    server = _server(host, port, api_key)
+    body = {"server": True} if server_too else {"all": True} if all_models else {"model": model}
+    try:
+        stopped = server.post("/api/stop", body)["stopped"]
+    except NoServer:
+        if server.socket_path is None:
+            raise
+        if model is not None:
+            raise LocalrunError(f"model {model!r} is not loaded: no localrun server is running") from None
+        err.print("no localrun server is running", markup=False)
+        return
+    if server_too:
         err.print("server stopping" + (f"; unloaded {', '.join(stopped)}" if stopped else ""), markup=False)
     else:
         err.print(f"unloaded {', '.join(stopped)}" if stopped else "no model was loaded", markup=False)
@@ -381,18 +437,6 @@ def _load_spec(options: dict, parallel: int):
                     kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"])
     spec.check()
     return spec
-
-
-def _parse_size(value: Optional[str], flag: str) -> Optional[int]:
-    """8G, 500M, 1.5GiB, 123456 (bytes) -> bytes."""
-    import re
-
-    if value is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value, re.IGNORECASE)
-    if not m:
-        raise UsageError(f"invalid {flag} {value!r}: use a size like 8G, 500M or a number of bytes")
-    return int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "b").lower()))
 
 
 def read_prompt(args: list[str], stdin) -> str:

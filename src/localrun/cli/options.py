@@ -20,6 +20,9 @@ FlashAttnOpt = Annotated[Optional[bool], typer.Option("--flash-attn/--no-flash-a
 KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache type: f16, q8_0 or q4_0", rich_help_panel=_M)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)", rich_help_panel=_M)]
 BatchOpt = Annotated[int, typer.Option("--batch", help="prompt tokens per decode call", rich_help_panel=_M)]
+KeepAliveOpt = Annotated[str, typer.Option(
+    "--keep-alive", envvar="LOCALRUN_KEEP_ALIVE",
+    help="keep the model loaded in the background server this long after the answer: 5m, 1h, -1 (forever); 0 runs in this process, no server")]
 SourceOpt = Annotated[str, typer.Option("--source", help="auto (Hub, else mirror), hub or mirror")]
 
 

@@ -42,6 +42,7 @@ class LoadSpec:
     kv_type: str = "f16"
     threads: Optional[int] = None
     batch: int = 512
+    kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, one at a time
 
     def check(self) -> None:
         """Refuse bad values before any model loads (the same messages loading would give)."""
@@ -98,6 +99,13 @@ def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int
     return total + (info.vocab_size or 0) * 4 * spec.batch
 
 
+def pulled_models() -> list[tuple[str, str]]:
+    """(name a request may use, file) for every pulled model whose files are all there."""
+    from .. import hub
+
+    return [(m.ref, str(m.path)) for m in hub.list_local() if not m.missing_files()]
+
+
 def available_memory() -> int:
     """RAM the kernel can hand out now (MemAvailable), the room a new model's weights and KV go into."""
     import psutil
@@ -123,6 +131,7 @@ class Resident:
         self.last_used = time.monotonic()
         self.loaded_at = time.time()
         self.names = {loaded.name.casefold(), loaded.ref.casefold(), str(path).casefold()}
+        self.served = 0  # requests that took a reference: the first one paid the load
 
     @property
     def name(self) -> str:
@@ -228,7 +237,7 @@ class ModelPool:
             resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned)
             resident.names.add(ref.casefold())
             with self.lock:
-                resident.refs = 1
+                resident.refs, resident.served = 1, 1
                 self.residents.append(resident)
                 self.lock.notify_all()
             return resident
@@ -272,6 +281,10 @@ class ModelPool:
             _close(resident)
         self.reaper.join(timeout=5)
 
+    def busy(self) -> bool:
+        with self.lock:
+            return any(r.refs for r in self.residents)
+
     def request_stop(self) -> None:
         """Shutting down: every scheduler ends its open requests at once (see Scheduler.request_stop)."""
         with self.lock:
@@ -292,6 +305,7 @@ class ModelPool:
     def _hold(resident: Resident) -> Resident:
         """Take a reference (the lock held): no expiry while a request uses it."""
         resident.refs += 1
+        resident.served += 1
         resident.expires = None
         resident.last_used = time.monotonic()
         return resident

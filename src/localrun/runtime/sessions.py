@@ -74,7 +74,10 @@ class Sessions:
     def load(self, name: str, engine: Engine) -> list[dict]:
         """Restore session `name` into the engine (replacing its KV cache) and return its messages: the next
         generation evaluates only the tokens after the restored ones."""
-        return self.store.load(name, identity(self.store, engine), engine.n_ctx, engine.kv.restore)
+        def holds(tokens: list[int]) -> bool:  # a resident model that answered this session last still holds it
+            return bool(tokens) and common_prefix(engine.kv.tokens[0], tokens) == len(tokens)
+
+        return self.store.load(name, identity(self.store, engine), engine.n_ctx, engine.kv.restore, held=holds)
 
     def lookup_prefix(self, engine: Engine, tokens: Sequence[int], *, on_notice: Optional[Callable[[str], None]] = None) -> int:
         """Restore the stored state sharing the longest prefix with `tokens` (same model and settings) into

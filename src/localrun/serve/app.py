@@ -12,17 +12,19 @@ import asyncio
 import contextlib
 import hmac
 import json
+import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
-from ..runtime.pool import FOREVER, LoadSpec, ModelPool, ModelTooBig, PoolBusy, Resident, parse_keep_alive
+from ..runtime.pool import FOREVER, LoadSpec, ModelPool, Resident, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
-from . import openai
+from . import native, openai
 from .metrics import Metrics
 from .openai import ApiError, ChatBody, CompletionBody
 
@@ -39,6 +41,7 @@ class ServeOptions:
     max_models: int = 0
     memory_budget: Optional[int] = None
     source: str = "auto"
+    exit_when_idle: Optional[float] = None  # the resident server: exit after this long with no model loaded
 
 
 class Service:
@@ -57,6 +60,18 @@ class Service:
         self.metrics.watch(self.pool)
         self.stopping = False
         self.exit = lambda: None  # ends the HTTP server (set by `serve`)
+        self.inflight = 0
+        self.last_activity = time.monotonic()
+
+    def activity(self, delta: int) -> None:
+        """A run request began (+1) or ended (-1): the resident server is idle only with none in flight."""
+        self.inflight += delta
+        self.last_activity = time.monotonic()
+
+    def idle_for(self) -> float:
+        if self.inflight or self.pool.residents:
+            return 0.0
+        return time.monotonic() - self.last_activity
 
     def end(self) -> None:
         """Stop serving: open requests end at once, then the HTTP server exits (exit status 0)."""
@@ -68,10 +83,14 @@ class Service:
         from ..runtime.loader import load
 
         return load(ref, source=self.options.source, ctx=spec.ctx, gpu_layers=spec.gpu_layers, flash_attn=spec.flash_attn,
-                    kv_type=spec.kv_type, threads=spec.threads, batch=spec.batch, sampling=self.options.sampling,
-                    parallel=spec.parallel)
+                    kv_type=spec.kv_type, threads=spec.threads, batch=spec.batch,
+                    sampling=self.options.sampling if spec.kind == "batch" else None, parallel=spec.parallel)
 
-    def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec) -> Scheduler:
+    def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec):
+        if spec.kind == "run":
+            from ..runtime.resident import Exclusive
+
+            return Exclusive()
         scheduler = Scheduler(
             loaded.engine, parallel=spec.parallel, slot_ctx=slot_ctx, max_waiting=self.options.max_waiting,
             prefill_chunk=self.options.prefill_chunk, deliver=self._deliver, on_step=self.metrics.step,
@@ -132,16 +151,10 @@ def build_app(service: Service, on_started=None):
             raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
         try:
             return await run_in_threadpool(pool.acquire, ref, spec), keep_alive
-        except ModelNotFound as exc:
-            raise ApiError(404, exc.message, param="model", code="model_not_found") from None
-        except ModelTooBig as exc:
-            raise ApiError(400, exc.message, param="model", code="model_too_big") from None
-        except PoolBusy as exc:
-            raise ApiError(503, exc.message, type_="server_error", code="models_busy") from None
-        except UsageError as exc:
-            raise ApiError(400, exc.message, param="options") from None
-        except LocalrunError as exc:  # the file would not load: this request fails, the server goes on
-            raise ApiError(500, f"cannot load {ref}: {exc.message}", param="model", type_="server_error") from None
+        except LocalrunError as exc:  # e.g. a file that would not load: this request fails, the server goes on
+            status, message, code = native.load_failure(exc, ref)
+            raise ApiError(status, message, param="options" if code == "invalid_options" else "model", code=code,
+                           type_="server_error" if status >= 500 else "invalid_request_error") from None
 
     async def generate(request: Request, kind, endpoint: str):
         try:
@@ -222,7 +235,7 @@ def build_app(service: Service, on_started=None):
 
     async def models(request: Request):
         """The loaded models first (with their slots), then the pulled ones a request may name."""
-        from .. import hub
+        from ..runtime.pool import pulled_models
 
         metrics.requests.labels("/v1/models", "200").inc()
         data, seen = [], set()
@@ -230,10 +243,10 @@ def build_app(service: Service, on_started=None):
             seen.add(r["path"])
             data.append({"id": r["name"], "object": "model", "created": service.created, "owned_by": "localrun",
                          "meta": {"n_ctx_slot": r["context_length"], "slots": r["slots"], "file": r["path"], "loaded": True}})
-        for local in await run_in_threadpool(hub.list_local):
-            if str(local.path) not in seen and not local.missing_files():
-                data.append({"id": local.ref, "object": "model", "created": service.created, "owned_by": "localrun",
-                             "meta": {"file": str(local.path), "loaded": False}})
+        for ref, path in await run_in_threadpool(pulled_models):
+            if path not in seen:
+                data.append({"id": ref, "object": "model", "created": service.created, "owned_by": "localrun",
+                             "meta": {"file": path, "loaded": False}})
         return JSONResponse({"object": "list", "data": data})
 
     async def ps(request: Request):
@@ -285,6 +298,7 @@ def build_app(service: Service, on_started=None):
         Route("/api/stop", stop, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
+        *native.routes(service),
     ]
 
     async def http_error(request: Request, exc):
@@ -350,19 +364,45 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(options: ServeOptions, *, host: str, port: int, on_ready=None, on_notice=None) -> None:
-    """Load the command line's model (if any), bind, then serve until Ctrl-C/SIGTERM; in-flight streams get
-    a few seconds to finish."""
+def bind_unix(path) -> socket.socket:
+    """The resident server's socket, 0600 in its 0700 folder. A socket file nobody answers on (a server
+    that died) is replaced; a live one is refused."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        raise LocalrunError(f"a localrun server already listens on {path}: stop it with `localrun stop --server`")
+    except (FileNotFoundError, ConnectionRefusedError):
+        pass
+    finally:
+        probe.close()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(256)
+    return sock
+
+
+def serve(options: ServeOptions, *, host: str, port: int, socket_path=None, on_ready=None, on_notice=None) -> None:
+    """Load the command line's model (if any), bind (TCP, or the resident server's Unix socket), then serve
+    until Ctrl-C/SIGTERM, `stop --server`, or (the resident server) an idle spell; in-flight streams get a
+    few seconds to finish."""
     import uvicorn
 
     service = Service(options, on_notice=on_notice)
     try:
         resident = service.preload() if options.model else None
-        sock = bind(host, port)
+        sock = bind_unix(socket_path) if socket_path else bind(host, port)
     except BaseException:
         service.pool.close()
         raise
-    bound = sock.getsockname()[1]
+    bound = None if socket_path else sock.getsockname()[1]
+    inode = os.stat(socket_path).st_ino if socket_path else None
     app = build_app(service, on_started=(lambda: on_ready(bound, resident)) if on_ready else None)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on")
 
@@ -379,11 +419,23 @@ def serve(options: ServeOptions, *, host: str, port: int, on_ready=None, on_noti
 
     server = Server(config)
     service.exit = lambda: setattr(server, "should_exit", True)
+    if options.exit_when_idle is not None:
+        def watch_idle() -> None:
+            while not server.should_exit:
+                if service.idle_for() > options.exit_when_idle:
+                    service.end()
+                time.sleep(0.5)
+
+        threading.Thread(target=watch_idle, name="localrun-idle", daemon=True).start()
     try:
         server.run(sockets=[sock])
     finally:
         service.pool.close()
         sock.close()
+        if socket_path:
+            with contextlib.suppress(OSError):
+                if os.stat(socket_path).st_ino == inode:  # not a successor's socket
+                    os.unlink(socket_path)
     if any(interrupted):
         # uvicorn re-raises the SIGINT it caught, which ends in KeyboardInterrupt (exit 130) unless SIGINT
         # was ignored when we started (a background job of a script): it stopped on Ctrl-C all the same.

@@ -35,3 +35,33 @@ def parse_size(text: str, label: str) -> int:
     number, unit, binary = float(m.group(1)), m.group(2).lower(), bool(m.group(3))
     power = " kmgt".index(unit) if unit else 0
     return int(number * (1024 if binary else 1000) ** power)
+
+
+def run_dir() -> Path:
+    """The resident server's folder (its socket, start lock and identity), private to this user (0700)."""
+    path = home() / "run"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def server_socket() -> Path:
+    """The resident server's Unix socket for this LOCALRUN_HOME. A socket's path holds at most 107 bytes:
+    under a deep LOCALRUN_HOME it goes in a private folder under the temporary directory instead, named
+    after the home."""
+    path = run_dir() / "server.sock"
+    if len(os.fsencode(path)) < 100:
+        return path
+    import hashlib
+    import tempfile
+
+    short = Path(tempfile.gettempdir()) / f"localrun-{os.getuid()}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(short, 0o700)
+    return short / f"{hashlib.sha256(os.fsencode(home().resolve())).hexdigest()[:16]}.sock"
+
+
+def logs_dir() -> Path:
+    path = home() / "logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -334,11 +334,13 @@ class SessionStore:
                 self._unlink(old["state_file"])
             return self.show(name)
 
-    def load(self, name: str, ident: Identity, n_ctx: int, restore: Callable[[bytearray, list[int]], bool]) -> list[dict]:
+    def load(self, name: str, ident: Identity, n_ctx: int, restore: Callable[[bytearray, list[int]], bool],
+             held: Optional[Callable[[list[int]], bool]] = None) -> list[dict]:
         """Hand session `name`'s state and tokens to `restore` (under the session's lock) and return its
         messages. Refused, with the reason, when the state was made by another model file, quant, kv type,
         swa_full, flash attention setting or llama.cpp build, or holds more tokens than `n_ctx`. A damaged
-        state is removed."""
+        state is removed. `held(tokens)` true: the caller still holds that state (a resident model that
+        saved it), so nothing is read."""
         check_name(name)
         with self._locked(name, f"session {name!r}"):
             row = self.db.execute("SELECT * FROM entries WHERE name = ?", (name,)).fetchone()
@@ -347,12 +349,16 @@ class SessionStore:
             reason = _mismatch(row, ident, n_ctx)
             if reason:
                 raise SessionError(f"session {name!r} {reason}")
+            tokens = unpack_tokens(row["tokens"])
+            if held is not None and held(tokens):
+                self._touch(row["id"])
+                return json.loads(row["messages"])
             try:
                 data = self._read_state(row)
             except CorruptState as exc:
                 self._delete_rows([row])
                 raise SessionError(f"session {name!r} was corrupt ({exc}) and has been removed") from None
-            if not restore(data, unpack_tokens(row["tokens"])):
+            if not restore(data, tokens):
                 raise SessionError(
                     f"llama.cpp could not restore session {name!r} into this context: "
                     f"load the model as it was saved (--ctx {row['n_ctx']}, --kv-type {row['kv_type']}, flash attention {row['flash_attn']})"

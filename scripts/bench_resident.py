@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""What the resident server saves a user at the terminal, measured whole-process with the real `localrun`.
+
+    python scripts/bench_resident.py [--reps 5] [--tokens 2000] [--threads N] [--model PATH ...]
+
+For each model, in a fresh LOCALRUN_HOME, timed from process start to the first answer byte on stdout:
+
+  cold       `run --keep-alive 0 --no-cache` of a ~2,000-token message and a question: load + full prefill
+  session    `run --session big QUESTION` on a warm server whose session `big` holds that message
+  prefix     the same ~2,000-token message and question again on a warm server (the automatic prefix cache)
+
+and the ratios cold/session and cold/prefix (goal: at least 20x). Then:
+
+  overhead   first byte minus the server's own time to first token for that request (stats.ttft_s): what
+             the client path costs (Python start, imports, the socket), median of --reps x 2 short runs
+  short      whole-process wall time of `run -n 16` on a warm server vs `--keep-alive 0`
+
+Rounds alternate (cold, session, prefix, short/warm, short/in-process) and medians are reported. The
+server is stopped at the end. Models: by default the two the tests use, fetched as the tests do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LOCALRUN = str(Path(sys.executable).with_name("localrun"))
+QUESTION = "\n\nIn one word: who is the story about?"
+
+
+def first_byte(args: list[str], env: dict) -> tuple[float, float, str]:
+    """(seconds to the first stdout byte, seconds to exit, stdout) of one whole `localrun` process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([LOCALRUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    head = proc.stdout.read(1)
+    t1 = time.perf_counter()
+    rest, err = proc.communicate()
+    t2 = time.perf_counter()
+    if proc.returncode != 0 or not head:
+        raise SystemExit(f"localrun {' '.join(args[:3])} ... failed ({proc.returncode}):\n{err.decode()}")
+    return t1 - t0, t2 - t0, (head + rest).decode()
+
+
+def history(target_tokens: int) -> str:
+    """About `target_tokens` tokens of the bundled text (~4 characters a token for these tokenizers)."""
+    import localrun
+
+    text = (Path(localrun.__file__).parent / "data" / "wonderland.txt").read_text()
+    return text[: target_tokens * 4]
+
+
+def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-resident-") as home:
+        env = {**os.environ, "LOCALRUN_HOME": home, "LOCALRUN_KEEP_ALIVE": "10m"}
+        base = [str(model), "-t", "0", "--threads", str(threads), "--ctx", "4096"]
+        doc = history(target)
+        try:
+            # The session holds the document; the server holds the model. Warm-ups are not timed.
+            first_byte(["run", *base, "-n", "1", "--session", "big", doc], env)
+            _, _, out = first_byte(["run", *base, "-n", "1", "--json", "--no-cache", doc + QUESTION], {**env, "LOCALRUN_KEEP_ALIVE": "0"})
+            prompt_tokens = json.loads(out.splitlines()[-1])["stats"]["prompt_tokens"]
+            first_byte(["run", *base, "-n", "4", doc + QUESTION], env)
+            rows: dict[str, list[float]] = {k: [] for k in ("cold", "session", "prefix", "short_warm", "short_cold", "overhead")}
+            for _ in range(reps):
+                rows["cold"].append(first_byte(["run", *base, "-n", "4", "--no-cache", doc + QUESTION], {**env, "LOCALRUN_KEEP_ALIVE": "0"})[0])
+                rows["session"].append(first_byte(["run", *base, "-n", "4", "--session", "big", QUESTION.strip()], env)[0])
+                rows["prefix"].append(first_byte(["run", *base, "-n", "4", doc + QUESTION], env)[0])
+                rows["short_warm"].append(first_byte(["run", *base, "-n", "16", "--no-cache", "Name three colours."], env)[1])
+                rows["short_cold"].append(first_byte(["run", *base, "-n", "16", "--no-cache", "Name three colours."], {**env, "LOCALRUN_KEEP_ALIVE": "0"})[1])
+                for _ in range(2):
+                    ttfb, _, out = first_byte(["run", *base, "-n", "1", "--no-cache", "--json", "Hi."], env)
+                    rows["overhead"].append(ttfb - json.loads(out.splitlines()[-1])["stats"]["ttft_s"])
+        finally:
+            subprocess.run([LOCALRUN, "stop", "--server"], env=env, capture_output=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    return {
+        "model": model.name, "prompt_tokens": prompt_tokens, **{f"{k}_s": round(v, 4) for k, v in med.items()},
+        "cold_over_session": med["cold"] / med["session"], "cold_over_prefix": med["cold"] / med["prefix"],
+        "short_speedup": med["short_cold"] / med["short_warm"],
+        "runs": {k: [round(x, 4) for x in v] for k, v in rows.items()},
+    }
+
+
+def default_models() -> list[Path]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from conftest import fetch_real_model
+
+    return [fetch_real_model("SmolLM2-135M-Instruct.Q4_1.gguf"), fetch_real_model("gemma-3-270m-q4_k_m.gguf")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", type=Path, action="append")
+    ap.add_argument("--json", type=Path, help="write the results here too")
+    args = ap.parse_args()
+    results = [bench_model(m, args.reps, args.tokens, args.threads) for m in (args.model or default_models())]
+    for r in results:
+        print(f"{r['model']}: {r['prompt_tokens']} prompt tokens")
+        print(f"  first byte  cold {r['cold_s']:.3f} s | session {r['session_s']:.3f} s ({r['cold_over_session']:.1f}x) | "
+              f"prefix cache {r['prefix_s']:.3f} s ({r['cold_over_prefix']:.1f}x)")
+        print(f"  client overhead (first byte - server TTFT): {r['overhead_s'] * 1000:.0f} ms")
+        print(f"  run -n 16 whole process: warm server {r['short_warm_s']:.3f} s | --keep-alive 0 {r['short_cold_s']:.3f} s "
+              f"({r['short_speedup']:.2f}x)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

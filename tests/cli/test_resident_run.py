@@ -1,0 +1,274 @@
+"""`localrun run` through the resident server: started in the background on first use (one line says so),
+reached over a 0600 Unix socket, answering exactly as a run in-process does (stdout, --json, --verbose,
+exit codes, sessions), and robust to what happens to servers: Ctrl-C, a closed pipe, kill -9, a stale
+socket, two clients racing to start one, a server of another build, an idle server exiting by itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import LOCALRUN, run_cli
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "What is the capital of France?"
+
+
+def _version(home) -> dict | None:
+    """The resident server's /api/version, or None when none answers."""
+    from localrun.cli.client import Client, NoServer
+    from localrun.store.paths import server_socket
+
+    try:
+        return Client(socket_path=server_socket()).get("/api/version")
+    except NoServer:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (our own child, not yet reaped) is gone as far as serving goes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(condition, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def resident(isolated_home, monkeypatch):
+    """run/chat use the background server in this test; every server started is gone after it."""
+    monkeypatch.setenv("LOCALRUN_KEEP_ALIVE", "5m")
+    pids: set[int] = set()
+
+    def pid() -> int:
+        info = _version(isolated_home)
+        assert info is not None, "no resident server answers"
+        pids.add(info["pid"])
+        return info["pid"]
+
+    yield pid
+    info = _version(isolated_home)
+    if info is not None:
+        pids.add(info["pid"])
+        run_cli("stop", "--server")
+    for p in pids:
+        try:
+            wait_for(lambda: not _alive(p), f"server {p} to exit", timeout=20)
+        except AssertionError:
+            os.kill(p, signal.SIGKILL)
+            raise
+
+
+def run(*args: str, keep_alive: str | None = None, **kw):
+    env = {"LOCALRUN_KEEP_ALIVE": keep_alive} if keep_alive is not None else None
+    return run_cli("run", *args, env=env, **kw)
+
+
+def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, isolated_home):
+    args = [str(smollm2), "-t", "0", "-n", "24", "--threads", "1", "--no-cache", PROMPT]
+    here = run(*args, keep_alive="0")
+    assert here.returncode == 0, here.stderr
+    first = run(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == here.stdout
+    assert first.stderr.count("started a localrun server in the background") == 1
+    assert "localrun stop --server" in first.stderr
+    server = resident()
+    # The socket is the user's only: 0600 in a 0700 folder, and no TCP port.
+    from localrun.store.paths import server_socket
+
+    sock = server_socket()
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600 and stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+    import psutil
+
+    assert not [c for c in psutil.Process(server).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+    # The second run: the same server (no notice), the model already loaded (load duration 0), same events.
+    again = run(*args, "--json", "--verbose")
+    assert again.returncode == 0 and "started a localrun server" not in again.stderr
+    in_proc = run(*args, "--json", keep_alive="0")
+    events, reference = [json.loads(line) for line in again.stdout.splitlines()], [json.loads(line) for line in in_proc.stdout.splitlines()]
+    assert [e["type"] for e in events] == [e["type"] for e in reference]
+    assert events[-1]["text"] == reference[-1]["text"] and events[-1]["tokens"] == reference[-1]["tokens"]
+    assert events[-1]["stats"]["load_s"] == 0 and reference[-1]["stats"]["load_s"] > 0
+    assert "load duration:          0.0 ms" in again.stderr
+    assert resident() == server
+
+    # A base model with no chat template: the same notice and answer as in-process.
+    gargs = [str(gemma), "-t", "0", "-n", "16", "--threads", "1", "--no-cache", "The capital of France is"]
+    g_here, g_there = run(*gargs, keep_alive="0"), run(*gargs)
+    assert g_there.returncode == 0 and g_there.stdout == g_here.stdout
+    assert "no chat template" in g_there.stderr and "no chat template" in g_here.stderr
+    listed = json.loads(run_cli("ps", "--json").stdout)
+    assert {m["name"] for m in listed} == {smollm2.name, gemma.name}
+    assert all(m["slots"] == 1 and m["processor"] == "100% CPU" for m in listed)
+
+    # Four clients at once, each with its own prompt: each answer is the in-process one.
+    prompts = ["Name a fruit.", "Name a colour.", "Name a planet.", "Name an ocean."]
+    expected = [run(str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", p, keep_alive="0").stdout for p in prompts]
+    got: list = [None] * 4
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, run(
+        str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", prompts[i]))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert [g.returncode for g in got] == [0] * 4, [g.stderr for g in got]
+    assert [g.stdout for g in got] == expected
+
+
+def test_errors_read_the_same_as_in_process(resident, smollm2, tmp_path):
+    long_prompt = "word " * 3000
+    cases = [
+        [str(smollm2), "--ctx", "512", "--threads", "1", long_prompt],  # does not fit: exit 1
+        [str(smollm2), "--threads", "1", "--grammar", str(tmp_path / "missing.gbnf"), "hi"],  # exit 2, before any request
+        [str(smollm2), "--threads", "1", "--logit-bias", "999999=1", "hi"],  # a token out of range: exit 2
+        ["no-such-model-alias", "hi"],
+        [str(tmp_path / "missing.gguf"), "hi"],
+    ]
+    for args in cases:
+        there, here = run(*args), run(*args, keep_alive="0")
+        assert (there.returncode, there.stdout) == (here.returncode, here.stdout), (args, there.stderr, here.stderr)
+        assert there.returncode != 0
+        assert there.stderr.strip().splitlines()[-1] == here.stderr.strip().splitlines()[-1], args
+        assert "Traceback" not in there.stderr
+
+
+def test_sessions_are_kept_by_the_server_and_read_the_same_in_process(resident, smollm2):
+    args = [str(smollm2), "-t", "0", "-n", "16", "--threads", "1", "--session", "trip", "--json"]
+    first = run(*args, "My name is Ada. Remember it.")
+    assert first.returncode == 0, first.stderr
+    second = run(*args, "What is my name?")
+    done = json.loads(second.stdout.splitlines()[-1])
+    assert done["stats"]["cached_tokens"] > 20  # the first turn's state was reused, not prefilled again
+    # The store on disk has both turns: an in-process run resumes it as it would its own.
+    third_here = run(*args, "And my name again?", keep_alive="0")
+    assert third_here.returncode == 0, third_here.stderr
+    assert json.loads(third_here.stdout.splitlines()[-1])["stats"]["cached_tokens"] > 40
+    shown = json.loads(run_cli("sessions", "show", "trip", "--json").stdout)
+    assert len([m for m in shown["messages"] if m["role"] == "user"]) == 3
+
+
+def _long_run(model, *extra) -> subprocess.Popen:
+    return subprocess.Popen(
+        [LOCALRUN, "run", str(model), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--ctx", "4096", "--threads", "1",
+         "--no-cache", *extra, "Once upon a time"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _busy_slots() -> int:
+    from localrun.cli.client import resident
+
+    return sum(m["slots_busy"] for m in resident().get("/api/ps")["models"])
+
+
+def test_ctrl_c_and_a_closed_pipe_free_the_server_at_once(resident, smollm2):
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0  # started and loaded
+    proc = _long_run(smollm2)
+    proc.stdout.read(20)  # it is streaming
+    assert _busy_slots() == 1
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr
+    wait_for(lambda: _busy_slots() == 0, "the cancelled request to leave its slot")
+    piped = subprocess.run(f"'{LOCALRUN}' run '{smollm2}' --raw -t 0 -n 3000 --min-tokens 3000 --threads 1 --no-cache 'Once upon a time' | head -c 10",
+                           shell=True, capture_output=True, text=True, timeout=120, executable="/bin/bash")
+    assert len(piped.stdout) == 10 and "Traceback" not in piped.stderr
+    wait_for(lambda: _busy_slots() == 0, "the closed pipe's request to leave its slot")
+
+
+def test_server_killed_mid_answer_then_a_new_one(resident, smollm2):
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "--session", "kept", "hi").returncode == 0
+    victim = resident()
+    proc = _long_run(smollm2)
+    proc.stdout.read(20)
+    os.kill(victim, signal.SIGKILL)
+    out, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "the localrun server stopped in the middle of the answer" in lines[0]
+    wait_for(lambda: not _alive(victim), "the killed server to be gone")
+    # The socket it left is stale: the next run replaces it with a new server; the store is intact.
+    after = run(str(smollm2), "--threads", "1", "-n", "4", "--session", "kept", "and again")
+    assert after.returncode == 0, after.stderr
+    assert resident() != victim
+    assert json.loads(run_cli("sessions", "show", "kept", "--json").stdout)["messages"][-1]["role"] == "assistant"
+
+
+def test_two_clients_racing_start_one_server(resident, smollm2):
+    results: list = [None, None]
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(str(smollm2), "-t", "0", "-n", "8", "--threads", "1", "--no-cache", PROMPT)))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert [r.returncode for r in results] == [0, 0] and results[0].stdout == results[1].stdout
+    import psutil
+
+    from localrun.store.paths import server_socket
+
+    servers = [p for p in psutil.process_iter(["cmdline"]) if str(server_socket()) in (p.info["cmdline"] or [])]
+    assert len(servers) == 1 and servers[0].pid == resident()
+
+
+def test_a_server_of_another_build_is_not_used(resident, smollm2):
+    other = {"LOCALRUN_BUILD_TAG": "other"}
+    assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi", env=other).returncode == 0
+    old = resident()
+    # Idle: it is replaced by a server of this build.
+    mine = run(str(smollm2), "--threads", "1", "-n", "4", "-t", "0", "--no-cache", PROMPT)
+    assert mine.returncode == 0, mine.stderr
+    wait_for(lambda: not _alive(old), "the other build's server to exit")
+    assert resident() != old
+    # Busy: left alone, and this run answers in-process with a notice.
+    run_cli("stop", "--server")
+    wait_for(lambda: _version(None) is None, "the server to stop")
+    assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi", env=other).returncode == 0
+    busy_server = resident()
+    proc = subprocess.Popen(
+        [LOCALRUN, "run", str(smollm2), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--threads", "1", "--no-cache", "Once"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **other})
+    try:
+        proc.stdout.read(10)
+        here = run(str(smollm2), "--threads", "1", "-n", "4", "-t", "0", "--no-cache", PROMPT)
+        assert here.returncode == 0 and "another build" in here.stderr and "running in this process" in here.stderr
+        assert here.stdout == mine.stdout
+        assert resident() == busy_server
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+
+
+def test_an_idle_server_exits_on_its_own(resident, smollm2, monkeypatch):
+    monkeypatch.setenv("LOCALRUN_SERVER_IDLE_S", "0.5")
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi", keep_alive="1s").returncode == 0
+    server = resident()
+    wait_for(lambda: not _alive(server), "the idle server to exit (keep-alive 1s, then 0.5s idle)", timeout=30)
+    from localrun.store.paths import server_socket
+
+    assert not server_socket().exists()  # it removed its socket
+    listed = run_cli("ps", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
