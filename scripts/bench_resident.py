@@ -38,7 +38,8 @@ QUESTION = "\n\nIn one word: who is the story about?"
 def first_byte(args: list[str], env: dict) -> tuple[float, float, str]:
     """(seconds to the first stdout byte, seconds to exit, stdout) of one whole `localrun` process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([LOCALRUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    # Unbuffered: communicate() reads the pipe itself, so nothing may sit in a buffer after the first byte.
+    proc = subprocess.Popen([LOCALRUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, bufsize=0)
     head = proc.stdout.read(1)
     t1 = time.perf_counter()
     rest, err = proc.communicate()
@@ -46,6 +47,11 @@ def first_byte(args: list[str], env: dict) -> tuple[float, float, str]:
     if proc.returncode != 0 or not head:
         raise SystemExit(f"localrun {' '.join(args[:3])} ... failed ({proc.returncode}):\n{err.decode()}")
     return t1 - t0, t2 - t0, (head + rest).decode()
+
+
+def last_event(out: str) -> dict:
+    """The `done` event of `run --json` (JSON Lines split on newlines only: text may hold U+2028)."""
+    return json.loads([line for line in out.split("\n") if line][-1])
 
 
 def history(target_tokens: int) -> str:
@@ -65,7 +71,7 @@ def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
             # The session holds the document; the server holds the model. Warm-ups are not timed.
             first_byte(["run", *base, "-n", "1", "--session", "big", doc], env)
             _, _, out = first_byte(["run", *base, "-n", "1", "--json", "--no-cache", doc + QUESTION], {**env, "LOCALRUN_KEEP_ALIVE": "0"})
-            prompt_tokens = json.loads(out.splitlines()[-1])["stats"]["prompt_tokens"]
+            prompt_tokens = last_event(out)["stats"]["prompt_tokens"]
             first_byte(["run", *base, "-n", "4", doc + QUESTION], env)
             rows: dict[str, list[float]] = {k: [] for k in ("cold", "session", "prefix", "short_warm", "short_cold", "overhead")}
             for _ in range(reps):
@@ -76,7 +82,7 @@ def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
                 rows["short_cold"].append(first_byte(["run", *base, "-n", "16", "--no-cache", "Name three colours."], {**env, "LOCALRUN_KEEP_ALIVE": "0"})[1])
                 for _ in range(2):
                     ttfb, _, out = first_byte(["run", *base, "-n", "1", "--no-cache", "--json", "Hi."], env)
-                    rows["overhead"].append(ttfb - json.loads(out.splitlines()[-1])["stats"]["ttft_s"])
+                    rows["overhead"].append(ttfb - last_event(out)["stats"]["ttft_s"])
         finally:
             subprocess.run([LOCALRUN, "stop", "--server"], env=env, capture_output=True)
     med = {k: statistics.median(v) for k, v in rows.items()}

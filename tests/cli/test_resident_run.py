@@ -24,7 +24,7 @@ PROMPT = "What is the capital of France?"
 
 def _version(home) -> dict | None:
     """The resident server's /api/version, or None when none answers."""
-    from localrun.cli.client import Client, NoServer
+    from localrun.runtime.client import Client, NoServer
     from localrun.store.paths import server_socket
 
     try:
@@ -68,16 +68,37 @@ def resident(isolated_home, monkeypatch):
         return info["pid"]
 
     yield pid
-    info = _version(isolated_home)
-    if info is not None:
-        pids.add(info["pid"])
-        run_cli("stop", "--server")
+    while _CLIENTS:
+        proc = _CLIENTS.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    run_cli("stop", "--server")
+    pids.update(p.pid for p in _servers())  # however they came (a race, another build), none stays
+    left = []
     for p in pids:
         try:
             wait_for(lambda: not _alive(p), f"server {p} to exit", timeout=20)
         except AssertionError:
             os.kill(p, signal.SIGKILL)
-            raise
+            left.append(p)
+    assert not left, f"servers that did not stop: {left}"
+
+
+def _servers() -> list:
+    """The server processes for this test's LOCALRUN_HOME (found by their socket argument)."""
+    import psutil
+
+    from localrun.store.paths import server_socket
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if str(server_socket()) in (p.info["cmdline"] or []) and _alive(p.pid):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
 
 
 def run(*args: str, keep_alive: str | None = None, **kw):
@@ -146,13 +167,16 @@ def test_errors_read_the_same_as_in_process(resident, smollm2, tmp_path):
         [str(smollm2), "--threads", "1", "--logit-bias", "999999=1", "hi"],  # a token out of range: exit 2
         ["no-such-model-alias", "hi"],
         [str(tmp_path / "missing.gguf"), "hi"],
+        [str(tmp_path / "corrupt.gguf"), "hi"],  # fails to load: that request only
     ]
+    (tmp_path / "corrupt.gguf").write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
     for args in cases:
         there, here = run(*args), run(*args, keep_alive="0")
         assert (there.returncode, there.stdout) == (here.returncode, here.stdout), (args, there.stderr, here.stderr)
         assert there.returncode != 0
         assert there.stderr.strip().splitlines()[-1] == here.stderr.strip().splitlines()[-1], args
         assert "Traceback" not in there.stderr
+    assert run(str(smollm2), "--threads", "1", "-n", "2", "hi").returncode == 0  # the server went on
 
 
 def test_sessions_are_kept_by_the_server_and_read_the_same_in_process(resident, smollm2):
@@ -170,16 +194,25 @@ def test_sessions_are_kept_by_the_server_and_read_the_same_in_process(resident, 
     assert len([m for m in shown["messages"] if m["role"] == "user"]) == 3
 
 
+_CLIENTS: list[subprocess.Popen] = []  # long runs a test started: killed at its end, whatever happened
+
+
 def _long_run(model, *extra) -> subprocess.Popen:
-    return subprocess.Popen(
+    return _client(
         [LOCALRUN, "run", str(model), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--ctx", "4096", "--threads", "1",
          "--no-cache", *extra, "Once upon a time"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
+def _client(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    _CLIENTS.append(proc)
+    return proc
+
+
 def _busy_slots() -> int:
-    from localrun.cli.client import resident
+    from localrun.runtime.client import resident
 
     return sum(m["slots_busy"] for m in resident().get("/api/ps")["models"])
 
@@ -197,6 +230,20 @@ def test_ctrl_c_and_a_closed_pipe_free_the_server_at_once(resident, smollm2):
                            shell=True, capture_output=True, text=True, timeout=120, executable="/bin/bash")
     assert len(piped.stdout) == 10 and "Traceback" not in piped.stderr
     wait_for(lambda: _busy_slots() == 0, "the closed pipe's request to leave its slot")
+
+
+def test_server_stopped_mid_answer_is_an_error_not_a_short_answer(resident, smollm2):
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
+    proc = _long_run(smollm2)
+    try:
+        proc.stdout.read(20)
+        assert run_cli("stop", "--server").returncode == 0
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "the localrun server was stopped during the answer" in stderr, stderr
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0  # a new one starts
 
 
 def test_server_killed_mid_answer_then_a_new_one(resident, smollm2):
@@ -226,11 +273,7 @@ def test_two_clients_racing_start_one_server(resident, smollm2):
     for t in threads:
         t.join(timeout=300)
     assert [r.returncode for r in results] == [0, 0] and results[0].stdout == results[1].stdout
-    import psutil
-
-    from localrun.store.paths import server_socket
-
-    servers = [p for p in psutil.process_iter(["cmdline"]) if str(server_socket()) in (p.info["cmdline"] or [])]
+    servers = _servers()
     assert len(servers) == 1 and servers[0].pid == resident()
 
 
@@ -248,13 +291,12 @@ def test_a_server_of_another_build_is_not_used(resident, smollm2):
     wait_for(lambda: _version(None) is None, "the server to stop")
     assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi", env=other).returncode == 0
     busy_server = resident()
-    proc = subprocess.Popen(
-        [LOCALRUN, "run", str(smollm2), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--threads", "1", "--no-cache", "Once"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **other})
+    proc = _client([LOCALRUN, "run", str(smollm2), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--threads", "1",
+                    "--no-cache", "Once"], env=other)
     try:
         proc.stdout.read(10)
         here = run(str(smollm2), "--threads", "1", "-n", "4", "-t", "0", "--no-cache", PROMPT)
-        assert here.returncode == 0 and "another build" in here.stderr and "running in this process" in here.stderr
+        assert here.returncode == 0 and "another localrun build" in here.stderr and "answering in this process" in here.stderr
         assert here.stdout == mine.stdout
         assert resident() == busy_server
     finally:
@@ -264,9 +306,10 @@ def test_a_server_of_another_build_is_not_used(resident, smollm2):
 
 def test_an_idle_server_exits_on_its_own(resident, smollm2, monkeypatch):
     monkeypatch.setenv("LOCALRUN_SERVER_IDLE_S", "0.5")
-    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi", keep_alive="1s").returncode == 0
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi", keep_alive="3s").returncode == 0
     server = resident()
-    wait_for(lambda: not _alive(server), "the idle server to exit (keep-alive 1s, then 0.5s idle)", timeout=30)
+    assert len(json.loads(run_cli("ps", "--json").stdout)) == 1
+    wait_for(lambda: not _alive(server), "the idle server to exit (keep-alive 3s, then 0.5s idle)", timeout=30)
     from localrun.store.paths import server_socket
 
     assert not server_socket().exists()  # it removed its socket

@@ -56,9 +56,8 @@ def server_factory(tmp_path):
         return srv
 
     yield start
-    for srv in started:
-        if srv.proc.poll() is None:
-            assert srv.stop() == 130
+    codes = [srv.stop() for srv in started if srv.proc.poll() is None]  # every one stopped, then checked
+    assert codes == [130] * len(codes)
 
 
 def test_many_models_on_one_server_answer_as_run_does(server_factory, smollm2, gemma, cli):
@@ -192,6 +191,8 @@ def test_no_model_named_and_none_at_start(server_factory):
     srv = server_factory()
     r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    # localrun's own /api/run (sessions, any file by path) is only on the background server's private socket
+    assert httpx.post(srv.url + "/api/run", json={"model": "x", "request": {}}).status_code == 404
 
 
 def test_ps_and_stop_usage(cli):
@@ -207,9 +208,10 @@ def test_keep_alive_parsing():
     from localrun.errors import UsageError
     from localrun.runtime.pool import FOREVER, parse_keep_alive
 
-    cases = {"5m": 300, "90s": 90, "1h30m": 5400, "0": 0, 0: 0, "-1": FOREVER, -5: FOREVER, "2.5": 2.5, "1h": 3600, "-1m": FOREVER}
+    cases = {"5m": 300, "90s": 90, "1h30m": 5400, "0": 0, 0: 0, "-1": FOREVER, -5: FOREVER, "2.5": 2.5, "1h": 3600,
+             "-1m": FOREVER, "inf": FOREVER, 1e20: FOREVER}
     for given, seconds in cases.items():
         assert parse_keep_alive(given) == seconds, given
-    for bad in ("", "soon", "5x", "m", True):
+    for bad in ("", "soon", "5x", "m", True, "nan", float("nan")):
         with pytest.raises(UsageError):
             parse_keep_alive(bad)

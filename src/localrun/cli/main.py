@@ -162,18 +162,18 @@ def run(
 def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict):
     """The answer's responses from the resident server, or None where this process should answer: keep-alive
     0, a decoding strategy (--draft, --beams: loaded per run), or a server of another build that is busy."""
+    from ..runtime.client import InProcess, resident_run
     from ..runtime.options import SAMPLING, cli_value
-    from ..runtime.pool import parse_keep_alive
-    from .client import InProcess, resident_run
+    from ..runtime.pool import LOAD_FIELDS, parse_keep_alive
 
     seconds = parse_keep_alive(keep_alive)
     if seconds == 0 or options.get("draft") is not None or (options.get("beams") or 1) > 1:
         return None
-    load = {name: options[name] for name in ("ctx", "gpu_layers", "flash_attn", "kv_type", "threads", "batch")}
+    load = {name: options[name] for name in LOAD_FIELDS}
     sampling = {o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None}
     try:
         return resident_run(model, load=load, request={**asked, "sampling": sampling}, keep_alive=seconds,
-                            source=_source(options["source"]))
+                            source=_source(options["source"]), on_notice=notice)
     except InProcess as exc:
         notice(str(exc))
         return None
@@ -248,7 +248,7 @@ _KeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_AP
 
 def _server(host: Optional[str], port: Optional[int], api_key: Optional[str]):
     """The background server for this LOCALRUN_HOME (its Unix socket), or `localrun serve` at --host/--port."""
-    from .client import Client, resident
+    from ..runtime.client import Client, resident
 
     if host is None and port is None:
         return resident()
@@ -262,7 +262,7 @@ def ps(
 ) -> None:
     """List the models the server holds: memory, processor, context, slots busy, and until when."""
     from . import render
-    from .client import NoServer
+    from ..runtime.client import NoServer
 
     server = _server(host, port, api_key)
     try:
@@ -282,7 +282,7 @@ def stop(
     host: _HostOpt = None, port: _PortOpt = None, api_key: _KeyOpt = None,
 ) -> None:
     """Unload a model from the server (or --all of them), or end the server (--server)."""
-    from .client import NoServer
+    from ..runtime.client import NoServer
 
     if sum((model is not None, all_models, server_too)) != 1:
         raise UsageError("name one MODEL, or give --all or --server")

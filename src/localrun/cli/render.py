@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..console import debug_enabled, err
-from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, LocalrunError
 
 
 def human_size(n: float) -> str:
@@ -247,23 +246,9 @@ def session_details(info, as_json: bool) -> None:
 
 
 def _message_for(exc: BaseException) -> tuple[str, int]:
-    """Map an exception to (one-line message, exit code). Unknown errors keep their type name."""
-    if isinstance(exc, LocalrunError):
-        return exc.message, exc.exit_code
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", EXIT_INTERRUPTED
-    if isinstance(exc, MemoryError):
-        return "out of memory: try a smaller --ctx or a smaller quant", EXIT_RUNTIME
-    if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
-        return f"no space left on device ({exc.filename or 'disk'}): free some space or set LOCALRUN_HOME/HF_HOME elsewhere", EXIT_RUNTIME
-    if type(exc).__module__ == "sqlite3" and type(exc).__name__ in ("DatabaseError", "IntegrityError", "DataError"):
-        from ..store.sessions import damaged_index  # only the session index is SQLite
+    from ..runtime.failures import message_for
 
-        error = damaged_index(exc)
-        return error.message, error.exit_code
-    if isinstance(exc, PermissionError):
-        return f"permission denied: {exc.filename}: check the path's ownership or set LOCALRUN_HOME", EXIT_RUNTIME
-    return f"{type(exc).__name__}: {exc} (set LOCALRUN_DEBUG=1 for a traceback)", EXIT_RUNTIME
+    return message_for(exc)
 
 
 def render_error(exc: BaseException) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path

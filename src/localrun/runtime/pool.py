@@ -14,13 +14,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import LocalrunError, ModelNotFound, UsageError
 
 FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or by `stop`)
+FOREVER_AFTER_S = 10 * 365 * 86400.0
+RELOAD_WAIT_S = 120.0  # how long a reload waits for the requests still using the model's other options
 
 
 class ModelTooBig(LocalrunError):
@@ -62,27 +64,34 @@ class LoadSpec:
         return [f"{k} {mine[k]} -> {theirs[k]}" for k in mine if mine[k] != theirs[k]]
 
 
+# What a client's flags set of a model's load (the server decides the slots and the kind).
+LOAD_FIELDS = tuple(f.name for f in fields(LoadSpec) if f.name not in ("parallel", "kind"))
+
+
 def parse_keep_alive(value: Any) -> float:
     """Seconds from a keep_alive as Ollama takes it: a number of seconds, or a duration "90s", "5m", "1h",
-    "1h30m"; negative = forever, 0 = unload after the answer."""
-    if isinstance(value, bool):
-        raise UsageError(f"invalid keep-alive {value!r}: use seconds or a duration like 5m, 0 or -1")
-    if isinstance(value, (int, float)):
-        return FOREVER if value < 0 else float(value)
-    text = str(value).strip().lower()
-    try:
-        seconds = float(text)
-        return FOREVER if seconds < 0 else seconds
-    except ValueError:
-        pass
+    "1h30m"; negative = forever, 0 = unload after the answer; past 10 years, forever."""
+    import math
     import re
 
-    parts = re.fullmatch(r"(-)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text)
-    if not text or parts is None or not any(parts.groups()[1:]):
-        raise UsageError(f"invalid keep-alive {value!r}: use seconds or a duration like 5m, 0 or -1")
-    sign, h, m, s = parts.groups()
-    seconds = float(h or 0) * 3600 + float(m or 0) * 60 + float(s or 0)
-    return FOREVER if sign else seconds
+    bad = UsageError(f"invalid keep-alive {value!r}: use seconds or a duration like 5m, 0 or -1")
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = re.fullmatch(r"(-)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text)
+            if not text or parts is None or not any(parts.groups()[1:]):
+                raise bad from None
+            sign, h, m, s = parts.groups()
+            seconds = (-1 if sign else 1) * (float(h or 0) * 3600 + float(m or 0) * 60 + float(s or 0))
+    if math.isnan(seconds):
+        raise bad
+    return FOREVER if seconds < 0 or seconds > FOREVER_AFTER_S else seconds
 
 
 def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int:
@@ -97,6 +106,13 @@ def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int
     ctx = spec.ctx or (entry.context if entry else 4096)
     total = memory_estimate(info, ctx * spec.parallel, spec.kv_type)["total_bytes"]
     return total + (info.vocab_size or 0) * 4 * spec.batch
+
+
+def pull_if_needed(ref: str, source: str) -> None:
+    """The model named on `serve`'s command line is pulled first when it is not here (requests never pull)."""
+    from .. import hub
+
+    hub.ensure_local(ref, source=source)
 
 
 def pulled_models() -> list[tuple[str, str]]:
@@ -131,7 +147,13 @@ class Resident:
         self.last_used = time.monotonic()
         self.loaded_at = time.time()
         self.names = {loaded.name.casefold(), loaded.ref.casefold(), str(path).casefold()}
-        self.served = 0  # requests that took a reference: the first one paid the load
+        self.served = 0  # requests that took a reference
+        self.retiring = False  # being stopped or reloaded: no new requests, unloaded when the last one ends
+        self.stamp: tuple[int, int] = (-1, -1)  # the file's size and mtime when loaded
+
+    def usable(self, stamp: tuple[int, int]) -> bool:
+        """May a new request use it: not being retired, not failed, and still the file on disk."""
+        return not self.retiring and not self.scheduler.fatal and stamp == self.stamp
 
     @property
     def name(self) -> str:
@@ -191,42 +213,45 @@ class ModelPool:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def find(self, ref: str) -> Optional[Resident]:
-        """The resident model `ref` names as a request spelled it (name, alias, path), if any."""
-        wanted = ref.casefold()
-        with self.lock:
-            for resident in self.residents:
-                if wanted in resident.names:
-                    return resident
-        return None
-
-    def acquire(self, ref: str, spec: LoadSpec, *, pinned: bool = False) -> Resident:
+    def acquire(self, ref: str, spec: LoadSpec, *, pinned: bool = False) -> tuple[Resident, bool]:
         """The resident model for `ref` with these load options, loading (and evicting) as needed, with a
-        reference taken. Blocks for a load. Raises ModelNotFound, ModelTooBig, PoolBusy or the load's own
-        error; a failure touches no other model."""
+        reference taken; and whether this call loaded it. Blocks for a load. Raises ModelNotFound,
+        ModelTooBig, PoolBusy or the load's own error; a failure touches no other model."""
         resident = self._take(ref, spec)
         if resident is not None:
-            return resident
+            return resident, False
         with self.loading:
             resident = self._take(ref, spec)  # loaded by a request that held the lock before us
             if resident is not None:
-                return resident
+                return resident, False
             path = self._path(ref)
-            with self.lock:
-                same_file = [r for r in self.residents if r.path == path]
-                for resident in same_file:
-                    if resident.spec == spec and not resident.scheduler.fatal:  # the same model, named another way
-                        resident.names.add(ref.casefold())
-                        return self._hold(resident)
-                for old in same_file:
-                    # Same file, other load-time options: reload it, as Ollama does, once it is idle.
-                    while old.refs > 0 and old in self.residents:
-                        self.lock.wait(timeout=1)
-                    if old in self.residents:
-                        self.notice(f"reloading {old.name}: {', '.join(old.spec.differences(spec))}")
-                        self._unload(old)
+            stamp = _stamp(path)
             estimate = estimate_bytes(path, spec, ref)
-            self._make_room(estimate)
+            closing: list[Resident] = []
+            try:
+                with self.lock:
+                    same_file = [r for r in self.residents if r.path == path]
+                    for resident in same_file:
+                        if resident.spec == spec and resident.usable(stamp):  # the same model, named another way
+                            resident.names.add(ref.casefold())
+                            return self._hold(resident), False
+                    # Same file, other load-time options (or changed on disk): reload it, as Ollama does, once
+                    # its requests are done; new ones no longer go to it meanwhile.
+                    deadline = time.monotonic() + RELOAD_WAIT_S
+                    for old in same_file:
+                        old.retiring = True
+                        while old.refs > 0 and old in self.residents and time.monotonic() < deadline:
+                            self.lock.wait(timeout=0.5)
+                        if old.refs > 0:
+                            raise PoolBusy(f"{old.name} is still answering with its other load options: retry shortly")
+                        if old in self.residents:
+                            changed = old.spec.differences(spec) or ["the file changed on disk"]
+                            self.notice(f"reloading {old.name}: {', '.join(changed)}")
+                            closing.append(self._remove(old))
+                    closing += self._make_room(estimate, freed=sum(r.estimate for r in closing))
+            finally:
+                for resident in closing:
+                    _close(resident)
             loaded = self.load_model(ref, spec)
             try:
                 slot_ctx = loaded.engine.n_ctx // spec.parallel
@@ -235,20 +260,24 @@ class ModelPool:
                 loaded.close()
                 raise
             resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned)
+            resident.stamp = stamp
             resident.names.add(ref.casefold())
             with self.lock:
                 resident.refs, resident.served = 1, 1
                 self.residents.append(resident)
                 self.lock.notify_all()
-            return resident
+            return resident, True
 
     def release(self, resident: Resident, keep_alive: Optional[float] = None) -> None:
         """The request is done with `resident`; it stays `keep_alive` seconds after its last request (the
-        server's default when None; 0 unloads it now, on the reaper thread)."""
+        server's default when None; 0 unloads it now, on the reaper thread; a model being stopped or
+        reloaded goes whatever the request asked)."""
         with self.lock:
             resident.refs -= 1
             resident.last_used = time.monotonic()
-            if not resident.pinned or keep_alive is not None:
+            if resident.retiring:
+                resident.keep_alive = 0.0
+            elif not resident.pinned or keep_alive is not None:
                 resident.keep_alive = self.keep_alive if keep_alive is None else keep_alive
             if resident.refs == 0:
                 resident.expires = None if resident.keep_alive < 0 else self.clock() + resident.keep_alive
@@ -261,7 +290,7 @@ class ModelPool:
             if ref is not None and not chosen:
                 raise ModelNotFound(f"model {ref!r} is not loaded")
             for resident in chosen:
-                resident.pinned = False
+                resident.pinned, resident.retiring = False, True
                 resident.keep_alive = 0.0
                 resident.expires = self.clock() if resident.refs == 0 else None
             self.lock.notify_all()
@@ -297,7 +326,7 @@ class ModelPool:
         wanted = ref.casefold()
         with self.lock:
             for resident in self.residents:
-                if wanted in resident.names and resident.spec == spec and not resident.scheduler.fatal:
+                if wanted in resident.names and resident.spec == spec and resident.usable(_stamp(resident.path)):
                     return self._hold(resident)
         return None
 
@@ -315,45 +344,65 @@ class ModelPool:
 
         return hub.resolve_local(ref).path
 
-    def _make_room(self, estimate: int) -> None:
-        """Unload idle models, least recently used first, until `estimate` fits beside the rest."""
-        with self.lock:
-            while True:
-                held = sum(r.estimate for r in self.residents)
-                budget = self.memory_budget if self.memory_budget is not None else available_memory() + held
-                if estimate > budget:
-                    raise ModelTooBig(
-                        f"the model needs about {_gib(estimate)} (weights and KV at this context) but "
-                        f"{'the memory budget is' if self.memory_budget is not None else 'this machine has'} "
-                        f"{_gib(budget)} even with every other model unloaded: use a smaller --ctx or quant"
-                    )
-                over_count = self.max_models and len(self.residents) >= self.max_models
-                if not over_count and held + estimate <= budget:
-                    return
-                idle = [r for r in self.residents if r.refs == 0]
-                if not idle:
-                    raise PoolBusy(
-                        f"every loaded model is answering a request and the next one does not fit beside them "
-                        f"({len(self.residents)} loaded, {_gib(held)} held): retry shortly"
-                    )
-                victim = min(idle, key=lambda r: r.last_used)
-                self.notice(f"unloading {victim.name} to make room")
-                self._unload(victim)
+    def _make_room(self, estimate: int, freed: int = 0) -> list[Resident]:
+        """Take idle models off the list, least recently used first, until `estimate` fits beside the rest
+        (the lock held); the caller closes them after letting the lock go. `freed`: taken off already, to
+        be closed, so still in use as far as free RAM goes."""
+        removed: list[Resident] = []
+        while True:
+            held = sum(r.estimate for r in self.residents)
+            budget = self.memory_budget if self.memory_budget is not None else (
+                available_memory() + held + freed + sum(r.estimate for r in removed))
+            if estimate > budget:
+                self.residents.extend(removed)  # nothing is unloaded for a load that cannot happen
+                raise ModelTooBig(
+                    f"the model needs about {_gib(estimate)} (weights and KV at this context) but "
+                    f"{'the memory budget is' if self.memory_budget is not None else 'this machine has'} "
+                    f"{_gib(budget)} even with every other model unloaded: use a smaller --ctx or quant"
+                )
+            over_count = self.max_models and len(self.residents) >= self.max_models
+            if not over_count and held + estimate <= budget:
+                return removed
+            idle = [r for r in self.residents if r.refs == 0]
+            if not idle:
+                self.residents.extend(removed)
+                raise PoolBusy(
+                    f"every loaded model is answering a request and the next one does not fit beside them "
+                    f"({len(self.residents)} loaded, {_gib(held)} held): retry shortly"
+                )
+            victim = min(idle, key=lambda r: r.last_used)
+            self.notice(f"unloading {victim.name} to make room")
+            removed.append(self._remove(victim))
 
-    def _unload(self, resident: Resident) -> None:
-        """Called with the lock held; the scheduler thread is idle (no references), so closing is quick."""
+    def _remove(self, resident: Resident) -> Resident:
+        """Take `resident` off the list (the lock held): no request can find it any more; close it after."""
         self.residents.remove(resident)
         self.lock.notify_all()
-        _close(resident)
+        return resident
 
     def _reap(self) -> None:
-        """Unload models whose keep-alive ran out (checked on each release and stop, and every second)."""
-        with self.lock:
-            while not self.closed:
+        """Unload models whose keep-alive ran out (checked on each release and stop, and every second); the
+        closing happens outside the lock, so requests to other models never wait for it."""
+        while True:
+            with self.lock:
+                if self.closed:
+                    return
                 now = self.clock()
-                for resident in [r for r in self.residents if r.refs == 0 and r.expires is not None and r.expires <= now]:
-                    self._unload(resident)
-                self.lock.wait(timeout=1.0)
+                expired = [self._remove(r) for r in list(self.residents)
+                           if r.refs == 0 and r.expires is not None and r.expires <= now]
+                if not expired:
+                    self.lock.wait(timeout=1.0)
+            for resident in expired:
+                _close(resident)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """What says the file is the one loaded: a pull, rm or re-quantize in place changes it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_size, st.st_mtime_ns)
 
 
 def _close(resident: Resident) -> None:

@@ -42,6 +42,7 @@ class ServeOptions:
     memory_budget: Optional[int] = None
     source: str = "auto"
     exit_when_idle: Optional[float] = None  # the resident server: exit after this long with no model loaded
+    socket: bool = False  # the resident server: on its Unix socket, speaking localrun's own /api/run too
 
 
 class Service:
@@ -61,17 +62,25 @@ class Service:
         self.stopping = False
         self.exit = lambda: None  # ends the HTTP server (set by `serve`)
         self.inflight = 0
+        self.counting = threading.Lock()
         self.last_activity = time.monotonic()
 
     def activity(self, delta: int) -> None:
         """A run request began (+1) or ended (-1): the resident server is idle only with none in flight."""
-        self.inflight += delta
-        self.last_activity = time.monotonic()
+        with self.counting:
+            self.inflight += delta
+            self.last_activity = time.monotonic()
 
-    def idle_for(self) -> float:
-        if self.inflight or self.pool.residents:
-            return 0.0
-        return time.monotonic() - self.last_activity
+    def end_if_idle(self, after: float = 0.0) -> bool:
+        """Start stopping unless a request is in flight (checked with the count held, so none slips in);
+        with `after`, only once no model has been loaded nor any request made for that long."""
+        with self.counting:
+            if self.inflight or self.pool.busy():
+                return False
+            if after and (self.pool.residents or time.monotonic() - self.last_activity <= after):
+                return False
+            self.stopping = True
+        return True
 
     def end(self) -> None:
         """Stop serving: open requests end at once, then the HTTP server exits (exit status 0)."""
@@ -100,7 +109,10 @@ class Service:
 
     def preload(self) -> Resident:
         """The command line's model, loaded before the port opens (a bad one fails `serve` itself)."""
-        resident = self.pool.acquire(self.options.model, self.options.spec, pinned=True)
+        from ..runtime.pool import pull_if_needed
+
+        pull_if_needed(self.options.model, self.options.source)  # as `serve ALIAS` always did
+        resident, _ = self.pool.acquire(self.options.model, self.options.spec, pinned=True)
         self.pool.release(resident, keep_alive=FOREVER)
         return resident
 
@@ -150,7 +162,8 @@ def build_app(service: Service, on_started=None):
         if service.stopping:
             raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
         try:
-            return await run_in_threadpool(pool.acquire, ref, spec), keep_alive
+            resident, _ = await run_in_threadpool(pool.acquire, ref, spec)
+            return resident, keep_alive
         except LocalrunError as exc:  # e.g. a file that would not load: this request fails, the server goes on
             status, message, code = native.load_failure(exc, ref)
             raise ApiError(status, message, param="options" if code == "invalid_options" else "model", code=code,
@@ -261,6 +274,8 @@ def build_app(service: Service, on_started=None):
         except ValueError:
             return error_response(ApiError(400, 'send {"model": NAME}, {"all": true} or {"server": true}'), "/api/stop")
         if body.get("server"):
+            if body.get("if_idle") and not service.end_if_idle():
+                return error_response(ApiError(409, "the server is answering requests", code="busy"), "/api/stop")
             stopped = [r["name"] for r in pool.ps()]
             asyncio.get_running_loop().call_soon(service.end)
             return JSONResponse({"stopped": stopped, "server": True})
@@ -286,6 +301,7 @@ def build_app(service: Service, on_started=None):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         service.loop = asyncio.get_running_loop()
+        service.activity(0)  # the idle clock starts when requests can arrive
         if on_started:  # only now: uvicorn handles Ctrl-C from here on, so "Ctrl-C stops" is true once printed
             on_started()
         yield
@@ -298,7 +314,8 @@ def build_app(service: Service, on_started=None):
         Route("/api/stop", stop, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
-        *native.routes(service),
+        # localrun's own dialect (sessions, any .gguf path) only on the background server's private socket
+        *(native.routes(service) if service.options.socket else []),
     ]
 
     async def http_error(request: Request, exc):
@@ -394,48 +411,50 @@ def serve(options: ServeOptions, *, host: str, port: int, socket_path=None, on_r
     few seconds to finish."""
     import uvicorn
 
+    options.socket = socket_path is not None
+    if options.socket:
+        from ..runtime.identity import build_identity
+
+        build_identity()  # fixed now, from the environment the server starts with
     service = Service(options, on_notice=on_notice)
+    sock, inode = None, None
+    interrupted: list[bool] = []
     try:
         resident = service.preload() if options.model else None
         sock = bind_unix(socket_path) if socket_path else bind(host, port)
-    except BaseException:
-        service.pool.close()
-        raise
-    bound = None if socket_path else sock.getsockname()[1]
-    inode = os.stat(socket_path).st_ino if socket_path else None
-    app = build_app(service, on_started=(lambda: on_ready(bound, resident)) if on_ready else None)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on")
+        bound = None if socket_path else sock.getsockname()[1]
+        inode = os.stat(socket_path).st_ino if socket_path else None
+        app = build_app(service, on_started=(lambda: on_ready(bound, resident)) if on_ready else None)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on")
 
-    interrupted = []
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:
+                # End the open requests first (503 JSON, or an error event on a stream), so that uvicorn's
+                # graceful wait sees them finish: past it, uvicorn cancels them and logs a traceback.
+                interrupted.append(sig == signal.SIGINT)
+                service.stopping = True
+                service.pool.request_stop()
+                super().handle_exit(sig, frame)
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            # End the open requests first (503 JSON, or an error event on a stream), so that uvicorn's
-            # graceful wait sees them finish: past it, uvicorn cancels them and logs a traceback.
-            interrupted.append(sig == signal.SIGINT)
-            service.stopping = True
-            service.pool.request_stop()
-            super().handle_exit(sig, frame)
+        server = Server(config)
+        service.exit = lambda: setattr(server, "should_exit", True)
+        if options.exit_when_idle is not None:
+            def watch_idle() -> None:
+                while not server.should_exit:
+                    if service.end_if_idle(after=options.exit_when_idle):
+                        service.end()
+                    time.sleep(0.25)
 
-    server = Server(config)
-    service.exit = lambda: setattr(server, "should_exit", True)
-    if options.exit_when_idle is not None:
-        def watch_idle() -> None:
-            while not server.should_exit:
-                if service.idle_for() > options.exit_when_idle:
-                    service.end()
-                time.sleep(0.5)
-
-        threading.Thread(target=watch_idle, name="localrun-idle", daemon=True).start()
-    try:
+            threading.Thread(target=watch_idle, name="localrun-idle", daemon=True).start()
         server.run(sockets=[sock])
     finally:
-        service.pool.close()
-        sock.close()
-        if socket_path:
+        if socket_path and inode is not None:  # first, so that the next client starts a server at once
             with contextlib.suppress(OSError):
                 if os.stat(socket_path).st_ino == inode:  # not a successor's socket
                     os.unlink(socket_path)
+        if sock is not None:
+            sock.close()
+        service.pool.close()
     if any(interrupted):
         # uvicorn re-raises the SIGINT it caught, which ends in KeyboardInterrupt (exit 130) unless SIGINT
         # was ignored when we started (a background job of a script): it stopped on Ctrl-C all the same.

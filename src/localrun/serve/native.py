@@ -15,10 +15,10 @@ from typing import Any
 
 from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime.identity import build_identity
-from ..runtime.pool import LoadSpec, ModelTooBig, PoolBusy, parse_keep_alive
+from ..runtime.pool import LOAD_FIELDS, LoadSpec, ModelTooBig, PoolBusy, parse_keep_alive
+from ..runtime.failures import message_for
 from ..runtime.resident import answer
 
-_LOAD_FIELDS = ("ctx", "gpu_layers", "flash_attn", "kv_type", "threads", "batch")
 
 
 def load_failure(exc: LocalrunError, ref: str) -> tuple[int, str, str]:
@@ -62,7 +62,7 @@ def routes(service) -> list:
         try:
             body = json.loads(await request.body())
             ref, payload = str(body["model"]), dict(body["request"])
-            load = {k: v for k, v in (body.get("load") or {}).items() if k in _LOAD_FIELDS}
+            load = {k: v for k, v in (body.get("load") or {}).items() if k in LOAD_FIELDS}
         except (ValueError, TypeError, KeyError):
             return failed(400, "a run request needs model, request (and optionally load, keep_alive, identity)", 2)
         if body.get("identity") != build_identity():
@@ -77,12 +77,14 @@ def routes(service) -> list:
             return failed(400, getattr(exc, "message", str(exc)), 2)
         service.activity(+1)
         try:
-            resident = await run_in_threadpool(pool.acquire, ref, spec)
-        except LocalrunError as exc:
+            resident, fresh = await run_in_threadpool(pool.acquire, ref, spec)
+        except Exception as exc:  # noqa: BLE001 - any failure to load is this request's, worded as in-process
             service.activity(-1)
-            status, message, code = load_failure(exc, ref)
-            return failed(status, message, exc.exit_code, code=code)
-        fresh = resident.served == 1
+            if isinstance(exc, LocalrunError):
+                status, _, code = load_failure(exc, ref)
+                return failed(status, exc.message, exc.exit_code, code=code)
+            message, exit_code = message_for(exc)
+            return failed(500, message, exit_code, code="load_failed")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         gone = threading.Event()
@@ -95,13 +97,15 @@ def routes(service) -> list:
 
         def work() -> None:
             try:
+                if fresh and resident.engine.gpu_notice:
+                    put({"notice": resident.engine.gpu_notice})
                 for response in answer(resident, payload, fresh=fresh, on_notice=lambda m: put({"notice": m}), cancelled=gone.is_set):
                     put(wire(response))
-            except LocalrunError as exc:
-                put({"error": exc.message, "exit": exc.exit_code})
-            except Exception as exc:  # noqa: BLE001 - reported to the client as one line; the trace goes to the log
-                traceback.print_exc()
-                put({"error": f"the server failed: {type(exc).__name__}: {exc}", "exit": 1})
+            except Exception as exc:  # noqa: BLE001 - one line to the client, as in-process; the trace to the log
+                if not isinstance(exc, LocalrunError):
+                    traceback.print_exc()
+                message, exit_code = message_for(exc)
+                put({"error": message, "exit": exit_code})
             finally:
                 pool.release(resident, keep_alive)
                 service.activity(-1)

@@ -211,7 +211,12 @@ def load_spec(base, options: Optional[dict[str, Any]]):
         if not ok(value):
             raise ApiError(400, f"invalid options.{name} {value!r}", param=f"options.{name}")
         update[field] = str(value) if field == "gpu_layers" else value
-    return replace(base, **update)
+    spec = replace(base, **update)
+    try:
+        spec.check()  # before any model is touched: a bad value never unloads the one in use
+    except LocalrunError as exc:
+        raise ApiError(400, exc.message.replace("--", ""), param="options") from None
+    return spec
 
 
 def _options(base: SamplingOptions, body, format_stops: list[str]) -> SamplingOptions:

@@ -57,11 +57,24 @@ def server_socket() -> Path:
 
     short = Path(tempfile.gettempdir()) / f"localrun-{os.getuid()}"
     short.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(short, 0o700)
+    _check_private(short)
     return short / f"{hashlib.sha256(os.fsencode(home().resolve())).hexdigest()[:16]}.sock"
 
 
+def _check_private(folder: Path) -> None:
+    """A folder in a shared place (/tmp) must be ours alone: a real folder (not a link), owned by this user,
+    mode 0700; anything else could let another user answer in the server's place."""
+    import stat
+
+    from ..errors import LocalrunError
+
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise LocalrunError(f"{folder} is not a private folder of this user: remove it, or set a shorter LOCALRUN_HOME")
+
+
 def logs_dir() -> Path:
+    """The background server's log (it may quote prompts): private to this user, as its socket is."""
     path = home() / "logs"
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -125,47 +125,64 @@ def resident() -> Client:
     return Client(socket_path=server_socket())
 
 
-def resident_run(model: str, *, load: dict, request: dict, keep_alive: float, source: str) -> Iterator:
+def resident_run(model: str, *, load: dict, request: dict, keep_alive: float, source: str,
+                 on_notice: Callable[[str], None]) -> Iterator:
     """The responses to a run request from the resident server (started if none answers). Raises
     InProcess when it should run here instead, RemoteError for what the server refused."""
-    from ..runtime.identity import build_identity
+    from .identity import build_identity
 
+    if os.path.exists(model):  # a file: the server's working folder is not this one
+        model = os.path.abspath(model)
     client = resident()
     body = {"identity": build_identity(), "model": model, "load": load, "keep_alive": keep_alive, "request": request}
     pulled = restarted = False
-    while True:
-        conn = _connect_or_start(client, keep_alive)
+    for _ in range(5):  # a server that is stopping, or that went away between connecting and answering
+        conn = _connect_or_start(client, keep_alive, on_notice)
         try:
             response = client.send(conn, "POST", "/api/run", body)
-        except NoServer:  # it went away between connecting and sending: start another
+        except (NoServer, LocalrunError):
             conn.close()
+            _wait_gone(client)
             continue
         if response.status == 200:
-            return _responses(conn, response, client)
+            return _responses(conn, response, on_notice)
         try:
             answer = json.loads(response.read())
-        except ValueError:
+        except (ValueError, OSError):
             answer = {"error": f"the resident server answered HTTP {response.status}", "exit": 1}
         finally:
             conn.close()
-        if answer.get("code") == "other_build" and not restarted:
-            if answer.get("busy"):
-                raise InProcess(f"the running localrun server is another build ({answer['error']}) and busy: running in this process")
-            _stop_and_wait(client)
+        code = answer.get("code")
+        if code == "stopping":
+            _wait_gone(client)
+            continue
+        if code == "other_build" and not restarted:
+            if not _stop_if_idle(client):
+                raise InProcess("the background server was started by another localrun build (or with other settings) "
+                                "and is busy: answering in this process")
             restarted = True
             continue
-        if answer.get("code") == "model_not_found" and not pulled:
+        if code in ("model_too_big", "models_busy"):  # the server's memory budget: this process has its own
+            raise InProcess(f"the background server cannot take this model now ({answer.get('error')}): answering in this process")
+        if code == "model_not_found" and not pulled:
             from .. import hub
 
             hub.ensure_local(model, source=source)  # as in-process: pull it here (progress on stderr), or fail the same way
             pulled = True
             continue
         raise RemoteError(answer.get("error") or f"the resident server answered HTTP {response.status}", int(answer.get("exit") or 1))
+    raise LocalrunError("the background server keeps going away: run with --keep-alive 0, and see its log in "
+                        f"{_log_path()}")
 
 
-def _responses(conn: http.client.HTTPConnection, response: http.client.HTTPResponse, client: Client) -> Iterator:
-    from ..console import notice
-    from ..runtime import Response, Stats
+def _log_path() -> Path:
+    from ..store.paths import logs_dir
+
+    return logs_dir() / "server.log"
+
+
+def _responses(conn: http.client.HTTPConnection, response: http.client.HTTPResponse, notice: Callable[[str], None]) -> Iterator:
+    from . import Response, Stats
 
     finished = False
     try:
@@ -189,17 +206,14 @@ def _responses(conn: http.client.HTTPConnection, response: http.client.HTTPRespo
                 yield Response(text=item["text"], tokens=item["tokens"], finish_reason=item.get("finish_reason"),
                                stats=stats, error=item.get("error_text"))
         if not finished:
-            from ..store.paths import logs_dir
-
             raise LocalrunError(
-                f"the localrun server stopped in the middle of the answer (see {logs_dir() / 'server.log'}); "
-                "the next run starts a new one"
+                f"the localrun server stopped in the middle of the answer (see {_log_path()}); the next run starts a new one"
             )
     finally:
         conn.close()  # early (Ctrl-C, a closed pipe): the server sees the disconnect and stops generating
 
 
-def _connect_or_start(client: Client, keep_alive: float) -> http.client.HTTPConnection:
+def _connect_or_start(client: Client, keep_alive: float, notice: Callable[[str], None]) -> http.client.HTTPConnection:
     conn = _try_connect(client)
     if conn is not None:
         return conn
@@ -212,7 +226,7 @@ def _connect_or_start(client: Client, keep_alive: float) -> http.client.HTTPConn
         conn = _try_connect(client)
         if conn is not None:
             return conn
-        proc = _spawn(client.socket_path, keep_alive)
+        proc = _spawn(client.socket_path, keep_alive, notice)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             conn = _try_connect(client)
@@ -221,9 +235,7 @@ def _connect_or_start(client: Client, keep_alive: float) -> http.client.HTTPConn
             if proc.poll() is not None:
                 break
             time.sleep(0.02)
-    from ..store.paths import logs_dir
-
-    raise LocalrunError(f"the resident server did not start (see {logs_dir() / 'server.log'}): use --keep-alive 0 to run without it")
+    raise LocalrunError(f"the background server did not start (see {_log_path()}): use --keep-alive 0 to run without it")
 
 
 def _try_connect(client: Client) -> Optional[http.client.HTTPConnection]:
@@ -236,18 +248,17 @@ def _try_connect(client: Client) -> Optional[http.client.HTTPConnection]:
         return None
 
 
-def _spawn(socket_path: Path, keep_alive: float) -> subprocess.Popen:
+def _spawn(socket_path: Path, keep_alive: float, notice: Callable[[str], None]) -> subprocess.Popen:
     """Start the resident server detached from this terminal (its own session, output to the log)."""
-    from ..console import notice
-    from ..store.paths import logs_dir, run_dir
+    from ..store.paths import run_dir
 
-    log_path = logs_dir() / "server.log"
+    log_path = _log_path()
     code = "import sys; from localrun.cli import main; sys.argv[0] = 'localrun'; main()"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", code, "serve", "--socket", str(socket_path), "--keep-alive", str(keep_alive),
              "--exit-when-idle", str(idle_exit_s())],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True, cwd="/",
         )
     told = run_dir() / "told"
     if not told.exists():
@@ -257,13 +268,22 @@ def _spawn(socket_path: Path, keep_alive: float) -> subprocess.Popen:
     return proc
 
 
-def _stop_and_wait(client: Client) -> None:
-    """End an idle server of another build and wait until its socket is gone (the next request starts ours)."""
+def _stop_if_idle(client: Client) -> bool:
+    """End the server if nothing is running on it (checked by the server itself, atomically), and wait
+    until its socket is gone; False when it is busy."""
     try:
-        client.post("/api/stop", {"server": True})
+        status, _ = client.call("POST", "/api/stop", {"server": True, "if_idle": True}, check=False)
     except NoServer:
-        return
-    deadline = time.monotonic() + 30
+        return True
+    if status == 409:
+        return False
+    _wait_gone(client)
+    return True
+
+
+def _wait_gone(client: Client, timeout: float = 30.0) -> None:
+    """Until nothing answers on the socket (a server that is stopping), so that the next start is ours."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         conn = _try_connect(client)
         if conn is None:

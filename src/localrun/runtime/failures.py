@@ -1,0 +1,26 @@
+"""The one table from an exception to what a user reads: a one-line message and an exit code. The CLI
+prints it; the background server sends it to the `run` that asked, so a failure reads the same either way."""
+
+from __future__ import annotations
+
+from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, LocalrunError
+
+
+def message_for(exc: BaseException) -> tuple[str, int]:
+    """Map an exception to (one-line message, exit code). Unknown errors keep their type name."""
+    if isinstance(exc, LocalrunError):
+        return exc.message, exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", EXIT_INTERRUPTED
+    if isinstance(exc, MemoryError):
+        return "out of memory: try a smaller --ctx or a smaller quant", EXIT_RUNTIME
+    if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
+        return f"no space left on device ({exc.filename or 'disk'}): free some space or set LOCALRUN_HOME/HF_HOME elsewhere", EXIT_RUNTIME
+    if type(exc).__module__ == "sqlite3" and type(exc).__name__ in ("DatabaseError", "IntegrityError", "DataError"):
+        from ..store.sessions import damaged_index  # only the session index is SQLite
+
+        error = damaged_index(exc)
+        return error.message, error.exit_code
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename}: check the path's ownership or set LOCALRUN_HOME", EXIT_RUNTIME
+    return f"{type(exc).__name__}: {exc} (set LOCALRUN_DEBUG=1 for a traceback)", EXIT_RUNTIME
