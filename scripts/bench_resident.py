@@ -6,7 +6,9 @@
 For each model, in a fresh LOCALRUN_HOME, timed from process start to the first answer byte on stdout:
 
   cold       `run --keep-alive 0 --no-cache` of a ~2,000-token message and a question: load + full prefill
-  session    `run --session big QUESTION` on a warm server whose session `big` holds that message
+  session    `run --session big QUESTION` on a warm server whose session `big` holds that message, run
+             again and again (the server still holds the session)
+  session from disk   the same after another request replaced what the server holds (read back from disk)
   prefix     the same ~2,000-token message and question again on a warm server (the automatic prefix cache)
 
 and the ratios cold/session and cold/prefix (goal: at least 20x). Then:
@@ -15,7 +17,7 @@ and the ratios cold/session and cold/prefix (goal: at least 20x). Then:
              the client path costs (Python start, imports, the socket), median of --reps x 2 short runs
   short      whole-process wall time of `run -n 16` on a warm server vs `--keep-alive 0`
 
-Rounds alternate (cold, session, prefix, short/warm, short/in-process) and medians are reported. The
+Cold and session runs alternate, short runs warm and in-process alternate; medians are reported. The
 server is stopped at the end. Models: by default the two the tests use, fetched as the tests do.
 """
 
@@ -73,13 +75,21 @@ def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
             _, _, out = first_byte(["run", *base, "-n", "1", "--json", "--no-cache", doc + QUESTION], {**env, "LOCALRUN_KEEP_ALIVE": "0"})
             prompt_tokens = last_event(out)["stats"]["prompt_tokens"]
             first_byte(["run", *base, "-n", "4", doc + QUESTION], env)
-            rows: dict[str, list[float]] = {k: [] for k in ("cold", "session", "prefix", "short_warm", "short_cold", "overhead")}
-            for _ in range(reps):
-                rows["cold"].append(first_byte(["run", *base, "-n", "4", "--no-cache", doc + QUESTION], {**env, "LOCALRUN_KEEP_ALIVE": "0"})[0])
-                rows["session"].append(first_byte(["run", *base, "-n", "4", "--session", "big", QUESTION.strip()], env)[0])
+            rows: dict[str, list[float]] = {k: [] for k in (
+                "cold", "session", "session_disk", "prefix", "short_warm", "short_cold", "overhead")}
+            cold_env = {**env, "LOCALRUN_KEEP_ALIVE": "0"}
+            session = ["run", *base, "-n", "4", "--session", "big", QUESTION.strip()]
+            for _ in range(reps):  # a session resumed again and again: the server still holds it
+                rows["cold"].append(first_byte(["run", *base, "-n", "4", "--no-cache", doc + QUESTION], cold_env)[0])
+                rows["session"].append(first_byte(session, env)[0])
+            for _ in range(reps):  # the same document asked about again: the prefix cache (the server holds it)
                 rows["prefix"].append(first_byte(["run", *base, "-n", "4", doc + QUESTION], env)[0])
+            for _ in range(reps):  # the session after other work replaced what the server holds: read from disk
+                first_byte(["run", *base, "-n", "1", "--no-cache", "Name a colour."], env)
+                rows["session_disk"].append(first_byte(session, env)[0])
+            for _ in range(reps):
                 rows["short_warm"].append(first_byte(["run", *base, "-n", "16", "--no-cache", "Name three colours."], env)[1])
-                rows["short_cold"].append(first_byte(["run", *base, "-n", "16", "--no-cache", "Name three colours."], {**env, "LOCALRUN_KEEP_ALIVE": "0"})[1])
+                rows["short_cold"].append(first_byte(["run", *base, "-n", "16", "--no-cache", "Name three colours."], cold_env)[1])
                 for _ in range(2):
                     ttfb, _, out = first_byte(["run", *base, "-n", "1", "--no-cache", "--json", "Hi."], env)
                     rows["overhead"].append(ttfb - last_event(out)["stats"]["ttft_s"])
@@ -89,6 +99,7 @@ def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
     return {
         "model": model.name, "prompt_tokens": prompt_tokens, **{f"{k}_s": round(v, 4) for k, v in med.items()},
         "cold_over_session": med["cold"] / med["session"], "cold_over_prefix": med["cold"] / med["prefix"],
+        "cold_over_session_disk": med["cold"] / med["session_disk"],
         "short_speedup": med["short_cold"] / med["short_warm"],
         "runs": {k: [round(x, 4) for x in v] for k, v in rows.items()},
     }
@@ -113,6 +124,7 @@ def main() -> None:
     for r in results:
         print(f"{r['model']}: {r['prompt_tokens']} prompt tokens")
         print(f"  first byte  cold {r['cold_s']:.3f} s | session {r['session_s']:.3f} s ({r['cold_over_session']:.1f}x) | "
+              f"session from disk {r['session_disk_s']:.3f} s ({r['cold_over_session_disk']:.1f}x) | "
               f"prefix cache {r['prefix_s']:.3f} s ({r['cold_over_prefix']:.1f}x)")
         print(f"  client overhead (first byte - server TTFT): {r['overhead_s'] * 1000:.0f} ms")
         print(f"  run -n 16 whole process: warm server {r['short_warm_s']:.3f} s | --keep-alive 0 {r['short_cold_s']:.3f} s "

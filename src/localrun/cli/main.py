@@ -402,7 +402,7 @@ def sessions_prune(
 
 def _check_before_loading(session: Optional[str], use_cache: bool, options: dict) -> None:
     """What would otherwise fail only after the model loaded (or, for the cache size, after the answer)."""
-    from ..store.sessions import cache_max_bytes, check_name
+    from ..store.names import cache_max_bytes, check_name
 
     if session is not None:
         check_name(session)  # '' too: it ran without a session, silently

@@ -74,8 +74,12 @@ class Sessions:
     def load(self, name: str, engine: Engine) -> list[dict]:
         """Restore session `name` into the engine (replacing its KV cache) and return its messages: the next
         generation evaluates only the tokens after the restored ones."""
-        def holds(tokens: list[int]) -> bool:  # a resident model that answered this session last still holds it
-            return bool(tokens) and common_prefix(engine.kv.tokens[0], tokens) == len(tokens)
+        def holds(tokens: list[int]) -> bool:
+            # A resident model that answered this session last holds it: reading it back would gain nothing.
+            # Nor when it holds all but a few tokens (as for the prefix cache): the prompt's reuse keeps
+            # what matches and evaluates the rest.
+            held = common_prefix(engine.kv.tokens[0], tokens)
+            return bool(tokens) and held >= min(len(tokens), MIN_PREFIX_TOKENS) and len(tokens) - held < MIN_PREFIX_TOKENS
 
         return self.store.load(name, identity(self.store, engine), engine.n_ctx, engine.kv.restore, held=holds)
 

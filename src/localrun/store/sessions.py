@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sqlite3
 import sys
 import time
@@ -47,13 +46,12 @@ from filelock import FileLock, Timeout
 
 from ..errors import SessionError, UsageError
 from .files import fsync_dir, sha256_file
+from .names import DEFAULT_CACHE_MAX, cache_max_bytes, check_name  # noqa: F401 - part of this module's API
 
 MIN_PREFIX_TOKENS = 64  # restoring fewer tokens than this saves too little to be worth a disk read
-DEFAULT_CACHE_MAX = 2_000_000_000
 LOCK_TIMEOUT_S = 30.0
 ORPHAN_AGE_S = 600.0  # an unreferenced state file younger than this may be a save about to commit
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 # -- what the store reports ------------------------------------------------------------------
@@ -175,24 +173,6 @@ def damaged_index(exc: Exception, index: Optional[Path] = None) -> SessionError:
     page deeper in (found by whichever query reaches it)."""
     index = index if index is not None else default_root() / INDEX
     return SessionError(f"the session index {index} is unusable ({exc}): move it aside to start afresh")
-
-
-def cache_max_bytes() -> int:
-    """$LOCALRUN_CACHE_MAX: bytes the prefix cache may use ("2GB", "500M", "1.5GiB", "0" to disable)."""
-    from .paths import parse_size
-
-    raw = os.environ.get("LOCALRUN_CACHE_MAX", "")
-    if not raw.strip():
-        return DEFAULT_CACHE_MAX
-    return parse_size(raw, f"LOCALRUN_CACHE_MAX={raw!r} (0 disables the prefix cache)")
-
-
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise UsageError(
-            f"invalid session name {name!r}: use up to 100 letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return name
 
 
 def pack_tokens(tokens: Sequence[int]) -> bytes:
