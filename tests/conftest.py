@@ -131,6 +131,17 @@ def cli():
 
 # -- a `localrun serve` process, for the tests that talk to one ---------------------------------------------------
 
+def wait_until(condition, timeout: float = 60, what: str = "condition"):
+    """Poll until `condition()` is truthy and return it: a deadline for a slow machine, not a timing claim."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 SERVE_KEY = "test-key-123"  # the key test_serve's module server requires
 
 

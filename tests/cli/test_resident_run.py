@@ -11,11 +11,10 @@ import signal
 import stat
 import subprocess
 import threading
-import time
 
 import pytest
 
-from conftest import LOCALRUN, run_cli
+from conftest import LOCALRUN, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -45,16 +44,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def wait_for(condition, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def resident(isolated_home, monkeypatch):
     """run/chat use the background server in this test; every server started is gone after it."""
@@ -78,7 +67,7 @@ def resident(isolated_home, monkeypatch):
     left = []
     for p in pids:
         try:
-            wait_for(lambda: not _alive(p), f"server {p} to exit", timeout=20)
+            wait_until(lambda: not _alive(p), what=f"server {p} to exit", timeout=20)
         except AssertionError:
             os.kill(p, signal.SIGKILL)
             left.append(p)
@@ -225,11 +214,11 @@ def test_ctrl_c_and_a_closed_pipe_free_the_server_at_once(resident, smollm2):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in stderr
-    wait_for(lambda: _busy_slots() == 0, "the cancelled request to leave its slot")
+    wait_until(lambda: _busy_slots() == 0, what="the cancelled request to leave its slot")
     piped = subprocess.run(f"'{LOCALRUN}' run '{smollm2}' --raw -t 0 -n 3000 --min-tokens 3000 --threads 1 --no-cache 'Once upon a time' | head -c 10",
                            shell=True, capture_output=True, text=True, timeout=120, executable="/bin/bash")
     assert len(piped.stdout) == 10 and "Traceback" not in piped.stderr
-    wait_for(lambda: _busy_slots() == 0, "the closed pipe's request to leave its slot")
+    wait_until(lambda: _busy_slots() == 0, what="the closed pipe's request to leave its slot")
 
 
 def test_server_stopped_mid_answer_is_an_error_not_a_short_answer(resident, smollm2):
@@ -256,7 +245,7 @@ def test_server_killed_mid_answer_then_a_new_one(resident, smollm2):
     assert proc.returncode == 1, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "the localrun server stopped in the middle of the answer" in lines[0]
-    wait_for(lambda: not _alive(victim), "the killed server to be gone")
+    wait_until(lambda: not _alive(victim), what="the killed server to be gone")
     # The socket it left is stale: the next run replaces it with a new server; the store is intact.
     after = run(str(smollm2), "--threads", "1", "-n", "4", "--session", "kept", "and again")
     assert after.returncode == 0, after.stderr
@@ -284,11 +273,11 @@ def test_a_server_of_another_build_is_not_used(resident, smollm2):
     # Idle: it is replaced by a server of this build.
     mine = run(str(smollm2), "--threads", "1", "-n", "4", "-t", "0", "--no-cache", PROMPT)
     assert mine.returncode == 0, mine.stderr
-    wait_for(lambda: not _alive(old), "the other build's server to exit")
+    wait_until(lambda: not _alive(old), what="the other build's server to exit")
     assert resident() != old
     # Busy: left alone, and this run answers in-process with a notice.
     run_cli("stop", "--server")
-    wait_for(lambda: _version(None) is None, "the server to stop")
+    wait_until(lambda: _version(None) is None, what="the server to stop")
     assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi", env=other).returncode == 0
     busy_server = resident()
     proc = _client([LOCALRUN, "run", str(smollm2), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--threads", "1",
@@ -309,7 +298,7 @@ def test_an_idle_server_exits_on_its_own(resident, smollm2, monkeypatch):
     assert run(str(smollm2), "--threads", "1", "-n", "1", "hi", keep_alive="3s").returncode == 0
     server = resident()
     assert len(json.loads(run_cli("ps", "--json").stdout)) == 1
-    wait_for(lambda: not _alive(server), "the idle server to exit (keep-alive 3s, then 0.5s idle)", timeout=30)
+    wait_until(lambda: not _alive(server), what="the idle server to exit (keep-alive 3s, then 0.5s idle)", timeout=30)
     from localrun.store.paths import server_socket
 
     assert not server_socket().exists()  # it removed its socket

@@ -7,11 +7,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from conftest import LOCALRUN
+from conftest import LOCALRUN, wait_until
 from hubstub import (  # noqa: F401 - hub_stub is a fixture
     HubStub,
     StubFile,
@@ -78,16 +77,6 @@ def start_pull(*args: str) -> subprocess.Popen:
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-
-
-def wait_until(condition, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def range_start(request) -> int | None:

@@ -5,14 +5,11 @@ room, reloading on other load-time options, and `localrun ps` / `localrun stop` 
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
-import time
 
 import httpx
 import pytest
 
-from conftest import start_server
+from conftest import start_server, wait_until
 
 openai = pytest.importorskip("openai")
 
@@ -26,17 +23,6 @@ def ps(server) -> list[dict]:
 def ask(server, model, prompt="The capital of France is", n=8, **extra) -> httpx.Response:
     return httpx.post(server.url + "/v1/completions", timeout=120, json={
         "model": str(model), "prompt": prompt, "max_tokens": n, "temperature": 0, **extra})
-
-
-def wait_for(condition, what: str, timeout: float = 30):
-    """Poll until `condition()` is truthy (a deadline, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def reference(cli, model, prompt="The capital of France is", n=8) -> str:
@@ -92,7 +78,7 @@ def test_many_models_on_one_server_answer_as_run_does(server_factory, smollm2, g
 
     stopped = cli("stop", smollm2.name, "--port", str(srv.port))
     assert stopped.returncode == 0 and f"unloaded {smollm2.name}" in stopped.stderr
-    wait_for(lambda: [m["name"] for m in ps(srv)] == [gemma.name], "smollm2 to unload")
+    wait_until(lambda: [m["name"] for m in ps(srv)] == [gemma.name], what="smollm2 to unload")
     assert cli("stop", "nothing-like-this", "--port", str(srv.port)).returncode == 1
     bye = cli("stop", "--server", "--port", str(srv.port))
     assert bye.returncode == 0 and gemma.name in bye.stderr
@@ -102,10 +88,10 @@ def test_many_models_on_one_server_answer_as_run_does(server_factory, smollm2, g
 def test_keep_alive_per_request_and_server_default(server_factory, smollm2, gemma):
     srv = server_factory("--parallel", "1", "--ctx", "256", "--keep-alive", "1s")
     assert ask(srv, smollm2, keep_alive=0).status_code == 200  # unload after this answer
-    wait_for(lambda: ps(srv) == [], "keep_alive 0 to unload")
+    wait_until(lambda: ps(srv) == [], what="keep_alive 0 to unload")
     assert ask(srv, smollm2, keep_alive=-1).status_code == 200  # forever
     assert ask(srv, gemma).status_code == 200  # the server's 1s
-    wait_for(lambda: [m["name"] for m in ps(srv)] == [smollm2.name], "gemma's 1s keep-alive to run out")
+    wait_until(lambda: [m["name"] for m in ps(srv)] == [smollm2.name], what="gemma's 1s keep-alive to run out")
     (kept,) = ps(srv)
     assert kept["expires_at"] is None and kept["keep_alive"] is None
     bad = ask(srv, smollm2, keep_alive="soon")
@@ -123,7 +109,7 @@ def test_lru_eviction_memory_budget_and_a_model_too_big(server_factory, smollm2,
     assert [m["size"] for m in ps(srv)] == [small]  # the estimate ps reports is the one the budget counts
     assert ask(srv, gemma).status_code == 200
     assert [m["name"] for m in ps(srv)] == [gemma.name]
-    wait_for(lambda: any(f"unloading {smollm2.name} to make room" in line for line in srv.stderr), "the notice")
+    wait_until(lambda: any(f"unloading {smollm2.name} to make room" in line for line in srv.stderr), what="the notice")
 
     # A model in use is never evicted: while a long stream holds gemma, smollm2 cannot be loaded beside it.
     stream = httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
