@@ -139,7 +139,7 @@ def test_lru_eviction_memory_budget_and_a_model_too_big(server_factory, smollm2,
     assert httpx.get(tiny.url + "/health").json()["status"] == "ok"
 
 
-def test_other_load_options_reload_the_model_with_a_notice(server_factory, smollm2):
+def test_other_load_options_reload_the_model_with_a_notice(server_factory, smollm2, tmp_path):
     srv = server_factory("--parallel", "1", "--ctx", "256")
     first = ask(srv, smollm2)
     assert first.status_code == 200 and [m["context_length"] for m in ps(srv)] == [256]
@@ -148,6 +148,17 @@ def test_other_load_options_reload_the_model_with_a_notice(server_factory, smoll
     assert [m["context_length"] for m in ps(srv)] == [512]  # one instance, reloaded
     assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
     assert any("reloading" in line and "ctx 256 -> 512" in line for line in srv.stderr), srv.stderr
+    # A file that changed on disk (pulled again, re-quantized in place) is loaded again, not served stale.
+    import os
+    import shutil
+
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(smollm2, copy)
+    assert ask(srv, copy).status_code == 200
+    stat = copy.stat()
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert ask(srv, copy).status_code == 200
+    assert any("reloading copy.gguf" in line and "the file changed on disk" in line for line in srv.stderr), srv.stderr
     bad = ask(srv, smollm2, options={"num_ctx": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "options.num_ctx"
     bad = ask(srv, smollm2, options={"num_ctxx": 512})

@@ -262,6 +262,21 @@ def test_damaged_state_is_reported_and_removed(damage, smol, store):
         store.load("fragile", smol)
 
 
+@pytest.mark.slow
+def test_a_session_the_engine_still_holds_is_not_read_back(smol, store):
+    """A resident model that answered a session last resumes it from memory: the state file is not read (here
+    it is gone, and loading still works); once the engine holds something else it is read from disk."""
+    messages = _save_small(store, smol, "hot", "smollm2")
+    held = list(smol.kv.tokens[0])
+    state = store.states / store.db.execute("SELECT state_file FROM entries WHERE name = 'hot'").fetchone()[0]
+    state.unlink()
+    assert store.load("hot", smol) == messages
+    assert smol.kv.tokens[0] == held
+    evaluate(smol, smol.tokenize("unrelated"))
+    with pytest.raises(SessionError, match="session 'hot' was corrupt"):
+        store.load("hot", smol)
+
+
 # -- faults and concurrency ------------------------------------------------------------------
 
 
