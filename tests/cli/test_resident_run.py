@@ -157,6 +157,7 @@ def test_errors_read_the_same_as_in_process(resident, smollm2, tmp_path):
         ["no-such-model-alias", "hi"],
         [str(tmp_path / "missing.gguf"), "hi"],
         [str(tmp_path / "corrupt.gguf"), "hi"],  # fails to load: that request only
+        [str(smollm2), "--threads", "100000", "hi"],  # refused before llama.cpp starts that many threads
     ]
     (tmp_path / "corrupt.gguf").write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
     for args in cases:
@@ -166,6 +167,10 @@ def test_errors_read_the_same_as_in_process(resident, smollm2, tmp_path):
         assert there.stderr.strip().splitlines()[-1] == here.stderr.strip().splitlines()[-1], args
         assert "Traceback" not in there.stderr
     assert run(str(smollm2), "--threads", "1", "-n", "2", "hi").returncode == 0  # the server went on
+    # A context the server's memory cannot hold: one line, exit 1, and the loaded model is kept (no second try here).
+    big = run(str(smollm2), "--threads", "1", "--ctx", "100000000", "hi")
+    assert big.returncode == 1 and len(big.stderr.strip().splitlines()) == 1 and "needs about" in big.stderr
+    assert [m["name"] for m in json.loads(run_cli("ps", "--json").stdout)] == [smollm2.name]
 
 
 def test_sessions_are_kept_by_the_server_and_read_the_same_in_process(resident, smollm2):

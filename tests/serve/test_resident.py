@@ -212,3 +212,26 @@ def test_keep_alive_parsing():
     for bad in ("", "soon", "5x", "m", True, "nan", float("nan")):
         with pytest.raises(UsageError):
             parse_keep_alive(bad)
+
+
+def test_bad_requests_leave_the_server_as_it_was(server_factory, smollm2, tmp_path):
+    """What an exploratory pass found: each refused with 400/404 and the usual body, the loaded model kept."""
+    srv = server_factory("--parallel", "1", "--ctx", "256")
+    assert ask(srv, smollm2).status_code == 200
+    huge = ask(srv, smollm2, options={"num_ctx": 1_000_000_000})  # a reload that cannot fit: the old one stays
+    assert huge.status_code == 400 and huge.json()["error"]["code"] == "model_too_big"
+    assert [m["context_length"] for m in ps(srv)] == [256]
+    threads = ask(srv, smollm2, options={"num_thread": 10_000})  # would start 10,000 llama.cpp threads
+    assert threads.status_code == 400 and "threads" in threads.json()["error"]["message"]
+    assert ask(srv, smollm2, keep_alive=True).status_code == 400
+    for body in ({"all": False}, {"model": 3}, {}, {"all": True, "model": "x"}):
+        r = httpx.post(srv.url + "/api/stop", json=body)
+        assert r.status_code == 400 and "send one of" in r.json()["error"]["message"], body
+    # Over HTTP a path must name a .gguf file: an existing other file and a missing one read the same.
+    other = tmp_path / "notes.txt"
+    other.write_text("secret")
+    answers = [ask(srv, p) for p in (str(other), str(tmp_path / "missing.txt"))]
+    assert [a.status_code for a in answers] == [404, 404]
+    assert [a.json()["error"]["message"].split("'")[2] for a in answers] == [answers[0].json()["error"]["message"].split("'")[2]] * 2
+    assert "secret" not in answers[0].text
+    assert [m["name"] for m in ps(srv)] == [smollm2.name] and ask(srv, smollm2).status_code == 200

@@ -289,7 +289,7 @@ def stop(
     server = _server(host, port, api_key)
     body = {"server": True} if server_too else {"all": True} if all_models else {"model": model}
     try:
-        stopped = server.post("/api/stop", body)["stopped"]
+        status, answer = server.call("POST", "/api/stop", body, check=False)
     except NoServer:
         if server.socket_path is None:
             raise
@@ -297,10 +297,18 @@ def stop(
             raise LocalrunError(f"model {model!r} is not loaded: no localrun server is running") from None
         err.print("no localrun server is running", markup=False)
         return
+    if status == 404:
+        raise LocalrunError(f"model {model!r} is not loaded: `localrun ps` lists what is")
+    if status >= 400:
+        raise LocalrunError(f"the server at {server.address} answered {status}: {answer.get('error', {}).get('message', answer)}")
+    stopped, busy = answer["stopped"], set(answer.get("busy", []))
     if server_too:
         err.print("server stopping" + (f"; unloaded {', '.join(stopped)}" if stopped else ""), markup=False)
+    elif not stopped:
+        err.print("no model was loaded", markup=False)
     else:
-        err.print(f"unloaded {', '.join(stopped)}" if stopped else "no model was loaded", markup=False)
+        for name in stopped:
+            err.print(f"{name} unloads when its current request ends" if name in busy else f"unloaded {name}", markup=False)
 
 
 @app.command()

@@ -50,6 +50,9 @@ class LoadOptions:
             raise UsageError(f"invalid --ctx {self.n_ctx}: the context must hold at least 16 tokens")
         if self.n_threads is not None and self.n_threads < 1:
             raise UsageError(f"invalid --threads {self.n_threads}: use 1 or more")
+        most = max(64, 4 * (os.cpu_count() or 1))  # llama.cpp starts that many threads: 10,000 would stall it
+        if self.n_threads is not None and self.n_threads > most:
+            raise UsageError(f"invalid --threads {self.n_threads}: this machine has {os.cpu_count()} CPUs (at most {most})")
         if self.kv_type != "f16" and self.flash_attn is False:
             raise UsageError(
                 f"--kv-type {self.kv_type} quantizes the V cache, which needs flash attention: drop --no-flash-attn"

@@ -162,7 +162,7 @@ def resident_run(model: str, *, load: dict, request: dict, keep_alive: float, so
                                 "and is busy: answering in this process")
             restarted = True
             continue
-        if code in ("model_too_big", "models_busy"):  # the server's memory budget: this process has its own
+        if code == "models_busy":  # every model there is answering and this one does not fit beside them
             raise InProcess(f"the background server cannot take this model now ({answer.get('error')}): answering in this process")
         if code == "model_not_found" and not pulled:
             from .. import hub

@@ -230,6 +230,7 @@ class ModelPool:
             closing: list[Resident] = []
             try:
                 with self.lock:
+                    self._check_fits_alone(estimate)  # before anything is unloaded for it
                     same_file = [r for r in self.residents if r.path == path]
                     for resident in same_file:
                         if resident.spec == spec and resident.usable(stamp):  # the same model, named another way
@@ -283,8 +284,8 @@ class ModelPool:
                 resident.expires = None if resident.keep_alive < 0 else self.clock() + resident.keep_alive
             self.lock.notify_all()
 
-    def stop(self, ref: Optional[str] = None) -> list[str]:
-        """Unload `ref` (every model when None) once its requests finish; the names unloaded."""
+    def stop(self, ref: Optional[str] = None) -> list[tuple[str, bool]]:
+        """Unload `ref` (every model when None) once its requests finish: (name, still answering) each."""
         with self.lock:
             chosen = list(self.residents) if ref is None else [r for r in self.residents if ref.casefold() in r.names]
             if ref is not None and not chosen:
@@ -294,7 +295,7 @@ class ModelPool:
                 resident.keep_alive = 0.0
                 resident.expires = self.clock() if resident.refs == 0 else None
             self.lock.notify_all()
-        return [r.name for r in chosen]
+            return [(r.name, r.refs > 0) for r in chosen]
 
     def ps(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -353,26 +354,29 @@ class ModelPool:
             held = sum(r.estimate for r in self.residents)
             budget = self.memory_budget if self.memory_budget is not None else (
                 available_memory() + held + freed + sum(r.estimate for r in removed))
-            if estimate > budget:
-                self.residents.extend(removed)  # nothing is unloaded for a load that cannot happen
-                raise ModelTooBig(
-                    f"the model needs about {_gib(estimate)} (weights and KV at this context) but "
-                    f"{'the memory budget is' if self.memory_budget is not None else 'this machine has'} "
-                    f"{_gib(budget)} even with every other model unloaded: use a smaller --ctx or quant"
-                )
             over_count = self.max_models and len(self.residents) >= self.max_models
             if not over_count and held + estimate <= budget:
                 return removed
             idle = [r for r in self.residents if r.refs == 0]
             if not idle:
-                self.residents.extend(removed)
-                raise PoolBusy(
-                    f"every loaded model is answering a request and the next one does not fit beside them "
-                    f"({len(self.residents)} loaded, {_gib(held)} held): retry shortly"
-                )
+                self.residents.extend(removed)  # nothing is unloaded for a load that cannot happen now
+                why = (f"{len(self.residents)} of at most {self.max_models} models are loaded" if over_count else
+                       f"the next one does not fit beside them ({_gib(held)} held, {_gib(budget)} in all)")
+                raise PoolBusy(f"every loaded model is answering a request and {why}: retry shortly")
             victim = min(idle, key=lambda r: r.last_used)
             self.notice(f"unloading {victim.name} to make room")
             removed.append(self._remove(victim))
+
+    def _check_fits_alone(self, estimate: int) -> None:
+        """ModelTooBig when `estimate` exceeds the budget even with every model unloaded (the lock held)."""
+        held = sum(r.estimate for r in self.residents)
+        budget = self.memory_budget if self.memory_budget is not None else available_memory() + held
+        if estimate > budget:
+            raise ModelTooBig(
+                f"the model needs about {_gib(estimate)} (weights and KV at this context) but "
+                f"{'the memory budget is' if self.memory_budget is not None else 'this machine has'} "
+                f"{_gib(budget)} even with every other model unloaded: use a smaller context or quant"
+            )
 
     def _remove(self, resident: Resident) -> Resident:
         """Take `resident` off the list (the lock held): no request can find it any more; close it after."""

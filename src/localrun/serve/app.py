@@ -158,6 +158,10 @@ def build_app(service: Service, on_started=None):
                 keep_alive = parse_keep_alive(body.keep_alive)
             except LocalrunError as exc:
                 raise ApiError(400, exc.message, param="keep_alive") from None
+        if not service.options.socket and ref.startswith(("/", ".", "~")) and not ref.lower().endswith(".gguf"):
+            # Over HTTP a path must at least be a .gguf file: no probing of the server's other files.
+            raise ApiError(404, f"model {ref!r} is not a pulled model nor a .gguf file: see /v1/models", param="model",
+                           code="model_not_found")
         spec = openai.load_spec(service.options.spec, body.options)
         if service.stopping:
             raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
@@ -267,23 +271,25 @@ def build_app(service: Service, on_started=None):
 
     async def stop(request: Request):
         """Unload one model ({"model": NAME}), every model ({"all": true}), or end the server ({"server": true})."""
-        try:
+        body = None
+        with contextlib.suppress(ValueError):
             body = json.loads(await request.body() or b"{}")
-            if not isinstance(body, dict) or not ({"model", "all", "server"} & body.keys()):
-                raise ValueError
-        except ValueError:
-            return error_response(ApiError(400, 'send {"model": NAME}, {"all": true} or {"server": true}'), "/api/stop")
-        if body.get("server"):
+        asks = [k for k in ("server", "all") if isinstance(body, dict) and body.get(k) is True]
+        named = isinstance(body, dict) and isinstance(body.get("model"), str) and body["model"]
+        if len(asks) + bool(named) != 1:
+            return error_response(ApiError(400, 'send one of {"model": NAME}, {"all": true} or {"server": true}'), "/api/stop")
+        if asks == ["server"]:
             if body.get("if_idle") and not service.end_if_idle():
                 return error_response(ApiError(409, "the server is answering requests", code="busy"), "/api/stop")
             stopped = [r["name"] for r in pool.ps()]
             asyncio.get_running_loop().call_soon(service.end)
-            return JSONResponse({"stopped": stopped, "server": True})
+            return JSONResponse({"stopped": stopped, "busy": [], "server": True})
         try:
-            stopped = pool.stop(None if body.get("all") else str(body["model"]))
+            chosen = pool.stop(None if asks else named)
         except ModelNotFound as exc:
-            return error_response(ApiError(404, exc.message, param="model", code="model_not_found"), "/api/stop")
-        return JSONResponse({"stopped": stopped})
+            return error_response(ApiError(404, exc.message + ": see /api/ps", param="model", code="model_not_found"), "/api/stop")
+        # "busy": still answering, unloaded when those requests end
+        return JSONResponse({"stopped": [name for name, _ in chosen], "busy": [name for name, busy in chosen if busy]})
 
     async def health(request: Request):
         schedulers = [r.scheduler for r in list(pool.residents)]

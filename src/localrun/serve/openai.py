@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, create_model
 
 from ..errors import ContextOverflow, LocalrunError
 from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
@@ -49,7 +49,7 @@ class _Fields(BaseModel):
     service_tier: Optional[str] = None
     # Ollama's per-request fields, which localrun's resident server takes on /v1 too: how long the model
     # stays loaded after this answer, and load-time options (a model loaded with others is reloaded).
-    keep_alive: Union[int, float, str, None] = None
+    keep_alive: Union[StrictInt, StrictFloat, StrictStr, None] = None
     options: Optional[dict[str, Any]] = None
 
 
