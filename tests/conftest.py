@@ -85,6 +85,38 @@ def gemma() -> Path:
     return fetch_real_model("gemma-3-270m-q4_k_m.gguf")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory):
+    """What module- and session-scoped fixtures run under, before each test's own home: never the user's real
+    LOCALRUN_HOME or HF_HOME, and `run` in-process (no background server left behind)."""
+    patch = pytest.MonkeyPatch()
+    base = tmp_path_factory.mktemp("session-home")
+    patch.setenv("LOCALRUN_HOME", str(base / "localrun-home"))
+    patch.setenv("HF_HOME", str(base / "hf-home"))
+    patch.setenv("LOCALRUN_KEEP_ALIVE", "0")
+    yield base
+    patch.undo()
+    # No background server outlives the tests: each test that starts one stops it; a leftover is a bug.
+    left = _background_servers(tmp_path_factory.getbasetemp())
+    for proc in left:
+        proc.kill()
+    assert not left, f"background servers left running: {[p.cmdline() for p in left]}"
+
+
+def _background_servers(under: Path) -> list:
+    """`localrun serve --socket` processes whose LOCALRUN_HOME lies under `under`."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "--socket" in (proc.info["cmdline"] or []) and Path(proc.environ().get("LOCALRUN_HOME", "/")).is_relative_to(under):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch) -> Path:
     """Every test gets its own LOCALRUN_HOME and HF_HOME; nothing touches the user's real ones."""
