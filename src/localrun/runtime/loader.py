@@ -58,13 +58,8 @@ def load(
     defaults = dict(entry.sampling) if entry else {}
     merged = merge_options(defaults, sampling)
     layers = parse_gpu_layers(gpu_layers)
-    if batch < 1:
-        raise UsageError(f"invalid --batch {batch}: use 1 or more")
+    check_slots(batch, parallel)
     n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
-    if parallel < 1:
-        raise UsageError(f"invalid --parallel {parallel}: use 1 or more")
-    if parallel > batch:
-        raise UsageError(f"--parallel {parallel} needs --batch of at least {parallel} (one token per sequence per step)")
     # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
     # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
     # another order, and greedy output would depend on what else is in the batch.
@@ -87,6 +82,16 @@ def load(
     strategy = strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
                   system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)
+
+
+def check_slots(batch: int, parallel: int) -> None:
+    """--batch and --parallel: each step decodes one token per sequence, so the batch holds them all."""
+    if batch < 1:
+        raise UsageError(f"invalid --batch {batch}: use 1 or more")
+    if parallel < 1:
+        raise UsageError(f"invalid --parallel {parallel}: use 1 or more")
+    if parallel > batch:
+        raise UsageError(f"--parallel {parallel} needs --batch of at least {parallel} (one token per sequence per step)")
 
 
 def strategy_for(engine: Engine, decoding: DecodeOptions, *, ctx_limit: int, source: str = "auto"):

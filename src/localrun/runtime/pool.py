@@ -49,14 +49,10 @@ class LoadSpec:
     def check(self) -> None:
         """Refuse bad values before any model loads (the same messages loading would give)."""
         from ..engine.model import LoadOptions, parse_gpu_layers
+        from .loader import check_slots
 
         parse_gpu_layers(self.gpu_layers)
-        if self.batch < 1:
-            raise UsageError(f"invalid --batch {self.batch}: use 1 or more")
-        if self.parallel < 1:
-            raise UsageError(f"invalid --parallel {self.parallel}: use 1 or more")
-        if self.parallel > self.batch:
-            raise UsageError(f"--parallel {self.parallel} needs --batch of at least {self.parallel} (one token per sequence per step)")
+        check_slots(self.batch, self.parallel)
         LoadOptions(n_ctx=(self.ctx or 4096) * self.parallel, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type)
 
     def differences(self, other: "LoadSpec") -> list[str]:
@@ -145,9 +141,7 @@ class Resident:
         self.keep_alive = FOREVER if pinned else 0.0
         self.expires: Optional[float] = None  # time.time() when idle and not pinned
         self.last_used = time.monotonic()
-        self.loaded_at = time.time()
         self.names = {loaded.name.casefold(), loaded.ref.casefold(), str(path).casefold()}
-        self.served = 0  # requests that took a reference
         self.retiring = False  # being stopped or reloaded: no new requests, unloaded when the last one ends
         self.stamp: tuple[int, int] = (-1, -1)  # the file's size and mtime when loaded
 
@@ -264,7 +258,7 @@ class ModelPool:
             resident.stamp = stamp
             resident.names.add(ref.casefold())
             with self.lock:
-                resident.refs, resident.served = 1, 1
+                resident.refs = 1
                 self.residents.append(resident)
                 self.lock.notify_all()
             return resident, True
@@ -335,7 +329,6 @@ class ModelPool:
     def _hold(resident: Resident) -> Resident:
         """Take a reference (the lock held): no expiry while a request uses it."""
         resident.refs += 1
-        resident.served += 1
         resident.expires = None
         resident.last_used = time.monotonic()
         return resident
@@ -352,8 +345,7 @@ class ModelPool:
         removed: list[Resident] = []
         while True:
             held = sum(r.estimate for r in self.residents)
-            budget = self.memory_budget if self.memory_budget is not None else (
-                available_memory() + held + freed + sum(r.estimate for r in removed))
+            budget = self._budget(freed + sum(r.estimate for r in removed))
             over_count = self.max_models and len(self.residents) >= self.max_models
             if not over_count and held + estimate <= budget:
                 return removed
@@ -367,10 +359,16 @@ class ModelPool:
             self.notice(f"unloading {victim.name} to make room")
             removed.append(self._remove(victim))
 
+    def _budget(self, freed: int = 0) -> int:
+        """What the loaded models may take in all (the lock held): --memory-budget, else free RAM plus what
+        the loaded models and those `freed` (taken off, not yet closed) hold."""
+        if self.memory_budget is not None:
+            return self.memory_budget
+        return available_memory() + sum(r.estimate for r in self.residents) + freed
+
     def _check_fits_alone(self, estimate: int) -> None:
         """ModelTooBig when `estimate` exceeds the budget even with every model unloaded (the lock held)."""
-        held = sum(r.estimate for r in self.residents)
-        budget = self.memory_budget if self.memory_budget is not None else available_memory() + held
+        budget = self._budget()
         if estimate > budget:
             raise ModelTooBig(
                 f"the model needs about {_gib(estimate)} (weights and KV at this context) but "
