@@ -1,11 +1,14 @@
 """`localrun chat` end to end: the installed command in a pseudo-terminal (pexpect) and with piped stdin,
-against the real SmolLM2 (ChatML template) and Gemma 3 270M (a base model without a template)."""
+against the real SmolLM2 (ChatML template) and Gemma 3 270M (a base model without a template). The tests
+taking `via` run twice: in-process (--keep-alive 0) and through the background server, where the
+conversation is kept by the server and must read the same."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 
 import pexpect
 import pytest
@@ -77,6 +80,22 @@ def term():
         t.kill()
 
 
+@pytest.fixture(params=["in-process", "server"])
+def via(request):
+    """Where the chat's conversation lives: in the chat's process, or in the background server."""
+    if request.param == "server":
+        request.getfixturevalue("resident")  # LOCALRUN_KEEP_ALIVE=5m, and every server gone after the test
+    return request.param
+
+
+def served(via: str) -> None:
+    """Through the server: one answered (and the chat did not fall back to in-process)."""
+    if via == "server":
+        from conftest import _version
+
+        assert _version(None) is not None, "no background server answers"
+
+
 @pytest.fixture(scope="module")
 def engine(smollm2):
     """The same model in this process, to count tokens the way the command must."""
@@ -143,7 +162,7 @@ def line_of(answer: str) -> str:
 # -- in a terminal -----------------------------------------------------------------------------------
 
 
-def test_two_turns_evaluate_only_the_new_tokens(smollm2, engine, term):
+def test_two_turns_evaluate_only_the_new_tokens(smollm2, engine, term, via):
     t = term(smollm2, *ARGS, "--verbose")
     assert "/help" in t.banner
     first = t.say("Hello! What is your name?")
@@ -166,6 +185,7 @@ def test_two_turns_evaluate_only_the_new_tokens(smollm2, engine, term):
     assert "2 turn(s)" in shown
     used = int(re.search(r"context:\s+(\d+) of 1024 tokens used, (\d+) left", shown).group(1))
     assert s2["prompt"] <= used <= s2["prompt"] + s2["generated"] + 2
+    served(via)
     assert t.bye() == 0
 
 
@@ -205,7 +225,7 @@ def test_bad_set_value_stays_in_the_repl(smollm2, engine, term):
     assert t.bye() == 0
 
 
-def test_ctrl_c_stops_the_answer_and_the_next_turn_works(smollm2, engine, term):
+def test_ctrl_c_stops_the_answer_and_the_next_turn_works(smollm2, engine, term, via):
     t = term(smollm2, "-t", "0", "-n", "600", "--ctx", "1024", *T1)
     t.child.send("Write a very long story about a dragon who learns to cook.\r")
     t.child.expect_exact(ACCEPTED)
@@ -235,6 +255,32 @@ def test_ctrl_c_stops_the_answer_and_the_next_turn_works(smollm2, engine, term):
     assert [m["role"] for m in saved] == ["user", "assistant", "user", "assistant"]
     assert saved[1]["content"].strip() == shown and len(shown) >= 3
     assert saved[3]["content"].strip() == answer_of(reply)
+    served(via)
+
+
+def test_chat_goes_on_when_the_server_is_killed(smollm2, engine, term, resident):
+    """kill -9 of the background server between turns goes unnoticed (the next turn starts a new one and
+    rebuilds the conversation from the chat's messages); in the middle of an answer it is one line, and the
+    chat goes on without that message."""
+    t = term(smollm2, "-t", "0", "-n", "600", "--ctx", "1024", *T1)
+    first = t.say("/set max_tokens 32") and t.say("Hello! What is your name?")
+    os.kill(resident(), signal.SIGKILL)
+    second = t.say("What is the capital of France?")
+    ref = reference(engine, ["Hello! What is your name?", "What is the capital of France?"], temperature=0, max_tokens=32)
+    assert [answer_of(first), answer_of(second)] == [a.strip() for a, _ in ref]
+
+    t.say("/set max_tokens 600")
+    t.child.send("Write a very long story about a dragon who learns to cook.\r")
+    t.child.expect_exact(ACCEPTED)
+    t.child.expect(r"[A-Za-z]{3}")  # the answer is streaming
+    os.kill(resident(), signal.SIGKILL)
+    after = t.ready()
+    assert "the localrun server stopped in the middle of the answer" in after
+    assert "Traceback" not in after
+    assert "2 turn(s)" in t.say("/show")  # the cut message is not in the conversation
+    assert t.say("/set max_tokens 32") and answer_of(t.say("What is the capital of France?"))
+    assert "3 turn(s)" in t.say("/show")
+    assert t.bye() == 0
 
 
 def test_ctrl_c_at_the_prompt_hints_and_ctrl_d_exits(smollm2, term):
@@ -285,7 +331,7 @@ def test_history_is_kept_across_runs(smollm2, term, isolated_home):
 # -- piped stdin ---------------------------------------------------------------------------------------
 
 
-def test_piped_stdin_one_answer_line_per_message(smollm2, engine, cli):
+def test_piped_stdin_one_answer_line_per_message(smollm2, engine, cli, via):
     r = cli("chat", str(smollm2), *ARGS, input="Hello!\n\nWhat is 2+2?\n/set top_k 20\nName a colour.\n")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
@@ -294,6 +340,7 @@ def test_piped_stdin_one_answer_line_per_message(smollm2, engine, cli):
     assert lines[:3] == [line_of(a) for a, _ in ref]
     assert "\x1b" not in r.stdout and ">>>" not in r.stdout + r.stderr
     assert "top_k = 20" in r.stderr
+    served(via)
 
 
 def test_piped_triple_quoted_block_is_one_message(smollm2, engine, cli):
@@ -356,7 +403,7 @@ def test_message_too_long_for_the_context_is_one_line(smollm2, cli):
     assert r.stdout == "\n" + line_of(answer) + "\n"  # an empty line for the failed one, then the answer to Hi
 
 
-def test_save_load_and_session(smollm2, gemma, cli):
+def test_save_load_and_session(smollm2, gemma, cli, via):
     r = cli("chat", str(smollm2), *ARGS, input="Hello!\n/save first\n/clear\n/show\n/load first\n/show\n")
     assert r.returncode == 0, r.stderr
     assert "saved" in r.stderr and "loaded" in r.stderr
@@ -380,6 +427,7 @@ def test_save_load_and_session(smollm2, gemma, cli):
     assert other.returncode == 1 and "session 'work'" in other.stderr  # another model's session: refused
     three = cli("chat", str(smollm2), *ARGS, "--session", "work", input="/show\n")
     assert re.search(r"conversation:\s+2 turn", three.stderr)  # saved after every answer, not overwritten
+    served(via)
 
 
 def test_load_in_a_session_chat_moves_saving_to_the_loaded_session(smollm2, cli):

@@ -14,80 +14,11 @@ import threading
 
 import pytest
 
-from conftest import LOCALRUN, run_cli, wait_until
+from conftest import BACKGROUND_CLIENTS, LOCALRUN, _alive, _servers, _version, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "What is the capital of France?"
-
-
-def _version(home) -> dict | None:
-    """The resident server's /api/version, or None when none answers."""
-    from localrun.runtime.client import Client, NoServer
-    from localrun.store.paths import server_socket
-
-    try:
-        return Client(socket_path=server_socket()).get("/api/version")
-    except NoServer:
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (our own child, not yet reaped) is gone as far as serving goes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def resident(isolated_home, monkeypatch):
-    """run/chat use the background server in this test; every server started is gone after it."""
-    monkeypatch.setenv("LOCALRUN_KEEP_ALIVE", "5m")
-    pids: set[int] = set()
-
-    def pid() -> int:
-        info = _version(isolated_home)
-        assert info is not None, "no resident server answers"
-        pids.add(info["pid"])
-        return info["pid"]
-
-    yield pid
-    while _CLIENTS:
-        proc = _CLIENTS.pop()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-    run_cli("stop", "--server")
-    pids.update(p.pid for p in _servers())  # however they came (a race, another build), none stays
-    left = []
-    for p in pids:
-        try:
-            wait_until(lambda: not _alive(p), what=f"server {p} to exit", timeout=20)
-        except AssertionError:
-            os.kill(p, signal.SIGKILL)
-            left.append(p)
-    assert not left, f"servers that did not stop: {left}"
-
-
-def _servers() -> list:
-    """The server processes for this test's LOCALRUN_HOME (found by their socket argument)."""
-    import psutil
-
-    from localrun.store.paths import server_socket
-
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if str(server_socket()) in (p.info["cmdline"] or []) and _alive(p.pid):
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
 
 
 def run(*args: str, keep_alive: str | None = None, **kw):
@@ -188,9 +119,6 @@ def test_sessions_are_kept_by_the_server_and_read_the_same_in_process(resident, 
     assert len([m for m in shown["messages"] if m["role"] == "user"]) == 3
 
 
-_CLIENTS: list[subprocess.Popen] = []  # long runs a test started: killed at its end, whatever happened
-
-
 def _long_run(model, *extra) -> subprocess.Popen:
     return _client(
         [LOCALRUN, "run", str(model), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--ctx", "4096", "--threads", "1",
@@ -201,7 +129,7 @@ def _long_run(model, *extra) -> subprocess.Popen:
 def _client(args: list[str], env: dict | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
-    _CLIENTS.append(proc)
+    BACKGROUND_CLIENTS.append(proc)
     return proc
 
 

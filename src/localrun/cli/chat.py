@@ -28,12 +28,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Optional
 
 from ..console import err, notice, warn
-from ..errors import LocalrunError
-from ..runtime.conversation import Conversation, load_conversation, save_conversation, session_exists
+from ..errors import LocalrunError, SessionError
 from .render import render_error
 
 if TYPE_CHECKING:
-    from ..runtime import Loaded, Response
+    from ..runtime import Response
+    from ..runtime.conversation import Conversation
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -128,17 +128,31 @@ def escape_line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")
 
 
-class Chat:
-    """The REPL: reads messages and slash commands, prints answers (stdout) and everything else (stderr)."""
+def session_exists(name: str) -> bool:
+    """Whether `name` was saved (a bad name raises UsageError)."""
+    from ..store.sessions import SessionStore
 
-    def __init__(self, loaded: "Loaded", *, system: Optional[str], session: Optional[str], verbose: bool, interactive: bool):
-        self.loaded = loaded
-        self.sampling = loaded.sampling
+    with SessionStore.open() as store:
+        try:
+            store.show(name)
+        except SessionError:
+            return False
+    return True
+
+
+class Chat:
+    """The REPL: reads messages and slash commands, prints answers (stdout) and everything else (stderr).
+    `conv` is a runtime Conversation in this process, or a RemoteConversation kept by the resident server:
+    the two answer alike."""
+
+    def __init__(self, conv: "Conversation", *, system: Optional[str], session: Optional[str], verbose: bool, interactive: bool):
+        self.conv = conv
+        self.sampling = conv.sampling
         self.session = session
         self.verbose = verbose
         self.interactive = interactive
         self.system_flag = system
-        self.conv = Conversation(loaded, system if system is not None else loaded.system)
+        conv.set_system(system if system is not None else conv.default_system)
         self.last: Optional["Response"] = None  # the last answer's final response (its stats)
         self.commands: dict[str, Callable[[str], Optional[int]]] = {
             "help": self.cmd_help, "?": self.cmd_help, "set": self.cmd_set, "show": self.cmd_show,
@@ -151,19 +165,19 @@ class Chat:
     def start(self) -> None:
         if not self.conv.templated:
             notice(
-                f"{self.loaded.name} has no chat template (a base model): chatting over a plain transcript"
+                f"{self.conv.name} has no chat template (a base model): chatting over a plain transcript"
                 " ('User: ...' / 'Assistant: ...'), each answer ending at the next 'User:'"
             )
         if self.session:
             if session_exists(self.session):
-                notice(load_conversation(self.session, self.conv))
+                notice(self.conv.load(self.session))
                 if self.system_flag is not None and self.system_flag != self.conv.system:
                     self.conv.set_system(self.system_flag)  # --system overrides the saved one
             else:
                 notice(f"new session {self.session}: saved after every answer")
         if self.interactive:
             err.print(
-                f"[dim]{self.loaded.name} · context {self.conv.n_ctx} tokens · /help for commands,"
+                f"[dim]{self.conv.name} · context {self.conv.n_ctx} tokens · /help for commands,"
                 " Ctrl-D or /bye to exit[/dim]",
                 highlight=False,
             )
@@ -199,11 +213,6 @@ class Chat:
             spacer = sys.stdout if sys.stdout.isatty() else sys.stderr
             spacer.write("\n")
             spacer.flush()
-        if self.session and not (interrupted and not answer):
-            try:
-                save_conversation(self.session, self.conv, self.loaded.ref)
-            except LocalrunError as exc:
-                warn(f"could not save session {self.session}: {exc.message}")
 
     def _to_terminal(self, text: str) -> tuple[str, "Response"]:
         """Stream the answer as plain text, flushed per piece; Ctrl-C stops it."""
@@ -224,7 +233,7 @@ class Chat:
 
         try:
             with soft_interrupts() as cancelled, quiet_typeahead():
-                return self.conv.send(text, self.sampling, on_piece, cancelled, self.dropped)
+                return self.conv.send(text, self.sampling, on_piece, cancelled, self.dropped, save_as=self.session, on_save_failed=warn)
         finally:
             if not at_line_start:
                 out.write("\n")
@@ -233,7 +242,7 @@ class Chat:
     def _to_line(self, text: str) -> tuple[str, "Response"]:
         line = OneLineWriter(sys.stdout)
         try:
-            return self.conv.send(text, self.sampling, line.write, on_dropped=self.dropped)
+            return self.conv.send(text, self.sampling, line.write, on_dropped=self.dropped, save_as=self.session, on_save_failed=warn)
         finally:
             line.end()  # even after an error: a script reads one line per message
 
@@ -302,7 +311,7 @@ class Chat:
             if v not in (None, [], {}) and (k in ("temperature", "top_k", "top_p", "min_p", "max_tokens", "seed") or v != getattr(defaults, k))
         )
         rows = [
-            ("model", f"{self.loaded.name} ({self.conv.model_path})"),
+            ("model", f"{self.conv.name} ({self.conv.model_path})"),
             ("template", "the model's chat template" if self.conv.templated else "none: plain User:/Assistant: transcript"),
             ("system", self.conv.system or "(none)"),
             ("session", self.session or "(none: /save NAME to keep this conversation)"),
@@ -330,13 +339,13 @@ class Chat:
         if not name:
             err.print("usage: /save NAME", markup=False)
             return
-        notice(save_conversation(name, self.conv, self.loaded.ref))
+        notice(self.conv.save(name))
 
     def cmd_load(self, name: str) -> None:
         if not name:
             err.print("usage: /load NAME", markup=False)
             return
-        notice(load_conversation(name, self.conv))
+        notice(self.conv.load(name))
         self.last = None
         if self.session and self.session != name:
             # Answers were saved to the --session; from now on they extend the conversation just loaded,
@@ -444,9 +453,9 @@ def _piped(chat: Chat) -> int:
     return 0
 
 
-def chat_loop(loaded: "Loaded", *, system: Optional[str], session: Optional[str], verbose: bool) -> int:
+def chat_loop(conv: "Conversation", *, system: Optional[str], session: Optional[str], verbose: bool) -> int:
     """Run the chat until /bye, Ctrl-D or the end of stdin; return the exit code."""
     interactive = sys.stdin.isatty()
-    chat = Chat(loaded, system=system, session=session, verbose=verbose, interactive=interactive)
+    chat = Chat(conv, system=system, session=session, verbose=verbose, interactive=interactive)
     chat.start()
     return _interactive(chat) if interactive else _piped(chat)

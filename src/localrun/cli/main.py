@@ -160,23 +160,31 @@ def run(
 
 
 def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict):
-    """The answer's responses from the resident server, or None where this process should answer: keep-alive
-    0, a decoding strategy (--draft, --beams: loaded per run), or a server of another build that is busy."""
+    """The answer's responses from the resident server, or None where this process should answer."""
     from ..runtime.client import InProcess, resident_run
+
+    settings = _resident_settings(keep_alive, options)
+    if settings is None:
+        return None
+    try:
+        return resident_run(model, request={**asked, "sampling": settings.pop("sampling")}, **settings, on_notice=notice)
+    except InProcess as exc:
+        notice(str(exc))
+        return None
+
+
+def _resident_settings(keep_alive: str, options: dict) -> Optional[dict]:
+    """What run and chat send the resident server (load options, the sampling flags given, keep-alive,
+    source), or None where this process should answer: keep-alive 0, or a decoding strategy (--draft,
+    --beams: loaded per run)."""
     from ..runtime.options import SAMPLING, cli_value
     from ..runtime.pool import LOAD_FIELDS, parse_keep_alive
 
     seconds = parse_keep_alive(keep_alive)
     if seconds == 0 or options.get("draft") is not None or (options.get("beams") or 1) > 1:
         return None
-    load = {name: options[name] for name in LOAD_FIELDS}
-    sampling = {o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None}
-    try:
-        return resident_run(model, load=load, request={**asked, "sampling": sampling}, keep_alive=seconds,
-                            source=_source(options["source"]), on_notice=notice)
-    except InProcess as exc:
-        notice(str(exc))
-        return None
+    return dict(load={name: options[name] for name in LOAD_FIELDS}, keep_alive=seconds, source=_source(options["source"]),
+                sampling={o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None})
 
 
 @app.command()
@@ -186,14 +194,28 @@ def chat(
     system: Annotated[Optional[str], typer.Option("--system", help="system prompt")] = None,
     session: Annotated[Optional[str], typer.Option("--session", help="resume and keep saving this named session")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="timing stats after each answer")] = False,
+    keep_alive: KeepAliveOpt = "5m",
     **options,
 ) -> None:
     """Chat interactively with the model's own chat template (/help lists the commands)."""
     from . import chat as chat_repl
 
     _check_before_loading(session, use_cache=True, options=options)
-    loaded = _load(model, options)
-    code = chat_repl.chat_loop(loaded, system=system, session=session, verbose=verbose)
+    conv = None
+    settings = _resident_settings(keep_alive, options)
+    if settings is not None:
+        from ..runtime.client import InProcess
+        from ..runtime.remote import RemoteConversation
+
+        try:
+            conv = RemoteConversation(model, **settings, on_notice=notice)
+        except InProcess as exc:
+            notice(str(exc))
+    if conv is None:  # in this process, as with --keep-alive 0
+        from ..runtime.conversation import Conversation
+
+        conv = Conversation(_load(model, options), None)
+    code = chat_repl.chat_loop(conv, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)
 
 

@@ -129,23 +129,48 @@ def resident_run(model: str, *, load: dict, request: dict, keep_alive: float, so
                  on_notice: Callable[[str], None]) -> Iterator:
     """The responses to a run request from the resident server (started if none answers). Raises
     InProcess when it should run here instead, RemoteError for what the server refused."""
-    from .identity import build_identity
+    items = resident_stream("/api/run", model, load=load, request=request, keep_alive=keep_alive, source=source,
+                            on_notice=on_notice)  # connects now: InProcess is raised here, not at the first item
+    return _responses(items)
 
+
+def _responses(items: Iterator[dict]) -> Iterator:
+    from . import Response, Stats
+
+    for item in items:
+        stats = Stats(**item["stats"]) if item.get("stats") else None
+        yield Response(text=item["text"], tokens=item["tokens"], finish_reason=item.get("finish_reason"),
+                       stats=stats, error=item.get("error_text"))
+
+
+def resident_stream(path: str, model: str, *, load: dict, request: dict, keep_alive: float, source: str,
+                    on_notice: Callable[[str], None]) -> Iterator[dict]:
+    """The items the resident server streams for a request to `path` (started if none answers), notices
+    passed to `on_notice`. Raises InProcess when it should be answered here instead, RemoteError for what
+    the server refused or failed, LocalrunError when the server went away in the middle."""
     if os.path.exists(model):  # a file: the server's working folder is not this one
         model = os.path.abspath(model)
+    conn, response = _open(path, model, load, request, keep_alive, source, on_notice)
+    return _items(conn, response, on_notice)
+
+
+def _open(path: str, model: str, load: dict, request: dict, keep_alive: float, source: str,
+          on_notice: Callable[[str], None]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    from .identity import build_identity
+
     client = resident()
     body = {"identity": build_identity(), "model": model, "load": load, "keep_alive": keep_alive, "request": request}
     pulled = restarted = False
     for _ in range(5):  # a server that is stopping, or that went away between connecting and answering
         conn = _connect_or_start(client, keep_alive, on_notice)
         try:
-            response = client.send(conn, "POST", "/api/run", body)
+            response = client.send(conn, "POST", path, body)
         except (NoServer, LocalrunError):
             conn.close()
             _wait_gone(client)
             continue
         if response.status == 200:
-            return _responses(conn, response, on_notice)
+            return conn, response
         try:
             answer = json.loads(response.read())
         except (ValueError, OSError):
@@ -181,10 +206,7 @@ def _log_path() -> Path:
     return logs_dir() / "server.log"
 
 
-def _responses(conn: http.client.HTTPConnection, response: http.client.HTTPResponse, notice: Callable[[str], None]) -> Iterator:
-    from . import Response, Stats
-
-    finished = False
+def _items(conn: http.client.HTTPConnection, response: http.client.HTTPResponse, notice: Callable[[str], None]) -> Iterator[dict]:
     try:
         while True:
             try:
@@ -195,20 +217,17 @@ def _responses(conn: http.client.HTTPConnection, response: http.client.HTTPRespo
                 break
             item = json.loads(line)
             if "notice" in item:
-                notice(item["notice"])
-            elif "error" in item:
-                finished = True
+                notice(item.pop("notice"))
+                if not item:
+                    continue
+            if "error" in item:
                 raise RemoteError(item["error"], int(item.get("exit") or 1))
-            else:
-                stats = Stats(**item["stats"]) if item.get("stats") else None
-                done = item.get("finish_reason") is not None
-                finished = finished or done
-                yield Response(text=item["text"], tokens=item["tokens"], finish_reason=item.get("finish_reason"),
-                               stats=stats, error=item.get("error_text"))
-        if not finished:
-            raise LocalrunError(
-                f"the localrun server stopped in the middle of the answer (see {_log_path()}); the next run starts a new one"
-            )
+            if item.get("end"):
+                return
+            yield item
+        raise LocalrunError(
+            f"the localrun server stopped in the middle of the answer (see {_log_path()}); the next run starts a new one"
+        )
     finally:
         conn.close()  # early (Ctrl-C, a closed pipe): the server sees the disconnect and stops generating
 

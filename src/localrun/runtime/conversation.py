@@ -82,6 +82,23 @@ class Conversation:
     def model_path(self):
         return self.engine.path
 
+    # What the chat REPL shows and starts from (RemoteConversation has the same, from the server).
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def ref(self) -> str:
+        return self.loaded.ref
+
+    @property
+    def sampling(self) -> SamplingOptions:
+        return self.loaded.sampling
+
+    @property
+    def default_system(self) -> Optional[str]:
+        return self.loaded.system
+
     # -- prompt --------------------------------------------------------------------------------
 
     def prompt(self, messages: list[dict]) -> tuple[list[int], str]:
@@ -128,11 +145,14 @@ class Conversation:
         on_piece: Callable[[str], None],
         cancelled: Callable[[], bool] = lambda: False,
         on_dropped: Callable[[int], None] = lambda n: None,
+        save_as: Optional[str] = None,
+        on_save_failed: Callable[[str], None] = lambda message: None,
     ) -> tuple[str, Response]:
         """Generate the answer to `text`, calling on_piece with each piece of it, and record the exchange.
         Returns the answer and the last response (finish reason 'interrupted' once `cancelled` said so; an
         answer stopped before its first word is dropped together with its question). `on_dropped` hears how
-        many old turns made room, first."""
+        many old turns made room, first. `save_as`: then save the conversation as that session (a failure
+        to save is reported to `on_save_failed`, the answer stands)."""
         sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
         reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.engine.n_ctx // 4
         reserve = min(reserve, self.engine.n_ctx // 2)
@@ -171,17 +191,27 @@ class Conversation:
         content = answer if self.templated else answer.strip()
         self.messages = [*messages, {"role": "assistant", "content": content}]
         self._tokens, self._text = tokens + ids, full + answer
+        if save_as:
+            try:
+                self.save(save_as)
+            except LocalrunError as exc:
+                on_save_failed(f"could not save session {save_as}: {exc.message}")
         return answer, final
 
+    def save(self, name: str) -> str:
+        """Save messages and KV cache in the session store; return a one-line description."""
+        with Sessions.open() as sessions:
+            info = sessions.save(name, self.engine, self.messages, model_ref=self.ref)
+        return f"saved session {name} ({self.turns} turn(s), {info.tokens} tokens of KV cache)"
 
-# -- saving and loading ------------------------------------------------------------------------------
+    def load(self, name: str) -> str:
+        """Continue session `name`: its messages, and its KV cache restored into the engine."""
+        with Sessions.open() as sessions:
+            self.replace(sessions.load(name, self.engine))
+        return f"loaded session {name} ({self.turns} turn(s), {self.kv_tokens} tokens cached)"
 
 
-def save_conversation(name: str, conv: Conversation, model_ref: str) -> str:
-    """Save messages and KV cache in the session store; return a one-line description."""
-    with Sessions.open() as sessions:
-        info = sessions.save(name, conv.engine, conv.messages, model_ref=model_ref)
-    return f"saved session {name} ({conv.turns} turn(s), {info.tokens} tokens of KV cache)"
+# -- sessions ---------------------------------------------------------------------------------------
 
 
 def session_exists(name: str) -> bool:
@@ -192,9 +222,3 @@ def session_exists(name: str) -> bool:
         except SessionError:
             return False
     return True
-
-
-def load_conversation(name: str, conv: Conversation) -> str:
-    with Sessions.open() as sessions:
-        conv.replace(sessions.load(name, conv.engine))  # the store restores the KV cache too
-    return f"loaded session {name} ({conv.turns} turn(s), {conv.kv_tokens} tokens cached)"

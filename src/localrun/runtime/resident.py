@@ -4,12 +4,20 @@ save after), so that what the user sees is the same either way.
 
 A model loaded for run/chat is held with one sequence; its requests take turns (`Exclusive` stands where a
 Scheduler stands for the HTTP dialects' batched models, so the pool keeps, expires and evicts both alike).
+
+`chat` keeps its conversation here (`converse`): a runtime Conversation per chat, so that each turn
+evaluates only what is new, as in-process. The client keeps the messages too and sends them with every
+request: a conversation this server no longer has (restarted, or one of more than CONVERSATIONS_KEPT) is
+rebuilt from them, and one whose tokens another run displaced from the KV cache reuses what still matches.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any, Optional
 
 from ..errors import LocalrunError, UsageError
@@ -17,6 +25,9 @@ from .scheduler import StepStats
 
 # The fields of a run request on the wire (localrun's own /api/run), besides model, load and keep_alive.
 RUN_FIELDS = ("messages", "raw", "system", "truncate", "session", "use_cache")
+# What a chat client asks of its conversation (localrun's own /api/converse).
+CONVERSE_OPS = ("info", "send", "save", "load")
+CONVERSATIONS_KEPT = 8  # per model: the least recently used beyond that are rebuilt from their messages
 
 
 class ServerStopping(LocalrunError):
@@ -33,6 +44,15 @@ class Exclusive:
         self.fatal: Optional[str] = None
         self.stopping = False
         self.closed = False
+        self.conversations: "OrderedDict[str, Any]" = OrderedDict()
+
+    def conversation(self, key: str, make: Callable[[], Any]):
+        """The conversation `key` (made now if this model has none), as the most recently used."""
+        conv = self.conversations.pop(key, None) or make()
+        self.conversations[key] = conv
+        while len(self.conversations) > CONVERSATIONS_KEPT:
+            self.conversations.popitem(last=False)
+        return conv
 
     def idle_slots(self) -> int:
         return 0 if self.turn.locked() else 1
@@ -46,6 +66,17 @@ class Exclusive:
         self.stopping = True
         with self.turn:
             self.closed = True
+
+
+def wire(response) -> dict[str, Any]:
+    """A response as the resident server streams it (the client makes a Response of it again)."""
+    out: dict[str, Any] = {"text": response.text, "tokens": response.tokens}
+    if response.done:
+        out["finish_reason"] = response.finish_reason
+        out["stats"] = asdict(response.stats) if response.stats is not None else None
+        if response.error:
+            out["error_text"] = response.error
+    return out
 
 
 def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callable[[str], None],
@@ -63,6 +94,60 @@ def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callabl
     loaded, runner = resident.loaded, resident.scheduler
     sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
     request = Request(sampling=sampling, **{k: payload[k] for k in RUN_FIELDS if k in payload})
+    with _turn(resident, on_notice) as runner:
+        if not request.use_cache and not request.session:
+            loaded.engine.kv.clear(0)
+        for response in generate(loaded, request, on_notice=on_notice, cancelled=lambda: cancelled() or runner.stopping):
+            if response.done and response.finish_reason == "interrupted" and runner.stopping and not cancelled():
+                raise _stopped_during_answer()
+            if response.done and not fresh and response.stats is not None:
+                response.stats.load_s = 0.0
+            yield response
+
+
+def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[dict], None],
+             cancelled: Callable[[], bool]) -> None:
+    """Do what a chat client asks of its conversation on `resident`, as the REPL in-process would: `put`
+    receives {"notice"}, {"warning"}, {"dropped": n}, {"text"} items and the op's result."""
+    from ..engine import merge_options
+    from .conversation import Conversation
+
+    op, key, messages = payload.get("op"), payload.get("conversation"), payload.get("messages")
+    if op not in CONVERSE_OPS or not isinstance(key, str) or not isinstance(messages, list):
+        raise UsageError(f"a conversation request needs op (one of {', '.join(CONVERSE_OPS)}), conversation and messages")
+    loaded = resident.loaded
+    with _turn(resident, lambda m: put({"notice": m})) as runner:
+        conv = runner.conversation(key, lambda: Conversation(loaded, None))
+        if messages != conv.messages:
+            conv.replace(messages)
+        if op == "info":
+            sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
+            put({"info": {"name": loaded.name, "ref": loaded.ref, "path": str(conv.model_path), "n_ctx": conv.n_ctx,
+                          "templated": conv.templated, "system": loaded.system, "sampling": sampling.model_dump(mode="json")},
+                 "kv_tokens": conv.kv_tokens, "context_used": conv.context_used()})
+            return
+        if op in ("save", "load"):
+            said = conv.save(str(payload.get("name"))) if op == "save" else conv.load(str(payload.get("name")))
+            put({"said": said, "messages": conv.messages, "kv_tokens": conv.kv_tokens})
+            return
+        sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
+        answer, final = conv.send(
+            str(payload.get("text")), sampling, lambda piece: put({"text": piece}),
+            cancelled=lambda: cancelled() or runner.stopping, on_dropped=lambda n: put({"dropped": n}),
+            save_as=payload.get("session") or None, on_save_failed=lambda m: put({"warning": m}),
+        )
+        if final.finish_reason == "interrupted" and runner.stopping and not cancelled():
+            raise _stopped_during_answer()
+        if not fresh and final.stats is not None:
+            final.stats.load_s = 0.0
+        put({"done": wire(final), "messages": conv.messages, "kv_tokens": conv.kv_tokens,
+             "context_used": conv.context_used()})
+
+
+@contextmanager
+def _turn(resident, on_notice: Callable[[str], None]) -> Iterator[Exclusive]:
+    """Hold the model's one sequence (waiting, with a notice, while another request has it)."""
+    runner = resident.scheduler
     if not runner.turn.acquire(blocking=False):
         on_notice(f"waiting for another run on {resident.name} to finish")
         runner.turn.acquire()
@@ -70,14 +155,11 @@ def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callabl
         if runner.closed or runner.stopping:
             raise ServerStopping("the localrun server is stopping: run again to start a new one")
         runner.stats.running = 1
-        if not request.use_cache and not request.session:
-            loaded.engine.kv.clear(0)
-        for response in generate(loaded, request, on_notice=on_notice, cancelled=lambda: cancelled() or runner.stopping):
-            if response.done and response.finish_reason == "interrupted" and runner.stopping and not cancelled():
-                raise ServerStopping("the localrun server was stopped during the answer: run again to start a new one")
-            if response.done and not fresh and response.stats is not None:
-                response.stats.load_s = 0.0
-            yield response
+        yield runner
     finally:
         runner.stats.running = 0
         runner.turn.release()
+
+
+def _stopped_during_answer() -> ServerStopping:
+    return ServerStopping("the localrun server was stopped during the answer: run again to start a new one")

@@ -1,7 +1,9 @@
-"""localrun's own dialect, spoken by `localrun run` to the resident server: POST /api/run streams the
-engine's responses as JSON Lines ({"notice": ...}, a response, or {"error": ..., "exit": N}), and
-GET /api/version says what made the server. The request path is runtime.resident's, which is the one a
-run in-process takes, so stdout, --json and --verbose read the same either way."""
+"""localrun's own dialect, spoken by `localrun run` and `chat` to the resident server: POST /api/run streams
+the engine's responses as JSON Lines ({"notice": ...}, a response, or {"error": ..., "exit": N}), ended by
+{"end": true}; POST /api/converse does the same for a chat's conversation kept on the server, and
+/api/cancel stops a conversation's answer at its next token (the chat's first Ctrl-C; the stream still
+ends normally). GET /api/version says what made the server. The request paths are runtime.resident's,
+the ones in-process runs take, so stdout, --json and --verbose read the same either way."""
 
 from __future__ import annotations
 
@@ -10,14 +12,12 @@ import json
 import os
 import threading
 import traceback
-from dataclasses import asdict
-from typing import Any
 
 from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime.identity import build_identity
 from ..runtime.pool import LOAD_FIELDS, LoadSpec, ModelTooBig, PoolBusy, parse_keep_alive
 from ..runtime.failures import message_for
-from ..runtime.resident import answer
+from ..runtime.resident import answer, converse, wire
 
 
 
@@ -34,16 +34,6 @@ def load_failure(exc: LocalrunError, ref: str) -> tuple[int, str, str]:
     return 500, f"cannot load {ref}: {exc.message}", "load_failed"
 
 
-def wire(response) -> dict[str, Any]:
-    out: dict[str, Any] = {"text": response.text, "tokens": response.tokens}
-    if response.done:
-        out["finish_reason"] = response.finish_reason
-        out["stats"] = asdict(response.stats) if response.stats is not None else None
-        if response.error:
-            out["error_text"] = response.error
-    return out
-
-
 def routes(service) -> list:
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
@@ -58,7 +48,35 @@ def routes(service) -> list:
     async def version(request: Request):
         return JSONResponse({"identity": build_identity(), "pid": os.getpid(), "busy": pool.busy()})
 
+    cancels: set[str] = set()  # conversations whose answer the client asked to stop
+
+    def answer_run(resident, payload, fresh, put, gone) -> None:
+        for response in answer(resident, payload, fresh=fresh, on_notice=lambda m: put({"notice": m}), cancelled=gone.is_set):
+            put(wire(response))
+
+    def answer_converse(resident, payload, fresh, put, gone) -> None:
+        key = payload.get("conversation")
+        cancels.discard(key)
+        try:
+            converse(resident, payload, fresh=fresh, put=put, cancelled=lambda: gone.is_set() or key in cancels)
+        finally:
+            cancels.discard(key)
+
     async def run(request: Request):
+        return await stream(request, answer_run)
+
+    async def conversation(request: Request):
+        return await stream(request, answer_converse)
+
+    async def cancel(request: Request):
+        try:
+            key = json.loads(await request.body())["conversation"]
+        except (ValueError, TypeError, KeyError):
+            return failed(400, "a cancel request needs conversation", 2)
+        cancels.add(str(key))
+        return JSONResponse({"cancelled": str(key)})
+
+    async def stream(request: Request, work_on):
         try:
             body = json.loads(await request.body())
             ref, payload = str(body["model"]), dict(body["request"])
@@ -99,8 +117,8 @@ def routes(service) -> list:
             try:
                 if fresh and resident.engine.gpu_notice:
                     put({"notice": resident.engine.gpu_notice})
-                for response in answer(resident, payload, fresh=fresh, on_notice=lambda m: put({"notice": m}), cancelled=gone.is_set):
-                    put(wire(response))
+                work_on(resident, payload, fresh, put, gone)
+                put({"end": True})
             except Exception as exc:  # noqa: BLE001 - one line to the client, as in-process; the trace to the log
                 if not isinstance(exc, LocalrunError):
                     traceback.print_exc()
@@ -133,4 +151,5 @@ def routes(service) -> list:
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    return [Route("/api/run", run, methods=["POST"]), Route("/api/version", version, methods=["GET"])]
+    return [Route("/api/run", run, methods=["POST"]), Route("/api/converse", conversation, methods=["POST"]),
+            Route("/api/cancel", cancel, methods=["POST"]), Route("/api/version", version, methods=["GET"])]

@@ -1,0 +1,137 @@
+"""A chat's conversation kept by the resident server (runtime.resident.converse), with the interface of
+runtime.conversation.Conversation, so that the chat REPL reads the same either way.
+
+The messages are kept here too and go with every request: the server rebuilds a conversation it no longer
+has from them. The first Ctrl-C asks the server to stop the answer at its next token (POST /api/cancel: the
+answer ends as 'interrupted' and what was shown stays in the conversation, as in-process); a second one
+closes the connection, which stops it too, and the message is dropped here (the server's copy is replaced
+by these messages on the next request).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+from .client import resident, resident_stream
+
+
+class RemoteConversation:
+    def __init__(self, model: str, *, load: dict, sampling: dict, keep_alive: float, source: str,
+                 on_notice: Callable[[str], None]):
+        """Ask the server for the model (loading it there); raises client.InProcess where this process
+        should chat instead."""
+        from . import merge_options
+
+        self.key = uuid.uuid4().hex
+        self.model, self.load_options, self.keep_alive, self.source = model, load, keep_alive, source
+        self.on_notice = on_notice
+        self.messages: list[dict] = []
+        info = self._one("info", sampling=sampling)["info"]
+        self.name: str = info["name"]
+        self.ref: str = info["ref"]
+        self.model_path = Path(info["path"])
+        self.n_ctx: int = info["n_ctx"]
+        self.templated: bool = info["templated"]
+        self.default_system: Optional[str] = info["system"]
+        self.sampling = merge_options(info["sampling"])
+        self.kv_tokens = 0
+        self._context_used: Optional[tuple[list[dict], int]] = None  # (for these messages, tokens)
+
+    # -- the requests -------------------------------------------------------------------------------
+
+    def _stream(self, op: str, **fields: Any):
+        request = {"op": op, "conversation": self.key, "messages": self.messages, **fields}
+        return resident_stream("/api/converse", self.model, load=self.load_options, request=request,
+                               keep_alive=self.keep_alive, source=self.source, on_notice=self.on_notice)
+
+    def _one(self, op: str, **fields: Any) -> dict:
+        result: dict = {}
+        for item in self._stream(op, **fields):
+            result.update(item)
+        self._learn(result)
+        return result
+
+    def _learn(self, result: dict) -> None:
+        if "messages" in result:
+            self.messages = result["messages"]
+        if "kv_tokens" in result:
+            self.kv_tokens = result["kv_tokens"]
+        if "context_used" in result:
+            self._context_used = (list(self.messages), result["context_used"])
+
+    # -- the conversation (as Conversation's) -----------------------------------------------------------
+
+    @property
+    def system(self) -> Optional[str]:
+        if self.messages and self.messages[0]["role"] == "system":
+            return self.messages[0]["content"]
+        return None
+
+    def set_system(self, text: Optional[str]) -> None:
+        rest = [m for m in self.messages if m["role"] != "system"]
+        self.messages = ([{"role": "system", "content": text}] if text else []) + rest
+
+    def clear(self) -> None:
+        self.messages = [m for m in self.messages[:1] if m["role"] == "system"]
+
+    def reset_cache(self) -> None:
+        """After a second Ctrl-C: the connection closed, which stopped the answer on the server."""
+
+    @property
+    def turns(self) -> int:
+        return sum(1 for m in self.messages if m["role"] == "user")
+
+    def context_used(self) -> int:
+        if self._context_used is None or self._context_used[0] != self.messages:
+            self._one("info")
+        return self._context_used[1]
+
+    def save(self, name: str) -> str:
+        return self._one("save", name=name)["said"]
+
+    def load(self, name: str) -> str:
+        return self._one("load", name=name)["said"]
+
+    def send(self, text: str, sampling, on_piece: Callable[[str], None], cancelled: Callable[[], bool] = lambda: False,
+             on_dropped: Callable[[int], None] = lambda n: None, save_as: Optional[str] = None,
+             on_save_failed: Callable[[str], None] = lambda message: None):
+        from . import Response, Stats
+
+        items = self._stream("send", text=text, sampling=sampling.model_dump(mode="json"), session=save_as)
+        answered = threading.Event()
+        threading.Thread(target=self._cancel_when, args=(cancelled, answered), daemon=True).start()
+        shown: list[str] = []
+        result: dict = {}
+        try:
+            for item in items:
+                if "text" in item:
+                    shown.append(item["text"])
+                    on_piece(item["text"])
+                elif "dropped" in item:
+                    on_dropped(item["dropped"])
+                elif "warning" in item:
+                    on_save_failed(item["warning"])
+                else:
+                    result.update(item)
+        finally:
+            answered.set()
+            items.close()
+        self._learn(result)
+        done = result["done"]
+        stats = Stats(**done["stats"]) if done.get("stats") else None
+        return "".join(shown), Response(text="", tokens=[], finish_reason=done["finish_reason"], stats=stats,
+                                        error=done.get("error_text"))
+
+    def _cancel_when(self, cancelled: Callable[[], bool], answered: threading.Event) -> None:
+        """The first Ctrl-C (`cancelled`) while the answer streams: ask the server to stop it."""
+        while not answered.wait(0.05):
+            if cancelled():
+                try:
+                    resident().call("POST", "/api/cancel", {"conversation": self.key}, check=False)
+                except Exception:  # noqa: BLE001 - the server went away: the stream says so
+                    pass
+                return
