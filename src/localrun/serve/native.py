@@ -46,7 +46,9 @@ def routes(service) -> list:
         return JSONResponse({"error": message, "exit": exit_code, **extra}, status_code=status)
 
     async def version(request: Request):
-        return JSONResponse({"identity": build_identity(), "pid": os.getpid(), "busy": pool.busy()})
+        from .. import __version__
+
+        return JSONResponse({"version": __version__, "identity": build_identity(), "pid": os.getpid(), "busy": pool.busy()})
 
     cancels: set[str] = set()  # conversations whose answer the client asked to stop
 

@@ -1,0 +1,170 @@
+"""Ollama's dialect (/api), on the same server as the OpenAI one: an Ollama body becomes the request the
+OpenAI dialect makes a scheduler job of (so both answer alike), and the response stream is written in
+Ollama's shapes: NDJSON objects with `message`/`response`, the last with `done_reason` and the durations
+in nanoseconds. Errors are {"error": "..."} with the status Ollama uses (404 for an unknown model).
+
+What Ollama clients send and localrun does not do yet is refused with 400 naming it (images, tools,
+suffix, template, context); Ollama's options that have no meaning here (numa, use_mmap, ...) are
+accepted and ignored, as Ollama itself ignores options a runner does not use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import ValidationError
+
+from .openai import ApiError, ChatBody, CompletionBody, validation_error
+
+# Ollama's option names (api.Options and api.Runner) -> localrun's request fields ("load" ones go to `options`,
+# the load-time options the OpenAI dialect takes as Ollama does).
+_SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+             "min_p": "min_p", "typical_p": "typical_p", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop",
+             "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
+_LOAD = ("num_ctx", "num_gpu", "num_thread", "num_batch")
+_IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap", "use_mlock", "tfs_z")
+_REFUSED = {"images": "images (localrun has no vision models yet)", "tools": "tools (tool calling is not implemented yet)",
+            "suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
+            "context": "context (send the conversation as messages to /api/chat)"}
+_CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools"}
+_GENERATE_FIELDS = {"model", "prompt", "system", "stream", "format", "options", "keep_alive", "raw", "think", "images",
+                    "suffix", "template", "context"}
+
+
+def error(status: int, message: str) -> ApiError:
+    return ApiError(status, message)
+
+
+def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
+    """The OpenAI-dialect body for an Ollama /api/chat or /api/generate body, and what only Ollama's answer
+    needs (stream, whether it is a load/unload request). ApiError(400) names what is wrong."""
+    if not isinstance(data, dict):
+        raise error(400, "the body must be a JSON object")
+    allowed = _CHAT_FIELDS if chat else _GENERATE_FIELDS
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise error(400, f"unknown field {unknown[0]!r}")
+    for name, why in _REFUSED.items():
+        if data.get(name):
+            raise error(400, f"{why} is not supported by localrun")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise error(400, "model is required")
+    if data.get("think"):
+        raise error(400, f"{model!r} does not support thinking")
+    fields: dict[str, Any] = {"model": model, "keep_alive": data.get("keep_alive")}
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise error(400, "options must be an object")
+    load = {}
+    for name, value in options.items():
+        if name in _SAMPLING:
+            if name == "num_predict":
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise error(400, f"invalid options.num_predict {value!r}: a whole number (-1: no limit)")
+                value = value if value > 0 else None
+            fields[_SAMPLING[name]] = value
+        elif name in _LOAD:
+            load[name] = value
+        elif name not in _IGNORED:
+            raise error(400, f"unknown option {name!r}")
+    if load:
+        fields["options"] = load
+    fmt = data.get("format")
+    if fmt == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise error(400, f"invalid format {fmt!r}: \"json\" or a JSON schema")
+    extra = {"stream": data.get("stream", True) is not False, "empty": False}
+    if chat:
+        messages = data.get("messages") or []
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise error(400, "messages must be a list of objects")
+        for m in messages:
+            if m.get("images"):
+                raise error(400, f"{_REFUSED['images']} is not supported by localrun")
+            if m.get("tool_calls") or m.get("role") == "tool":
+                raise error(400, f"{_REFUSED['tools']} is not supported by localrun")
+        extra["empty"] = not messages
+        fields["messages"] = [{"role": m.get("role"), "content": m.get("content") or ""} for m in messages] or [
+            {"role": "user", "content": ""}]
+        kind = ChatBody
+    else:
+        prompt = data.get("prompt") or ""
+        if not isinstance(prompt, str):
+            raise error(400, "prompt must be a string")
+        extra["empty"] = not prompt
+        system = data.get("system")
+        if system is not None and not isinstance(system, str):
+            raise error(400, "system must be a string")
+        if data.get("raw"):
+            fields["prompt"] = prompt
+            kind = CompletionBody
+        else:  # through the chat template, as Ollama does unless raw
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            fields["messages"] = messages
+            kind = ChatBody
+    try:
+        return kind.model_validate({k: v for k, v in fields.items() if v is not None}), extra
+    except ValidationError as exc:
+        raise ollama_names(validation_error(exc)) from None
+
+
+def ollama_names(exc: ApiError) -> ApiError:
+    """An error about a request field, worded with the Ollama option it came from (max_tokens -> options.num_predict)."""
+    name = next((o for o, f in _SAMPLING.items() if f == exc.param), None)
+    if name is None:
+        return exc
+    return error(exc.status, exc.message.replace(repr(exc.param), repr(f"options.{name}")))
+
+
+def without_template(body: ChatBody) -> CompletionBody:
+    """/api/generate for a model with no chat template (a base model): the prompt as it is, as Ollama's
+    default template ({{ .Prompt }}) gives it; a system prompt goes before it."""
+    text = "\n\n".join(m.text() for m in body.messages if m.text())
+    fields = body.model_dump(exclude={"messages", "max_completion_tokens"}, exclude_none=True)
+    return CompletionBody.model_validate({**fields, "prompt": text})
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def piece(model: str, chat: bool, text: str) -> dict:
+    out: dict[str, Any] = {"model": model, "created_at": now(), "done": False}
+    if chat:
+        out["message"] = {"role": "assistant", "content": text}
+    else:
+        out["response"] = text
+    return out
+
+
+def final(model: str, chat: bool, text: str, response, *, started: float, load_s: float) -> dict:
+    """The last object: the whole answer when not streamed ('' when it was), how it ended, and the
+    durations in nanoseconds (as Ollama reports them)."""
+    stats = response.stats
+    out = piece(model, chat, text)
+    out.update({
+        "done": True, "done_reason": "length" if response.finish_reason == "length" else "stop",
+        "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": int(load_s * 1e9),
+        "prompt_eval_count": stats.prompt_tokens, "prompt_eval_duration": int(stats.prompt_eval_s * 1e9),
+        "eval_count": stats.generated_tokens, "eval_duration": int(stats.eval_s * 1e9),
+    })
+    return out
+
+
+def loaded(model: str, chat: bool, reason: str) -> dict:
+    """The answer to an empty request: the model was loaded ('load') or unloaded ('unload')."""
+    out = piece(model, chat, "")
+    out.update({"done": True, "done_reason": reason})
+    return out
+
+
+def line(obj: dict) -> str:
+    return json.dumps(obj, ensure_ascii=False) + "\n"

@@ -1,0 +1,158 @@
+"""Ollama's dialect (/api) end to end: a real `localrun serve` answering the real `ollama` Python client and
+langchain-ollama, unchanged, with the real SmolLM2 pulled from the Hub stand-in (and Gemma 3 by path, a base
+model without a chat template). Answers are compared with `localrun run` in-process, greedy."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import ollama
+import pytest
+
+from conftest import start_server, wait_until
+from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
+
+pytestmark = pytest.mark.slow
+
+REF = "test/SmolLM2-GGUF:Q4_1"
+QUESTION = "What is the capital of France?"
+GREEDY = {"temperature": 0, "num_predict": 24}
+
+
+@pytest.fixture
+def served(hub_stub, smollm2, cli):
+    """A server whose home has SmolLM2 pulled (as REF) from the Hub stand-in; stopped (Ctrl-C) at the end."""
+    hub_stub.stub.add_repo("test/SmolLM2-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
+    assert cli("pull", REF).returncode == 0
+    srv = start_server(None, hub_stub.home, "--parallel", "2", "--ctx", "1024")
+    yield srv
+    assert srv.stop() == 130
+
+
+def run_here(cli, *args: str) -> str:
+    """What `localrun run` answers in this home, in-process (LOCALRUN_KEEP_ALIVE=0 in tests), greedy."""
+    ran = cli("run", *args, "-t", "0", "-n", "24", "--no-cache", "--threads", "1")
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.rstrip("\n")
+
+
+def test_chat_and_generate_answer_as_run_does(served, cli, gemma):
+    c = ollama.Client(host=served.url)
+    want = run_here(cli, REF, QUESTION)
+    user = [{"role": "user", "content": QUESTION}]
+
+    r = c.chat(model=REF, messages=user, options=GREEDY)
+    assert r.message.role == "assistant" and r.message.content == want
+    assert r.done and r.done_reason in ("stop", "length") and r.model
+    assert r.prompt_eval_count > 5 and 0 < r.eval_count <= 24
+    assert r.total_duration >= r.eval_duration > 0 and r.prompt_eval_duration > 0 and r.load_duration >= 0
+
+    parts = list(c.chat(model=REF, messages=user, options=GREEDY, stream=True))
+    assert "".join(p.message.content for p in parts) == want
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True] and len(parts) > 2
+    assert parts[-1].done_reason == r.done_reason and parts[-1].eval_count == r.eval_count
+
+    # /api/generate goes through the chat template (as Ollama's does unless raw) ...
+    assert c.generate(model=REF, prompt=QUESTION, options=GREEDY).response == want
+    assert "".join(p.response for p in c.generate(model=REF, prompt=QUESTION, options=GREEDY, stream=True)) == want
+    # ... raw, or for a model without one, the prompt as it is.
+    prefix = "The capital of France is"
+    assert c.generate(model=REF, prompt=prefix, raw=True, options=GREEDY).response == run_here(cli, REF, "--raw", prefix)
+    assert c.generate(model=str(gemma), prompt=prefix, options=GREEDY).response == run_here(cli, str(gemma), "--raw", prefix)
+
+    # A conversation: the assistant's turn and a system prompt are part of the prompt.
+    two = c.chat(model=REF, options=GREEDY, messages=[
+        {"role": "system", "content": "You are a pirate."}, *user, {"role": "assistant", "content": r.message.content},
+        {"role": "user", "content": "And of Italy?"}])
+    assert two.prompt_eval_count > r.prompt_eval_count + 10 and two.message.content
+
+
+def test_format_json_and_a_schema(served, cli, tmp_path):
+    from localrun.runtime.options import json_grammar
+
+    c = ollama.Client(host=served.url)
+    # format "json": the answer run gives under the same JSON grammar (greedy, so cut at 24 tokens alike).
+    prompt = 'Reply in JSON: {"colour": ...} for the sky.'
+    (tmp_path / "json.gbnf").write_text(json_grammar())
+    loose = c.chat(model=REF, format="json", options=GREEDY, messages=[{"role": "user", "content": prompt}])
+    assert loose.message.content == run_here(cli, REF, "--grammar", str(tmp_path / "json.gbnf"), prompt)
+    assert loose.message.content.lstrip().startswith(("{", "["))
+    # a schema: an answer that validates
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    strict = c.generate(model=REF, format=schema, options={"temperature": 0, "num_predict": 200}, prompt="Invent a person.")
+    assert strict.done_reason == "stop", strict.response
+    jsonschema.validate(json.loads(strict.response), schema)
+
+
+def test_list_show_ps_version_preload_and_unload(served, cli):
+    c = ollama.Client(host=served.url)
+    [listed] = [m for m in c.list().models if m.model == REF]
+    assert listed.size > 50_000_000 and listed.details.family == "llama" and listed.details.quantization_level == "Q4_1"
+    assert listed.details.format == "gguf" and listed.digest and listed.modified_at is not None
+
+    shown = c.show(REF)
+    assert shown.details.parameter_size.endswith("M") and "completion" in shown.capabilities
+    assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.block_count"] == 30
+    assert "<|im_start|>" in shown.template
+
+    assert c.ps().models == []
+    loaded = c.chat(model=REF, messages=[])  # an empty request loads the model (Ollama's preload)
+    assert loaded.done and loaded.done_reason == "load"
+    [running] = c.ps().models
+    assert running.name and running.size > 0 and running.context_length == 1024 and running.expires_at is not None
+    assert running.details.family == "llama"
+    gone = c.generate(model=REF, prompt="", keep_alive=0)  # ... and with keep_alive 0 unloads it
+    assert gone.done_reason == "unload"
+    wait_until(lambda: c.ps().models == [], what="the model to unload")
+
+    assert httpx.get(served.url + "/api/version").json()["version"]
+
+
+def test_pull_and_delete(served, hub_stub, smollm2):
+    c = ollama.Client(host=served.url)
+    other = "test/SmolLM2-copy-GGUF:Q4_1"
+    hub_stub.stub.add_repo("test/SmolLM2-copy-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
+    statuses = [p.status for p in c.pull(other, stream=True)]
+    assert statuses[-1] == "success" and len(statuses) >= 2
+    assert other in [m.model for m in c.list().models]
+    assert c.chat(model=other, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done
+    c.delete(other)
+    assert other not in [m.model for m in c.list().models]
+    with pytest.raises(ollama.ResponseError) as missing:
+        c.delete(other)
+    assert missing.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as unknown:
+        c.pull("test/No-Such-GGUF:Q4_1")
+    assert "No-Such" in unknown.value.error
+
+
+@pytest.mark.parametrize("call, status, fragment", [
+    (lambda c: c.chat(model="no-such-model", messages=[{"role": "user", "content": "x"}]), 404, 'model "no-such-model" not found'),
+    (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"warmth": 1}), 400, "unknown option 'warmth'"),
+    (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"temperature": -1}), 400, "temperature"),
+    (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"num_predict": "many"}), 400, "num_predict"),
+    (lambda c: c.generate(model=REF, prompt="x", images=[b"\x89PNG"]), 400, "images"),
+    (lambda c: c.generate(model=REF, prompt="x", suffix="y"), 400, "suffix"),
+    (lambda c: c.show("no-such-model"), 404, "not found"),
+])
+def test_bad_requests_get_ollamas_error_shape_and_the_server_goes_on(served, call, status, fragment):
+    c = ollama.Client(host=served.url)
+    with pytest.raises(ollama.ResponseError) as failed:
+        call(c)
+    assert failed.value.status_code == status and fragment in failed.value.error, failed.value.error
+    for body in (b"{not json", b'{"model": "%s", "messages": [], "format": "yaml"}' % REF.encode(), b'{"model": "%s", "prompt": 3}' % REF.encode()):
+        raw = httpx.post(served.url + ("/api/generate" if b"prompt" in body else "/api/chat"), content=body)
+        assert raw.status_code == 400 and set(raw.json()) == {"error"}, raw.text
+    assert c.chat(model=REF, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done  # still serving
+
+
+def test_langchain_ollama_chat_and_stream(served, cli):
+    from langchain_ollama import ChatOllama
+
+    llm = ChatOllama(model=REF, base_url=served.url, temperature=0, num_predict=24)
+    want = run_here(cli, REF, QUESTION)
+    assert llm.invoke(QUESTION).content == want
+    assert "".join(chunk.content for chunk in llm.stream(QUESTION)) == want
