@@ -87,6 +87,20 @@ def test_format_json_and_a_schema(served, cli, tmp_path):
     jsonschema.validate(json.loads(strict.response), schema)
 
 
+def test_logprobs(served):
+    c = ollama.Client(host=served.url)
+    user = [{"role": "user", "content": QUESTION}]
+    r = c.chat(model=REF, messages=user, options=GREEDY, logprobs=True, top_logprobs=2)
+    assert "".join(t.token for t in r.logprobs) == r.message.content and len(r.logprobs) == r.eval_count
+    assert all(t.top_logprobs[0].token == t.token and t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in r.logprobs)
+    streamed = [t for part in c.chat(model=REF, messages=user, options=GREEDY, logprobs=True, top_logprobs=2, stream=True)
+                for t in part.logprobs or []]
+    assert [t.token for t in streamed] == [t.token for t in r.logprobs]
+    raw = c.generate(model=REF, prompt="The capital of France is", raw=True, options=GREEDY, logprobs=True, top_logprobs=1)
+    assert "".join(t.token for t in raw.logprobs) == raw.response
+    assert c.chat(model=REF, messages=user, options=GREEDY).logprobs is None
+
+
 def test_list_show_ps_version_preload_and_unload(served, cli):
     c = ollama.Client(host=served.url)
     [listed] = [m for m in c.list().models if m.model == REF]

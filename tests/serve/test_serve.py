@@ -249,7 +249,8 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     (json.dumps({"prompt": "hi", "stop": [""]}).encode(), "stop"),
     (json.dumps({"prompt": "word " * 1100}).encode(), "1024"),
     (json.dumps({"prompt": "hi", "response_format": {"type": "xml"}}).encode(), "response_format"),
-    (json.dumps({"prompt": "hi", "logprobs": 5}).encode(), "logprobs"),
+    (json.dumps({"prompt": "hi", "logprobs": 21}).encode(), "logprobs must be 0 to 20"),
+    (json.dumps({"prompt": "hi", "top_logprobs": 2}).encode(), "top_logprobs is a chat field"),
     (json.dumps({"prompt": "hi", "echo": True}).encode(), "echo"),
     (json.dumps({"prompt": "hi", "n": 2}).encode(), "'n'"),
     (b'{"prompt": "hi", "logit_bias": {"5": Infinity}}', "large bias"),
@@ -305,6 +306,45 @@ def test_fields_common_clients_send_with_their_off_values_are_accepted(server):
             model=SMOL, messages=hi, max_tokens=3,
             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
     assert "tools" in str(exc.value)
+
+
+def test_logprobs_chat_and_completions_streamed_and_not(server):
+    """Each token's logprob from the model's own distribution: under greedy the chosen token is the most
+    likely one (its logprob the first of the top ones), alternatives most likely first, all <= 0 and their
+    probabilities sum to at most 1; streamed and not streamed agree; tokens spell the text."""
+    import math
+
+    client = server.client()
+    hi = [{"role": "user", "content": "Name a colour."}]
+    whole = client.chat.completions.create(model=SMOL, messages=hi, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    assert len(content) == whole.usage.completion_tokens
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token
+        assert t.logprob == pytest.approx(t.top_logprobs[0].logprob) and t.logprob <= 0
+        lps = [a.logprob for a in t.top_logprobs]
+        assert lps == sorted(lps, reverse=True) and sum(math.exp(x) for x in lps) <= 1 + 1e-6
+        assert bytes(t.bytes).decode("utf-8", "replace") == t.token
+    chunks = list(client.chat.completions.create(model=SMOL, messages=hi, max_tokens=8, temperature=0, logprobs=True,
+                                                 top_logprobs=3, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+    plain = client.chat.completions.create(model=SMOL, messages=hi, max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content
+
+    legacy = client.completions.create(model=SMOL, prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=2)
+    lp = legacy.choices[0].logprobs
+    assert "".join(lp.tokens) == legacy.choices[0].text and len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs)
+    assert all(max(top.values()) == pytest.approx(chosen) for top, chosen in zip(lp.top_logprobs, lp.token_logprobs))
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # Sampled (temperature 1.5): still the model's own distribution, so a token need not be the top one, but
+    # its logprob is real and the alternatives stay the model's.
+    hot = client.completions.create(model=SMOL, prompt="Once upon a time", max_tokens=12, temperature=1.5, seed=3, logprobs=1)
+    assert all(x <= 0 for x in hot.choices[0].logprobs.token_logprobs)
+    for body, fragment in (({"messages": hi, "top_logprobs": 2}, "needs logprobs"), ({"messages": hi, "logprobs": True, "top_logprobs": 21}, "0 to 20")):
+        r = httpx.post(server.url + "/v1/chat/completions", json={"model": SMOL, **body}, headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
 
 
 def test_context_overflow_is_a_bad_request_in_the_client(server):

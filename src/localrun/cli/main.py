@@ -11,7 +11,7 @@ import typer
 from .. import __version__
 from ..console import err, notice
 from ..errors import EXIT_INTERRUPTED, LocalrunError, UsageError
-from .options import CtxOpt, KeepAliveOpt, KvTypeOpt, ModelArg, SourceOpt, shared_options
+from .options import CtxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, ModelArg, SourceOpt, ThreadsOpt, shared_options
 from .render import render_error
 
 app = typer.Typer(
@@ -217,6 +217,57 @@ def chat(
         conv = Conversation(_load(model, options), None)
     code = chat_repl.chat_loop(conv, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)
+
+
+@app.command()
+def embed(
+    model: ModelArg,
+    texts: Annotated[Optional[list[str]], typer.Argument(help="texts to embed; without them, each line of piped stdin")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write the vectors to this .npy file (float32, one row per text) instead of JSON Lines on stdout")] = None,
+    pooling: Annotated[Optional[str], typer.Option("--pooling", help="mean, cls or last (default: the model's own, else mean)")] = None,
+    truncate: Annotated[bool, typer.Option("--truncate/--no-truncate", help="cut a text longer than the context (default), or fail")] = True,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = "auto",
+    source: SourceOpt = "auto",
+) -> None:
+    """Embed texts: one L2-normalised vector per text, as JSON Lines ({"text", "embedding"}) or a .npy file."""
+    from ..runtime.embed import embed as embed_texts
+    from ..runtime.loader import load
+
+    given = [t for t in texts or [] if t.strip()]
+    if not given and not sys.stdin.isatty():
+        try:
+            given = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+        except UnicodeDecodeError:
+            raise UsageError("stdin is not UTF-8 text: convert it first (e.g. iconv -t UTF-8)") from None
+    if not given:
+        raise UsageError("nothing to embed: pass texts as arguments or pipe them, one per line")
+    if output is not None and output.suffix != ".npy":
+        raise UsageError(f"--output {output}: name a .npy file (or leave it out for JSON Lines on stdout)")
+    loaded = load(model, source=_source(source), ctx=ctx, gpu_layers=gpu_layers, threads=threads, embeddings=True,
+                  pooling=pooling, on_notice=notice)
+    try:
+        result = embed_texts(loaded, given, truncate=truncate)
+    finally:
+        loaded.close()
+    if output is None:
+        import json
+
+        for text, vector in zip(given, result.vectors):
+            sys.stdout.write(json.dumps({"text": text, "embedding": vector}, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        return
+    import io
+
+    import numpy as np
+
+    from ..store.files import atomic_write_bytes
+
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(result.vectors, dtype=np.float32))
+    atomic_write_bytes(output, buf.getvalue())
+    err.print(f"wrote {len(given)} x {len(result.vectors[0])} embeddings to {output}", markup=False, highlight=False)
 
 
 @app.command()

@@ -11,7 +11,7 @@ _WHERE = {
     "generate": ".loop", "build_id": ".llama", "default_threads": ".llama", "llama_cpp_module": ".llama",
     "system_info": ".llama", "KV_TYPES": ".model", "PREFILTER_K": ".model", "Engine": ".model", "LoadOptions": ".model",
     "parse_gpu_layers": ".model", "OptionError": ".sampling", "SamplingOptions": ".sampling", "merge_options": ".sampling",
-    "DecodeOptions": ".strategies", "Response": ".types", "Stats": ".types",
+    "DecodeOptions": ".strategies", "Response": ".types", "Stats": ".types", "TokenLogprob": ".types",
 }
 __all__ = sorted(_WHERE)
 __getattr__ = exports(globals(), _WHERE)

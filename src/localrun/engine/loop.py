@@ -13,7 +13,7 @@ from ..errors import UsageError
 from .model import Batch, DecodeError, Engine
 from .sampling import Sampler, SamplingOptions
 from .sequence import Sequence
-from .types import Response
+from .types import Response, TokenLogprob
 
 
 class Task:
@@ -103,6 +103,22 @@ class Prefill(Task):
         return []
 
 
+def token_logprob(logits, token: int, top_n: int) -> TokenLogprob:
+    """`token`'s log-probability in the softmax of a logits row, and the `top_n` most likely tokens'
+    (most likely first): the model's own distribution, before any sampler, as OpenAI's API reports it."""
+    import numpy as np
+
+    row = np.asarray(logits, dtype=np.float64)
+    peak = row.max()
+    log_total = peak + np.log(np.exp(row - peak).sum())
+    top: list[tuple[int, float]] = []
+    if top_n > 0:
+        best = np.argpartition(-row, top_n - 1)[:top_n] if top_n < row.size else np.arange(row.size)
+        best = best[np.argsort(-row[best], kind="stable")]
+        top = [(int(i), float(row[i] - log_total)) for i in best]
+    return TokenLogprob(token, float(row[token] - log_total), top)
+
+
 class Plain(Prefill):
     """Sampling: the prompt, then one token per step, each chosen by the request's sampler chain."""
 
@@ -134,7 +150,10 @@ class Plain(Prefill):
                 self.n_done -= 1
                 return []
         token = self.sampler.sample(self.engine.ctx, len(self.seq.generated), self.row)
+        logprob = None if self.seq.top_logprobs is None else token_logprob(self.engine.logits(self.row), token, self.seq.top_logprobs)
         response = self.seq.push(token)
+        if logprob is not None and response.tokens:
+            response.logprobs = [logprob]
         if response.done:
             self.done, self.next_token = True, None
         else:

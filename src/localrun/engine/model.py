@@ -16,6 +16,7 @@ from .kv import KVCache
 from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
+POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
 _GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 # The backend-sampling prefilter keeps this many candidates (more where a chain needs more): wider than
 # llama.cpp's default top-k of 40, so that common settings never re-attach it.
@@ -41,6 +42,9 @@ class LoadOptions:
     # None: on where the output layer runs on a GPU, or as LOCALRUN_BACKEND_SAMPLING (on/off) says. Off on
     # the CPU, where llama.cpp's sampling graph costs more than it saves (it copies the logits once more).
     backend_sampling: Optional[bool] = None
+    # An embeddings context (Engine.embed): pooled vectors per sequence instead of logits to sample from.
+    embeddings: bool = False
+    pooling: Optional[str] = None  # mean, cls or last; None: the model's own (GGUF), else mean
     verbose: bool = False
 
     def __post_init__(self) -> None:
@@ -53,10 +57,22 @@ class LoadOptions:
         most = max(64, 4 * (os.cpu_count() or 1))  # llama.cpp starts that many threads: 10,000 would stall it
         if self.n_threads is not None and self.n_threads > most:
             raise UsageError(f"invalid --threads {self.n_threads}: this machine has {os.cpu_count()} CPUs (at most {most})")
+        if self.pooling is not None and self.pooling not in POOLING:
+            raise UsageError(f"invalid --pooling {self.pooling!r}: use one of {', '.join(POOLING)}")
         if self.kv_type != "f16" and self.flash_attn is False:
             raise UsageError(
                 f"--kv-type {self.kv_type} quantizes the V cache, which needs flash attention: drop --no-flash-attn"
             )
+
+
+def pooling_for(info, asked: Optional[str]) -> str:
+    """The pooling of an embeddings context: the one asked for, else the model's own (GGUF
+    `ARCH.pooling_type`: an embedding model says), else mean (a chat model's hidden states averaged)."""
+    if asked is not None:
+        return asked
+    own = info.metadata.get(f"{info.architecture}.pooling_type")
+    names = {v: k for k, v in POOLING.items()}
+    return names.get(own, "mean")
 
 
 def parse_gpu_layers(value: str) -> Union[int, Literal["auto"]]:
@@ -184,7 +200,8 @@ class Engine:
             )
             gpu_layers = 0
         mparams.n_gpu_layers = self.gpu_layers = int(gpu_layers)  # -1: all
-        self.backend_sampling = self._resolve_backend_sampling(ll, options)
+        self.backend_sampling = self._resolve_backend_sampling(ll, options) and not options.embeddings
+        self.pooling = pooling_for(self.info, options.pooling) if options.embeddings else None
         self._prefilter, self._prefilter_k = None, 0  # the top-k chain attached to sequence 0, and its k
         self.ctx = None
         self._batch: Optional[Batch] = None
@@ -231,6 +248,9 @@ class Engine:
         cparams.swa_full = options.swa_full
         cparams.kv_unified = options.kv_unified
         cparams.no_perf = True
+        if options.embeddings:
+            cparams.embeddings = True
+            cparams.pooling_type = POOLING[self.pooling]
         if options.flash_attn is None:
             # A quantized V cache needs flash attention; otherwise let llama.cpp pick.
             cparams.flash_attn_type = 1 if options.kv_type != "f16" else -1
@@ -289,6 +309,61 @@ class Engine:
                 f"raise --ctx (up to the model's {self.info.context_length}) or pass --truncate to keep its end",
                 n_prompt, n_ctx,
             )
+
+    # -- embeddings -----------------------------------------------------------------------
+
+    @property
+    def n_embd(self) -> int:
+        return self._ll.llama_model_n_embd(self.model)
+
+    def embed(self, token_lists: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The pooled, L2-normalised embedding of each token list (an embeddings context): as many lists per
+        decode as fit the batch and the context's sequences. Each sequence attends only to itself, so a
+        list's vector does not depend on what else was in its batch."""
+        import numpy as np
+
+        if not self.options.embeddings:
+            raise EngineError("this context makes no embeddings: load it with LoadOptions(embeddings=True)")
+        ll, batch = self._ll, self.batch
+        n_embd = self.n_embd
+        encode = ll.llama_encode if ll.llama_model_has_encoder(self.model) and not ll.llama_model_has_decoder(self.model) else ll.llama_decode
+        out: list[Optional[list[float]]] = [None] * len(token_lists)
+        pending: list[int] = []
+
+        def flush() -> None:
+            if not pending:
+                return
+            batch.raw.n_tokens = batch.n
+            try:
+                with deferred_interrupt():
+                    rc = encode(self.ctx, batch.raw)
+                if rc != 0:
+                    raise DecodeError(f"llama.cpp could not embed a batch of {batch.n} tokens (code {rc})", rc)
+                for seq, index in enumerate(pending):
+                    ptr = ll.llama_get_embeddings_seq(self.ctx, seq)
+                    if not ptr:
+                        raise EngineError("llama.cpp gave no pooled embedding for this model")
+                    vec = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float64)
+                    norm = float(np.linalg.norm(vec))
+                    out[index] = (vec / norm if norm > 0 else vec).tolist()
+            finally:
+                ll.llama_memory_clear(self.kv.memory, True)
+                batch.clear()
+                pending.clear()
+
+        for index, tokens in enumerate(token_lists):
+            if not tokens:
+                raise UsageError("cannot embed an empty text")
+            if len(tokens) > min(batch.capacity, self.n_ctx):
+                raise ContextOverflow(f"a text is {len(tokens)} tokens but the context holds {min(batch.capacity, self.n_ctx)}:"
+                                      " shorten it, or raise --ctx", len(tokens), self.n_ctx)
+            if batch.room() < len(tokens) or len(pending) == self.options.n_seq_max:
+                flush()
+            for pos, token in enumerate(tokens):
+                batch.add(token, pos, len(pending), True)
+            pending.append(index)
+        flush()
+        return out  # type: ignore[return-value]
 
     # -- backend sampling -----------------------------------------------------------------
 

@@ -30,6 +30,7 @@ class Sequence:
         self.t0 = time.perf_counter() if t0 is None else t0
         self.t_first: Optional[float] = None
         self.finish_reason: Optional[FinishReason] = None
+        self.top_logprobs: Optional[int] = None  # set: each response carries its tokens' log-probabilities
 
     @property
     def done(self) -> bool:

@@ -67,6 +67,16 @@ class Stats:
 
 
 @dataclass
+class TokenLogprob:
+    """A sampled token's log-probability under the model's own distribution (the raw logits' softmax,
+    before temperature, penalties or any other sampler), and the most likely tokens there with theirs."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
 class Response:
     """One step of a generation's output: new text and the token ids that made it (the text may be '' while
     a multi-byte character or a possible stop sequence is held back). The last response of a stream has a
@@ -77,6 +87,8 @@ class Response:
     finish_reason: Optional[FinishReason] = None
     stats: Optional[Stats] = None
     error: Optional[str] = None
+    # Asked for (a sequence's top_logprobs): one TokenLogprob per token of `tokens`.
+    logprobs: Optional[list["TokenLogprob"]] = None
 
     @property
     def done(self) -> bool:

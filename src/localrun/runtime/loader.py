@@ -49,9 +49,13 @@ def load(
     on_notice=None,
     parallel: int = 1,
     decoding: Optional[DecodeOptions] = None,
+    embeddings: bool = False,
+    pooling: Optional[str] = None,
 ) -> Loaded:
     """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp. `sampling`: the
-    request's sampling values (None = not given), merged over the catalogue's defaults."""
+    request's sampling values (None = not given), merged over the catalogue's defaults. `embeddings`: an
+    embeddings context instead (runtime.embed): `ctx` tokens, any text up to that long in one batch, and
+    EMBED_SEQUENCES texts per decode sharing them."""
     from .. import hub
 
     entry = hub.entry_for(model)
@@ -67,6 +71,17 @@ def load(
         n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
         flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
     )
+    if embeddings:  # one pool of cells for every text of a batch; a text must fit one batch
+        options = LoadOptions(
+            n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads, gpu_layers=layers, flash_attn=flash_attn,
+            kv_type=kv_type, n_seq_max=EMBED_SEQUENCES, kv_unified=True, embeddings=True, pooling=pooling,
+        )
+        local = hub.ensure_local(model, source=source)
+        engine = Engine(local.path, options)
+        if engine.gpu_notice and on_notice:
+            on_notice(engine.gpu_notice)
+        return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
+                      defaults=defaults)
     decoding = decoding or DecodeOptions()
     if decoding.beams > 1:
         given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),
@@ -82,6 +97,9 @@ def load(
     strategy = strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
                   system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)
+
+
+EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's sequences)
 
 
 def check_slots(batch: int, parallel: int) -> None:

@@ -44,7 +44,8 @@ class LoadSpec:
     kv_type: str = "f16"
     threads: Optional[int] = None
     batch: int = 512
-    kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, one at a time
+    kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, one at a time;
+    # embed: an embeddings context (its requests take turns, each batched)
 
     def check(self) -> None:
         """Refuse bad values before any model loads (the same messages loading would give)."""
@@ -237,7 +238,8 @@ class ModelPool:
             try:
                 with self.lock:
                     self._check_fits_alone(estimate)  # before anything is unloaded for it
-                    same_file = [r for r in self.residents if r.path == path]
+                    # A model loaded for another kind of request (run/chat, batched slots, embeddings) stays.
+                    same_file = [r for r in self.residents if r.path == path and r.spec.kind == spec.kind]
                     for resident in same_file:
                         if resident.spec == spec and resident.usable(stamp):  # the same model, named another way
                             resident.names.add(ref.casefold())

@@ -144,6 +144,15 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
              "context_used": conv.context_used()})
 
 
+def embed_on(resident, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
+    """Embeddings of `texts` (strings, or token id lists) on a model the pool loaded as an embeddings context
+    (kind "embed"); its requests take turns, each batched (runtime.embed)."""
+    from .embed import embed
+
+    with _turn(resident, lambda message: None):
+        return embed(resident.loaded, texts, truncate=truncate, dimensions=dimensions)
+
+
 @contextmanager
 def _turn(resident, on_notice: Callable[[str], None]) -> Iterator[Exclusive]:
     """Hold the model's one sequence (waiting, with a notice, while another request has it)."""

@@ -52,11 +52,15 @@ class Job:
         return self.seq.prompt
 
     @classmethod
-    def create(cls, engine: Engine, prompt: list[int], sampling, *, max_tokens: int, n_ctx: int) -> "Job":
+    def create(cls, engine: Engine, prompt: list[int], sampling, *, max_tokens: int, n_ctx: int,
+               top_logprobs: Optional[int] = None) -> "Job":
         """A job for `prompt`: its sampler chain is built here (a bad grammar or logit bias fails in the
-        caller's thread, before anything is queued); its time to first token counts from now."""
+        caller's thread, before anything is queued); its time to first token counts from now.
+        `top_logprobs`: report each token's log-probability and that many alternatives'."""
         sampler = Sampler(engine, sampling)
-        return cls(Sequence(engine, prompt, sampling, seq_id=-1, n_ctx=n_ctx, max_tokens=max_tokens), sampler)
+        seq = Sequence(engine, prompt, sampling, seq_id=-1, n_ctx=n_ctx, max_tokens=max_tokens)
+        seq.top_logprobs = top_logprobs
+        return cls(seq, sampler)
 
 
 @dataclass

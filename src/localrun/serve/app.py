@@ -93,10 +93,11 @@ class Service:
 
         return load(ref, source=self.options.source, ctx=spec.ctx, gpu_layers=spec.gpu_layers, flash_attn=spec.flash_attn,
                     kv_type=spec.kv_type, threads=spec.threads, batch=spec.batch,
-                    sampling=self.options.sampling if spec.kind == "batch" else None, parallel=spec.parallel)
+                    sampling=self.options.sampling if spec.kind == "batch" else None, parallel=spec.parallel,
+                    embeddings=spec.kind == "embed")
 
     def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec):
-        if spec.kind == "run":
+        if spec.kind in ("run", "embed"):
             from ..runtime.resident import Exclusive
 
             return Exclusive()
@@ -147,7 +148,7 @@ def build_app(service: Service, on_started=None):
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
-    async def resident_for(body) -> tuple[Resident, Optional[float], float]:
+    async def resident_for(body, kind: str = "batch") -> tuple[Resident, Optional[float], float]:
         """The model the body names (the server's own when it names none), loaded, with a reference taken;
         the request's keep-alive; the seconds its load took (0: it was loaded already)."""
         ref = body.model or service.options.model
@@ -164,6 +165,10 @@ def build_app(service: Service, on_started=None):
             raise ApiError(404, f"model {ref!r} is not a pulled model nor a .gguf file: see /v1/models", param="model",
                            code="model_not_found")
         spec = openai.load_spec(service.options.spec, body.options)
+        if kind != spec.kind:
+            from dataclasses import replace
+
+            spec = replace(spec, kind=kind, parallel=1)
         if service.stopping:
             raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
         try:
@@ -245,7 +250,7 @@ def build_app(service: Service, on_started=None):
 
             async def events():
                 try:
-                    async for event in openai.sse(job, rid, chat, include_usage, model_id, on_final, cancel):
+                    async for event in openai.sse(job, rid, chat, include_usage, model_id, on_final, cancel, resident.engine):
                         yield event
                 finally:
                     watcher.cancel()
@@ -257,7 +262,32 @@ def build_app(service: Service, on_started=None):
         except ApiError as exc:
             return error_response(exc, endpoint)
         metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(openai.completion(rid, chat, model_id, text, final))
+        logprobs = openai.logprobs_of(resident.engine, chat, final.logprobs) if job.seq.top_logprobs is not None else None
+        return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs))
+
+    async def embeddings_of(body, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
+        """(the model's name, runtime.embed.Embeddings, seconds its load took) for `texts` on the model the
+        body names, loaded as an embeddings context. ApiError for what cannot be done."""
+        from ..runtime.resident import embed_on
+
+        resident, keep_alive, load_s = await resident_for(body, kind="embed")
+        try:
+            result = await run_in_threadpool(embed_on, resident, texts, truncate=truncate, dimensions=dimensions)
+        except LocalrunError as exc:
+            raise ApiError(400, exc.message, param="dimensions" if "dimensions" in exc.message else "input") from None
+        finally:
+            pool.release(resident, keep_alive)
+        return resident.name, result, load_s
+
+    async def v1_embeddings(request: Request):
+        try:
+            body = openai.parse_body(await request.body(), openai.EmbeddingsBody)
+            texts = openai.embedding_inputs(body)
+            name, result, _ = await embeddings_of(body, texts, dimensions=body.dimensions)
+        except ApiError as exc:
+            return error_response(exc, "/v1/embeddings")
+        metrics.requests.labels("/v1/embeddings", "200").inc()
+        return JSONResponse(openai.embeddings_answer(name, result, body.encoding_format))
 
     # -- Ollama's dialect ---------------------------------------------------------------------------
 
@@ -294,27 +324,34 @@ def build_app(service: Service, on_started=None):
         except ApiError as exc:
             return ollama_error(ollama.ollama_names(exc), endpoint)
         scheduler, model_id = resident.scheduler, resident.name
+        wants_logprobs = job.seq.top_logprobs is not None
         if not extra["stream"]:
             try:
                 text, final = await collect(job, watcher, scheduler)
             except ApiError as exc:
                 return ollama_error(exc, endpoint)
             metrics.requests.labels(endpoint, "200").inc()
-            return JSONResponse(ollama.final(model_id, chat, text, final, started=started, load_s=load_s))
+            logprobs = ollama.logprobs_of(resident.engine, final.logprobs) if wants_logprobs else None
+            return JSONResponse(ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs))
 
         async def lines():
             finished = False
+            entries: list = []  # tokens whose logprobs are not sent yet
             try:
                 while True:
                     response: Response = await job.sink.get()
                     text = response.text
+                    entries += response.logprobs or []
                     while not response.done and not job.sink.empty():  # coalesce what is already here
                         more = job.sink.get_nowait()
                         text += more.text
+                        entries += more.logprobs or []
                         if more.done:
                             response = more
                     if text and (not response.done or response.finish_reason in openai.FINISH_REASONS):
-                        yield ollama.line(ollama.piece(model_id, chat, text))
+                        logprobs = ollama.logprobs_of(resident.engine, entries) if wants_logprobs else None
+                        entries.clear()
+                        yield ollama.line(ollama.piece(model_id, chat, text, logprobs))
                     if not response.done:
                         continue
                     finished = True
@@ -427,6 +464,26 @@ def build_app(service: Service, on_started=None):
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
+    async def ollama_embed(request: Request, legacy: bool = False):
+        """/api/embed ({"input": text or texts} -> {"embeddings"}), and the older /api/embeddings ({"prompt"} ->
+        {"embedding"})."""
+        endpoint = "/api/embeddings" if legacy else "/api/embed"
+        started = time.perf_counter()
+        body = None
+        try:
+            body, texts, truncate, dimensions = ollama.embed_request(await ollama_body(request), legacy)
+            name, result, load_s = await embeddings_of(body, texts, truncate=truncate, dimensions=dimensions)
+        except ApiError as exc:
+            return ollama_error(exc, endpoint, body.model if body is not None else None)
+        metrics.requests.labels(endpoint, "200").inc()
+        if legacy:
+            return JSONResponse({"embedding": result.vectors[0] if result.vectors else []})
+        return JSONResponse({"model": name, "embeddings": result.vectors, "total_duration": int((time.perf_counter() - started) * 1e9),
+                             "load_duration": int(load_s * 1e9), "prompt_eval_count": result.prompt_tokens})
+
+    async def ollama_embeddings(request: Request):
+        return await ollama_embed(request, legacy=True)
+
     async def ollama_version(request: Request):
         from .. import __version__
 
@@ -504,6 +561,9 @@ def build_app(service: Service, on_started=None):
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/embeddings", v1_embeddings, methods=["POST"]),
+        Route("/api/embed", ollama_embed, methods=["POST"]),
+        Route("/api/embeddings", ollama_embeddings, methods=["POST"]),
         Route("/api/ps", ps, methods=["GET"]),
         Route("/api/chat", ollama_chat, methods=["POST"]),
         Route("/api/generate", ollama_completion, methods=["POST"]),
@@ -559,11 +619,15 @@ async def _cancel_on_disconnect(request, job: Job, scheduler: Scheduler) -> None
 
 
 async def _collect(job: Job) -> tuple[str, Response]:
-    parts = []
+    """The whole answer, and its last response (which carries every token's logprobs, when asked for)."""
+    parts, logprobs = [], []
     while True:
         response: Response = await job.sink.get()
         parts.append(response.text)
+        logprobs += response.logprobs or []
         if response.done:
+            if job.seq.top_logprobs is not None:
+                response.logprobs = logprobs
             return "".join(parts), response
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Optional
 
 from pydantic import ValidationError
 
@@ -30,9 +30,9 @@ _IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "voc
 _REFUSED = {"images": "images (localrun has no vision models yet)", "tools": "tools (tool calling is not implemented yet)",
             "suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
             "context": "context (send the conversation as messages to /api/chat)"}
-_CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools"}
+_CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools", "logprobs", "top_logprobs"}
 _GENERATE_FIELDS = {"model", "prompt", "system", "stream", "format", "options", "keep_alive", "raw", "think", "images",
-                    "suffix", "template", "context"}
+                    "suffix", "template", "context", "logprobs", "top_logprobs"}
 
 
 def error(status: int, message: str) -> ApiError:
@@ -60,6 +60,7 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
     options = data.get("options") or {}
     if not isinstance(options, dict):
         raise error(400, "options must be an object")
+    options = {k: v for k, v in options.items() if v is not None}  # not set (LangChain sends every one)
     load = {}
     for name, value in options.items():
         if name in _SAMPLING:
@@ -82,6 +83,10 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
     elif fmt not in (None, ""):
         raise error(400, f"invalid format {fmt!r}: \"json\" or a JSON schema")
     extra = {"stream": data.get("stream", True) is not False, "empty": False}
+    if data.get("logprobs"):  # as OpenAI's chat takes them; a raw completion below takes the count itself
+        fields["logprobs"], fields["top_logprobs"] = True, data.get("top_logprobs") or 0
+    elif data.get("top_logprobs"):
+        raise error(400, "top_logprobs needs logprobs: true")
     if chat:
         messages = data.get("messages") or []
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -105,6 +110,8 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
             raise error(400, "system must be a string")
         if data.get("raw"):
             fields["prompt"] = prompt
+            if fields.pop("logprobs", None):
+                fields["logprobs"] = fields.pop("top_logprobs")
             kind = CompletionBody
         else:  # through the chat template, as Ollama does unless raw
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
@@ -128,28 +135,74 @@ def without_template(body: ChatBody) -> CompletionBody:
     """/api/generate for a model with no chat template (a base model): the prompt as it is, as Ollama's
     default template ({{ .Prompt }}) gives it; a system prompt goes before it."""
     text = "\n\n".join(m.text() for m in body.messages if m.text())
-    fields = body.model_dump(exclude={"messages", "max_completion_tokens"}, exclude_none=True)
+    fields = body.model_dump(exclude={"messages", "max_completion_tokens", "logprobs", "top_logprobs"}, exclude_none=True)
+    if body.logprobs:
+        fields["logprobs"] = body.top_logprobs or 0
     return CompletionBody.model_validate({**fields, "prompt": text})
+
+
+def logprobs_of(engine, entries) -> list[dict]:
+    """Ollama's logprobs: token text and logprob, with the alternatives as top_logprobs."""
+    def text(token: int) -> str:
+        return engine.token_bytes(token).decode("utf-8", "replace")
+
+    return [{"token": text(e.token), "logprob": e.logprob, "top_logprobs": [{"token": text(t), "logprob": lp} for t, lp in e.top]}
+            for e in entries]
+
+
+def embed_request(data: Any, legacy: bool) -> tuple[Any, list[str], bool, Optional[int]]:
+    """(a body resident_for takes, the texts, truncate, dimensions) of /api/embed, or of the older
+    /api/embeddings (`legacy`: one `prompt`)."""
+    from types import SimpleNamespace
+
+    if not isinstance(data, dict):
+        raise error(400, "the body must be a JSON object")
+    allowed = {"model", "prompt", "options", "keep_alive"} if legacy else {"model", "input", "truncate", "options", "keep_alive", "dimensions"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise error(400, f"unknown field {unknown[0]!r}")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise error(400, "model is required")
+    given = data.get("prompt") if legacy else data.get("input")
+    texts = [given] if isinstance(given, str) else list(given or [])
+    if not all(isinstance(t, str) for t in texts):
+        raise error(400, "input must be a string or a list of strings")
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise error(400, "options must be an object")
+    options = {k: v for k, v in options.items() if v is not None}
+    load = {k: v for k, v in options.items() if k in _LOAD}
+    unknown = sorted(set(options) - set(_LOAD) - set(_SAMPLING) - set(_IGNORED))
+    if unknown:
+        raise error(400, f"unknown option {unknown[0]!r}")
+    dimensions = data.get("dimensions")
+    if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1):
+        raise error(400, f"invalid dimensions {dimensions!r}")
+    body = SimpleNamespace(model=model, keep_alive=data.get("keep_alive"), options=load or None)
+    return body, [t for t in texts if t != ""] if legacy else texts, data.get("truncate", True) is not False, dimensions
 
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def piece(model: str, chat: bool, text: str) -> dict:
+def piece(model: str, chat: bool, text: str, logprobs: Optional[list] = None) -> dict:
     out: dict[str, Any] = {"model": model, "created_at": now(), "done": False}
     if chat:
         out["message"] = {"role": "assistant", "content": text}
     else:
         out["response"] = text
+    if logprobs is not None:
+        out["logprobs"] = logprobs
     return out
 
 
-def final(model: str, chat: bool, text: str, response, *, started: float, load_s: float) -> dict:
+def final(model: str, chat: bool, text: str, response, *, started: float, load_s: float, logprobs: Optional[list] = None) -> dict:
     """The last object: the whole answer when not streamed ('' when it was), how it ended, and the
     durations in nanoseconds (as Ollama reports them)."""
     stats = response.stats
-    out = piece(model, chat, text)
+    out = piece(model, chat, text, logprobs)
     out.update({
         "done": True, "done_reason": "length" if response.finish_reason == "length" else "stop",
         "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": int(load_s * 1e9),

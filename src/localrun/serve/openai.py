@@ -70,8 +70,6 @@ def _unsupported(body) -> Optional[str]:
             return "best_of"
         if body.suffix:
             return "suffix"
-    if body.logprobs or body.top_logprobs:
-        return "logprobs"
     if body.tools or body.functions or body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
         return "tools" if (body.tools or body.tool_choice not in (None, "none")) else "functions"
     return None
@@ -104,6 +102,44 @@ class _Message(BaseModel):
 class ChatBody(_Body):
     messages: list[_Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+
+
+class EmbeddingsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: Optional[str] = None
+    input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = Field(None, ge=1)
+    user: Optional[str] = None
+    keep_alive: Union[StrictInt, StrictFloat, StrictStr, None] = None
+    options: Optional[dict[str, Any]] = None
+
+
+def embedding_inputs(body: EmbeddingsBody) -> list:
+    """The texts (or token id lists) of an embeddings request, one per vector."""
+    given = body.input
+    if isinstance(given, str):
+        given = [given]
+    elif given and isinstance(given[0], int):
+        given = [given]  # one text as token ids
+    if not given or any(len(t) == 0 for t in given):
+        raise ApiError(400, "input must not be empty (nor hold an empty text)", param="input")
+    return list(given)
+
+
+def embeddings_answer(model_id: str, result, encoding_format: str) -> dict:
+    import base64
+    import struct
+
+    def encoded(vector: list[float]):
+        if encoding_format == "base64":  # little-endian float32, as OpenAI sends them
+            return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        return vector
+
+    return {"object": "list", "model": model_id,
+            "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(result.vectors)],
+            "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
 
 
 class ApiError(Exception):
@@ -182,10 +218,66 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
             raise ApiError(400, "ignore_eos cannot combine with response_format (the grammar decides where the text ends)", param="ignore_eos")
         options = options.model_copy(update={"min_tokens": asked})
     try:
-        return Job.create(engine, prompt.tokens, options, max_tokens=asked, n_ctx=slot_ctx)
+        return Job.create(engine, prompt.tokens, options, max_tokens=asked, n_ctx=slot_ctx, top_logprobs=_top_logprobs(body))
     except LocalrunError as exc:
         param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
         raise ApiError(400, exc.message.replace("--", ""), param=param) from None
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def _top_logprobs(body) -> Optional[int]:
+    """How many alternatives each token's logprobs list (None: no logprobs). Chat: `logprobs: true` with
+    `top_logprobs` 0-20; completions: `logprobs` N, 0-20 (OpenAI allows 5 there; llama.cpp's server more)."""
+    chat = isinstance(body, ChatBody)
+    if chat:
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if not body.logprobs:
+            return None
+        if body.logprobs is not True:
+            raise ApiError(400, "logprobs is true or false here (top_logprobs says how many alternatives)", param="logprobs")
+        n, param = body.top_logprobs or 0, "top_logprobs"
+    else:
+        if body.top_logprobs is not None:
+            raise ApiError(400, "top_logprobs is a chat field: here logprobs is the number of alternatives", param="top_logprobs")
+        if body.logprobs is None or body.logprobs is False:
+            return None
+        n, param = (0 if body.logprobs is True else body.logprobs), "logprobs"
+    if not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"{param} must be 0 to {MAX_TOP_LOGPROBS}", param=param)
+    return n
+
+
+def logprobs_of(engine, chat: bool, entries: list, offset: int = 0) -> Optional[dict]:
+    """OpenAI's logprobs object for these tokens (engine.TokenLogprob): chat's {"content": [...]} with bytes,
+    or completions' parallel lists; `offset`: where the first token's text starts in the answer."""
+    if entries is None:
+        return None
+
+    def piece(token: int) -> tuple[str, list[int]]:
+        raw = engine.token_bytes(token)
+        return raw.decode("utf-8", "replace"), list(raw)
+
+    if chat:
+        content = []
+        for e in entries:
+            text, raw = piece(e.token)
+            top = []
+            for tok, lp in e.top:
+                t, b = piece(tok)
+                top.append({"token": t, "logprob": lp, "bytes": b})
+            content.append({"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": top})
+        return {"content": content}
+    tokens, offsets, tops = [], [], []
+    for e in entries:
+        text, _ = piece(e.token)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        tops.append({piece(tok)[0]: lp for tok, lp in e.top})
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops, "text_offset": offsets}
 
 
 # Ollama's names for the load-time options (api.Runner), plus localrun's for the KV cache and flash attention.
@@ -269,8 +361,8 @@ def timings(stats: Stats) -> dict:
     return {"ttft_s": round(stats.ttft_s, 6), "tpot_s": round(stats.tpot_s, 6)}
 
 
-def completion(rid: str, chat: bool, model_id: str, text: str, final: Response) -> dict:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": None}
+def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, logprobs: Optional[dict] = None) -> dict:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": logprobs}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -285,37 +377,45 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str, on_final, cancel) -> AsyncIterator[str]:
+async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str, on_final, cancel, engine=None) -> AsyncIterator[str]:
     """The response stream as OpenAI's server-sent events. `on_final(final, status)` records how it ended;
     `cancel()` frees the slot when the client goes away mid-stream."""
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text: Optional[str], finish: Optional[str], *, role: bool = False) -> str:
+    def chunk(text: Optional[str], finish: Optional[str], *, role: bool = False, logprobs: Optional[dict] = None) -> str:
         if chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         event = {"id": rid, "object": kind, "created": created, "model": model_id, "choices": [choice]}
         if include_usage:
             event["usage"] = None  # as OpenAI streams it: null on every chunk, the totals in a last chunk
         return _event(event)
 
     finished = False
+    wants_logprobs = job.seq.top_logprobs is not None
+    offset = 0
+    entries: list = []  # tokens whose logprobs are not sent yet (text held back goes out with later text)
     try:
         if chat:
             yield chunk(None, None, role=True)
         while True:
             response: Response = await job.sink.get()
             text = response.text
+            entries += response.logprobs or []
             while not response.done and not job.sink.empty():  # coalesce what is already here
                 more = job.sink.get_nowait()
                 text += more.text
+                entries += more.logprobs or []
                 if more.done:
                     response = more
             if text and (not response.done or response.finish_reason in FINISH_REASONS):
-                yield chunk(text, None)
+                logprobs = logprobs_of(engine, chat, entries, offset) if wants_logprobs else None
+                offset += len(text)
+                entries = []
+                yield chunk(text, None, logprobs=logprobs)
             if not response.done:
                 continue
             finished = True

@@ -33,6 +33,23 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader (or a crash, or Ctrl-C) sees the old file or the whole new
+    one, never a part: a temporary file beside it, fsynced, then renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
 def hash_file(path: Path | str, git: bool = False, on_chunk: Optional[Callable[[int], None]] = None,
               chunk: int = CHUNK) -> tuple[str, Optional[str]]:
     """(sha256, git blob sha1 if `git`) of a file, read once, `chunk` bytes at a time."""
