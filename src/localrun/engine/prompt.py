@@ -55,11 +55,11 @@ def transcript(messages: Sequence[dict], add_generation_prompt: bool = True) -> 
 def apply_template(engine, messages: Sequence[dict], add_generation_prompt: bool = True,
                    tools: Optional[list[dict[str, Any]]] = None) -> str:
     """The model's own chat template: llama.cpp's built-in renderer for the templates it recognises, Jinja
-    for the rest and whenever tools are given (llama.cpp's renderer has no tools)."""
+    for the rest and whenever tools, tool calls or tool results are in it (llama.cpp's renderer has none)."""
     template = engine.chat_template
     if template is None:
         raise EngineError("this model has no chat template: use --raw for plain completion")
-    if tools:
+    if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         return _apply_jinja(engine, messages, add_generation_prompt, tools)
     ll = llama_cpp_module()
     arr = (ll.llama_chat_message * len(messages))()

@@ -41,6 +41,7 @@ class Job:
     sampler: Sampler
     sink: object = None  # opaque to the scheduler: where `deliver` routes this job's responses
     on_done: object = None  # opaque to the scheduler: what the deliverer calls with the final response
+    tools: object = None  # opaque to the scheduler: how the dialect reads tool calls in the answer
     id: int = field(default_factory=itertools.count().__next__)
     cancelled: bool = False
     # scheduler thread only

@@ -263,7 +263,7 @@ def build_app(service: Service, on_started=None):
             return error_response(exc, endpoint)
         metrics.requests.labels(endpoint, "200").inc()
         logprobs = openai.logprobs_of(resident.engine, chat, final.logprobs) if job.seq.top_logprobs is not None else None
-        return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs))
+        return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, job.tools))
 
     async def embeddings_of(body, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
         """(the model's name, runtime.embed.Embeddings, seconds its load took) for `texts` on the model the
@@ -332,10 +332,14 @@ def build_app(service: Service, on_started=None):
                 return ollama_error(exc, endpoint)
             metrics.requests.labels(endpoint, "200").inc()
             logprobs = ollama.logprobs_of(resident.engine, final.logprobs) if wants_logprobs else None
-            return JSONResponse(ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs))
+            answer = ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs)
+            if job.tools is not None:
+                answer["message"] = ollama.with_tool_calls(answer["message"], text, job.tools)
+            return JSONResponse(answer)
 
         async def lines():
             finished = False
+            held: Optional[str] = "" if job.tools is not None else None  # with tools: the whole answer, then parsed
             entries: list = []  # tokens whose logprobs are not sent yet
             try:
                 while True:
@@ -348,6 +352,13 @@ def build_app(service: Service, on_started=None):
                         entries += more.logprobs or []
                         if more.done:
                             response = more
+                    if held is not None:
+                        held += text
+                        text = ""
+                        if response.done and response.finish_reason in openai.FINISH_REASONS and held:
+                            part = ollama.piece(model_id, chat, held)
+                            part["message"] = ollama.with_tool_calls(part["message"], held, job.tools)
+                            yield ollama.line(part)
                     if text and (not response.done or response.finish_reason in openai.FINISH_REASONS):
                         logprobs = ollama.logprobs_of(resident.engine, entries) if wants_logprobs else None
                         entries.clear()

@@ -27,8 +27,7 @@ _SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k":
              "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
 _LOAD = ("num_ctx", "num_gpu", "num_thread", "num_batch")
 _IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap", "use_mlock", "tfs_z")
-_REFUSED = {"images": "images (localrun has no vision models yet)", "tools": "tools (tool calling is not implemented yet)",
-            "suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
+_REFUSED = {"images": "images (localrun has no vision models yet)", "suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
             "context": "context (send the conversation as messages to /api/chat)"}
 _CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools", "logprobs", "top_logprobs"}
 _GENERATE_FIELDS = {"model", "prompt", "system", "stream", "format", "options", "keep_alive", "raw", "think", "images",
@@ -94,11 +93,10 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         for m in messages:
             if m.get("images"):
                 raise error(400, f"{_REFUSED['images']} is not supported by localrun")
-            if m.get("tool_calls") or m.get("role") == "tool":
-                raise error(400, f"{_REFUSED['tools']} is not supported by localrun")
         extra["empty"] = not messages
-        fields["messages"] = [{"role": m.get("role"), "content": m.get("content") or ""} for m in messages] or [
-            {"role": "user", "content": ""}]
+        fields["messages"] = [_message(m) for m in messages] or [{"role": "user", "content": ""}]
+        if data.get("tools"):
+            fields["tools"] = data["tools"]  # OpenAI's function tools, as Ollama takes them; no tool_choice: auto
         kind = ChatBody
     else:
         prompt = data.get("prompt") or ""
@@ -121,6 +119,29 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         return kind.model_validate({k: v for k, v in fields.items() if v is not None}), extra
     except ValidationError as exc:
         raise ollama_names(validation_error(exc)) from None
+
+
+def _message(m: dict) -> dict:
+    """An Ollama message as the OpenAI dialect takes it: tool calls with their arguments object, a tool
+    result's `tool_name` as its name."""
+    out: dict[str, Any] = {"role": m.get("role"), "content": m.get("content") or ""}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [{"type": "function", "function": c.get("function") if isinstance(c, dict) else c} for c in m["tool_calls"]]
+    if m.get("role") == "tool" and m.get("tool_name"):
+        out["name"] = m["tool_name"]
+    return out
+
+
+def with_tool_calls(message: dict, text: str, tools) -> dict:
+    """The answer's message, with Ollama's tool_calls ({"function": {"name", "arguments": object}}) when the
+    model called tools."""
+    from ..engine.tools import parse_tool_calls
+
+    content, calls = parse_tool_calls(text, tools.family)
+    if not calls:
+        return message
+    return {**message, "content": content, "tool_calls": [{"function": {"name": c["name"], "arguments": c["arguments"]}}
+                                                          for c in (calls if tools.parallel else calls[:1])]}
 
 
 def ollama_names(exc: ApiError) -> ApiError:

@@ -4,9 +4,11 @@ made from the response stream. Errors answer in OpenAI's shape."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, create_model
@@ -20,6 +22,19 @@ FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 
 
 # -- request bodies --------------------------------------------------------------------------------
+
+
+class _FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")  # strict, ...
+    name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+
+
+class _Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: _FunctionSpec
 
 
 class _Fields(BaseModel):
@@ -39,8 +54,8 @@ class _Fields(BaseModel):
     # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
     logprobs: Union[bool, int, None] = None
     top_logprobs: Optional[int] = None
-    tools: Optional[list[Any]] = None
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tools: Optional[list[_Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: Optional[bool] = None
     functions: Optional[list[Any]] = None
     function_call: Union[str, dict[str, Any], None] = None
@@ -70,8 +85,10 @@ def _unsupported(body) -> Optional[str]:
             return "best_of"
         if body.suffix:
             return "suffix"
-    if body.tools or body.functions or body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
-        return "tools" if (body.tools or body.tool_choice not in (None, "none")) else "functions"
+    if isinstance(body, CompletionBody) and (body.tools or body.tool_choice not in (None, "none")):
+        return "tools"  # a chat feature: the template renders them
+    if body.functions or body.function_call not in (None, "none"):
+        return "functions"  # OpenAI's older form: send tools instead
     return None
 
 
@@ -88,15 +105,54 @@ class _Part(BaseModel):
     text: str
 
 
+class _Function(BaseModel):
+    name: StrictStr = Field(min_length=1)
+    arguments: Union[StrictStr, dict[str, Any]] = "{}"
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: _Function
+
+
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: harmless
-    role: Literal["system", "developer", "user", "assistant"]
+    model_config = ConfigDict(extra="allow")  # name, ...: harmless
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[_Part], None] = None
+    tool_calls: Optional[list[_ToolCall]] = None
+    tool_call_id: Optional[str] = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
+
+    def for_template(self) -> dict[str, Any]:
+        """As chat templates read a message: a tool call's arguments as an object (templates write them with
+        tojson), a tool result with the id and name of the call it answers."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in self.tool_calls]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+            if isinstance(getattr(self, "name", None), str):
+                out["name"] = self.name
+        return out
+
+
+def _arguments(given: Union[str, dict]) -> dict:
+    if isinstance(given, dict):
+        return given
+    try:
+        value = json.loads(given or "{}")
+    except ValueError:
+        raise ApiError(400, f"a tool call's arguments are not JSON: {given[:80]!r}", param="messages") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "a tool call's arguments must be a JSON object", param="messages")
+    return value
 
 
 class ChatBody(_Body):
@@ -186,8 +242,11 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
         raise ApiError(400, f"{feature!r} is not supported by localrun serve: leave it out", param=feature)
     engine, slot_ctx = resident.engine, resident.slot_ctx
     chat = isinstance(body, ChatBody)
+    tooling = None
     if chat:
-        request = Request(messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages])
+        tooling = tool_mode(engine, body)
+        request = Request(messages=[m.for_template() for m in body.messages],
+                          tools=[t.model_dump(exclude_none=True) for t in body.tools] if tooling else None)
     elif isinstance(body.prompt, list):
         bad = [t for t in body.prompt if not 0 <= t < engine.n_vocab]
         if bad:
@@ -207,6 +266,10 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
     if not prompt.tokens:
         raise ApiError(400, "empty prompt", param="prompt")
     options = _options(resident.loaded.sampling, body, prompt.stops)
+    if tooling is not None and tooling.forced is not None:
+        if options.json_schema is not None or options.grammar is not None:
+            raise ApiError(400, "tool_choice required (or a named function) cannot combine with response_format or grammar", param="tool_choice")
+        options = options.model_copy(update={"json_schema": tooling.forced})
     room = slot_ctx - len(prompt.tokens)
     base = resident.loaded.sampling
     asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
@@ -218,13 +281,74 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
             raise ApiError(400, "ignore_eos cannot combine with response_format (the grammar decides where the text ends)", param="ignore_eos")
         options = options.model_copy(update={"min_tokens": asked})
     try:
-        return Job.create(engine, prompt.tokens, options, max_tokens=asked, n_ctx=slot_ctx, top_logprobs=_top_logprobs(body))
+        job = Job.create(engine, prompt.tokens, options, max_tokens=asked, n_ctx=slot_ctx, top_logprobs=_top_logprobs(body))
+        job.tools = tooling
+        return job
     except LocalrunError as exc:
         param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
         raise ApiError(400, exc.message.replace("--", ""), param=param) from None
 
 
 MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class ToolMode:
+    """A chat request with tools the model may call: the template's format, the schema a forced call is
+    generated in (tool_choice required or a named function), and whether several calls may come back."""
+
+    family: str
+    forced: Optional[dict] = None
+    parallel: bool = True
+
+
+_warned_templates: set = set()
+
+
+def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
+    """How a chat request's tools are served, or None when there are none to offer (none given, or
+    tool_choice "none"). 400 when a call is required of a template that cannot render tools."""
+    from ..engine.tools import call_schema, supports_tools, template_family
+
+    choice = body.tool_choice if body.tool_choice is not None else "auto"
+    if not body.tools:
+        if choice not in ("none", "auto"):
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        return None
+    if choice == "none":
+        return None
+    names = [t.function.name for t in body.tools]
+    named = None
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if named not in names:
+            raise ApiError(400, f"tool_choice names no given tool: use one of {', '.join(names)}", param="tool_choice")
+    template = engine.chat_template
+    if not supports_tools(template):
+        if choice == "auto":
+            if id(engine) not in _warned_templates:
+                _warned_templates.add(id(engine))
+                print(f"notice: {engine.path.name}'s chat template has no tool support: requests with tools are answered as text",
+                      file=sys.stderr, flush=True)
+            return None
+        raise ApiError(400, f"{engine.path.name}'s chat template cannot render tools, so a tool call cannot be required of it"
+                       " (use tool_choice auto, or a model whose template has tools)", param="tool_choice")
+    forced = call_schema([t.model_dump() for t in body.tools], named) if (named or choice == "required") else None
+    return ToolMode(template_family(template) if forced is None else "generic", forced, body.parallel_tool_calls is not False)
+
+
+def tool_message(text: str, mode: ToolMode) -> tuple[Optional[str], list[dict]]:
+    """The content and OpenAI tool_calls of an answer (no calls: the text as it is)."""
+    from ..engine.tools import parse_tool_calls
+
+    content, calls = parse_tool_calls(text, mode.family)
+    if not calls:
+        return text, []
+    if not mode.parallel:
+        calls = calls[:1]
+    return (content or None), [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                                 "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                                for c in calls]
 
 
 def _top_logprobs(body) -> Optional[int]:
@@ -361,10 +485,16 @@ def timings(stats: Stats) -> dict:
     return {"ttft_s": round(stats.ttft_s, 6), "tpot_s": round(stats.tpot_s, 6)}
 
 
-def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, logprobs: Optional[dict] = None) -> dict:
+def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, logprobs: Optional[dict] = None,
+               tools: Optional[ToolMode] = None) -> dict:
     choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": logprobs}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
+        if tools is not None:
+            content, calls = tool_message(text, tools)
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["finish_reason"] = "tool_calls"
     else:
         choice["text"] = text
     return {
@@ -398,6 +528,8 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
     wants_logprobs = job.seq.top_logprobs is not None
     offset = 0
     entries: list = []  # tokens whose logprobs are not sent yet (text held back goes out with later text)
+    tools: Optional[ToolMode] = job.tools
+    held = ""  # with tools: the answer so far, while it may still be a tool call
     try:
         if chat:
             yield chunk(None, None, role=True)
@@ -411,6 +543,29 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
                 entries += more.logprobs or []
                 if more.done:
                     response = more
+            if tools is not None:
+                from ..engine.tools import may_be_call
+
+                held += text
+                text = ""
+                if response.done and response.finish_reason in FINISH_REASONS:
+                    content, calls = tool_message(held, tools)
+                    if calls:
+                        for i, call in enumerate(calls):  # each call whole, as the openai client assembles them
+                            yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [{
+                                "index": 0, "delta": {"tool_calls": [{"index": i, **call}], **({"content": content} if content and i == 0 else {})},
+                                "finish_reason": None, "logprobs": None}]})
+                        finished = True
+                        on_final(response, "200")
+                        yield chunk(None, "tool_calls")
+                        if include_usage:
+                            yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [],
+                                          "usage": usage(response.stats), "timings": timings(response.stats)})
+                        yield "data: [DONE]\n\n"
+                        return
+                    text, tools = held, None
+                elif not may_be_call(held, tools.family):
+                    text, tools = held, None  # plain text after all: stream it from here on
             if text and (not response.done or response.finish_reason in FINISH_REASONS):
                 logprobs = logprobs_of(engine, chat, entries, offset) if wants_logprobs else None
                 offset += len(text)

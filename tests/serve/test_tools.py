@@ -1,0 +1,146 @@
+"""Tool calling end to end: a GGUF carrying a tool-capable chat template (Qwen 2.5's Hermes-style
+template, written onto SmolLM2's weights with the gguf package) served by a real `localrun serve`, asked by
+the real openai and ollama clients. A tiny model does not call tools by itself, so the calls asked for
+with tool_choice "required" or a named function (a grammar from the function's schema) are what must
+come back valid; the template must render tools, calls and results; a template without tools refuses a
+required call and answers `auto` as text."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import jsonschema
+import ollama
+import openai
+import pytest
+
+from conftest import start_server
+
+pytestmark = pytest.mark.slow
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "hermes_tools.jinja"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["C", "F"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": ADD}}]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tools_model(smollm2, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tools-model") / "smollm2-tools.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smollm2), str(out),
+                    "--chat-template-file", str(TEMPLATE), "--force"], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tools_model, tmp_path_factory):
+    srv = start_server(tools_model, tmp_path_factory.mktemp("tools-home"), "--parallel", "2", "--ctx", "2048")
+    yield srv
+    assert srv.stop() == 130
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def valid(call) -> dict:
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, SCHEMAS[call.function.name])
+    return args
+
+
+@pytest.mark.parametrize("choice, name", [("required", None), ({"type": "function", "function": {"name": "add"}}, "add")])
+def test_forced_calls_validate_streamed_and_not(server, tools_model, choice, name):
+    c = client(server)
+    r = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=80)
+    choice0 = r.choices[0]
+    assert choice0.finish_reason == "tool_calls" and choice0.message.content is None
+    [call] = choice0.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and (name is None or call.function.name == name)
+    valid(call)
+    chunks = list(c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice=choice,
+                                            temperature=0, max_tokens=80, stream=True))
+    deltas = [t for ch in chunks if ch.choices for t in ch.choices[0].delta.tool_calls or []]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [(call.function.name, call.function.arguments)]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_second_turn_with_the_tool_result(server, tools_model):
+    c = client(server)
+    first = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80)
+    call = first.choices[0].message.tool_calls[0]
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+               {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21})}]
+    second = c.chat.completions.create(model=str(tools_model), messages=history, tools=TOOLS, temperature=0, max_tokens=24)
+    assert second.choices[0].finish_reason in ("stop", "length") and second.choices[0].message.content
+    # The call and its result are in the prompt the template made.
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20
+
+
+def test_the_template_renders_tools_calls_and_results(tools_model):
+    from localrun.engine import Engine, LoadOptions
+    from localrun.engine.prompt import render
+
+    with Engine(tools_model, LoadOptions(n_ctx=512, n_threads=1)) as engine:
+        text = render(engine, [*ASK, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 21}'}], tools=TOOLS).text
+    assert '"name": "get_weather"' in text and "<tools>" in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>' in text
+    assert '<tool_response>\n{"temperature": 21}\n</tool_response>' in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_template_without_tools(smollm2, tmp_path):
+    srv = start_server(smollm2, tmp_path / "home", "--parallel", "1", "--ctx", "1024")
+    try:
+        c = client(srv)
+        auto = c.chat.completions.create(model=str(smollm2), messages=ASK, tools=TOOLS, temperature=0, max_tokens=8)
+        plain = c.chat.completions.create(model=str(smollm2), messages=ASK, temperature=0, max_tokens=8)
+        assert auto.choices[0].message.content == plain.choices[0].message.content and auto.choices[0].message.tool_calls is None
+        with pytest.raises(openai.BadRequestError) as refused:
+            c.chat.completions.create(model=str(smollm2), messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8)
+        assert refused.value.body["param"] == "tool_choice" and "cannot render tools" in refused.value.body["message"]
+    finally:
+        assert srv.stop() == 130
+    assert "has no tool support" in "".join(srv.stderr)  # said once, in the log
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "messages"),
+])
+def test_bad_tool_requests_are_400(server, tools_model, body, param):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={"model": str(tools_model), "messages": ASK, "max_tokens": 4, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_ollama_tool_calls_and_history(server, tools_model):
+    from localrun.engine.tools import call_schema
+
+    c = ollama.Client(host=server.url)
+    # Ollama has no tool_choice: a format in the call's own schema makes the model write one, which comes
+    # back as message.tool_calls as any call would.
+    r = c.chat(model=str(tools_model), messages=ASK, tools=TOOLS, format=call_schema(TOOLS, "get_weather"),
+               options={"temperature": 0, "num_predict": 80})
+    [call] = r.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(dict(call.function.arguments), WEATHER)
+    streamed = list(c.chat(model=str(tools_model), messages=ASK, tools=TOOLS, format=call_schema(TOOLS, "get_weather"),
+                           options={"temperature": 0, "num_predict": 80}, stream=True))
+    assert [t.function.name for p in streamed for t in p.message.tool_calls or []] == ["get_weather"]
+    follow = c.chat(model=str(tools_model), tools=TOOLS, options={"temperature": 0, "num_predict": 16}, messages=[
+        *ASK, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": dict(call.function.arguments)}}]},
+        {"role": "tool", "content": '{"temperature": 21}', "tool_name": "get_weather"}])
+    assert follow.done and follow.prompt_eval_count > r.prompt_eval_count
