@@ -305,3 +305,18 @@ def start_server(model, home, *args: str, sigint=signal.SIG_DFL) -> Server:
             return Server(proc, int(m.group(1)), lines)
     proc.kill()
     raise AssertionError(f"server did not start: {''.join(lines)}")
+
+
+@pytest.fixture(scope="session")
+def thinking_model(smollm2, tmp_path_factory) -> Path:
+    """SmolLM2's weights with a reasoning model's chat template (written with the gguf package): the prompt
+    opens a <think> block (as DeepSeek-R1's templates do), and `enable_thinking` false closes it at once
+    (as Qwen3's does). With THINK_GRAMMAR the answer is a thinking block, </think>, then the answer."""
+    template = Path(__file__).resolve().parent / "data" / "think.jinja"
+    out = tmp_path_factory.mktemp("thinking-model") / "smollm2-think.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smollm2), str(out),
+                    "--chat-template-file", str(template), "--force"], check=True, capture_output=True)
+    return out
+
+
+THINK_GRAMMAR = 'root ::= [a-z ]{3,60} "</think>" [A-Za-z ,.]{1,40}\n'

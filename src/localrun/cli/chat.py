@@ -216,9 +216,12 @@ class Chat:
 
     def _to_terminal(self, text: str) -> tuple[str, "Response"]:
         """Stream the answer as plain text, flushed per piece; Ctrl-C stops it."""
+        from .render import ThinkingWriter
+
         out = sys.stdout
         at_line_start = True
         started = False
+        thinking = ThinkingWriter()  # a reasoning model's thinking: dimmed, on stderr, before the answer
 
         def on_piece(piece: str) -> None:
             nonlocal at_line_start, started
@@ -227,23 +230,31 @@ class Chat:
                 started = bool(piece)
                 if not piece:
                     return
+            thinking.end()
             out.write(piece)
             out.flush()
             at_line_start = piece.endswith("\n")
 
         try:
             with soft_interrupts() as cancelled, quiet_typeahead():
-                return self.conv.send(text, self.sampling, on_piece, cancelled, self.dropped, save_as=self.session, on_save_failed=warn)
+                return self.conv.send(text, self.sampling, on_piece, cancelled, self.dropped, save_as=self.session,
+                                      on_save_failed=warn, on_thinking=thinking.write)
         finally:
+            thinking.end()
             if not at_line_start:
                 out.write("\n")
             out.flush()
 
     def _to_line(self, text: str) -> tuple[str, "Response"]:
+        from .render import ThinkingWriter
+
         line = OneLineWriter(sys.stdout)
+        thinking = ThinkingWriter()
         try:
-            return self.conv.send(text, self.sampling, line.write, on_dropped=self.dropped, save_as=self.session, on_save_failed=warn)
+            return self.conv.send(text, self.sampling, line.write, on_dropped=self.dropped, save_as=self.session,
+                                  on_save_failed=warn, on_thinking=thinking.write)
         finally:
+            thinking.end()
             line.end()  # even after an error: a script reads one line per message
 
     def dropped(self, n: int) -> None:

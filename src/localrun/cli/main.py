@@ -140,6 +140,8 @@ def run(
     session: Annotated[Optional[str], typer.Option("--session", help="continue this named session (KV state kept on disk)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="do not use or fill the automatic prefix cache")] = False,
     keep_alive: KeepAliveOpt = "5m",
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="a reasoning model: thinking on or off (where its template has a switch)")] = None,
+    hide_thinking: Annotated[bool, typer.Option("--hide-thinking", help="a reasoning model: leave its thinking out (it goes to stderr otherwise)")] = False,
     **options,
 ) -> None:
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
@@ -148,7 +150,7 @@ def run(
     _check_before_loading(session, use_cache=not no_cache, options=options)
     text = read_prompt(prompt or [], sys.stdin)
     asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
-                 use_cache=not no_cache, system=system)
+                 use_cache=not no_cache, system=system, think=think)
     responses = _resident_answer(model, asked, keep_alive, options)
     if responses is None:  # in this process, as with --keep-alive 0
         from ..runtime import Request
@@ -156,7 +158,7 @@ def run(
 
         loaded = _load(model, options)
         responses = generate(loaded, Request(sampling=loaded.sampling, **asked), on_notice=notice)
-    render.stream_answer(responses, as_json=as_json, verbose=verbose)
+    render.stream_answer(responses, as_json=as_json, verbose=verbose, hide_thinking=hide_thinking)
 
 
 def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict):

@@ -36,23 +36,62 @@ def reader_gone() -> None:
     raise SystemExit(0)
 
 
-def stream_answer(responses: Iterable, as_json: bool, verbose: bool):
-    """Write the answer to stdout as it comes (flushed per token); return the last response."""
+def stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False):
+    """Write the answer to stdout as it comes (flushed per token); return the last response. A reasoning
+    model's thinking goes to stderr (dimmed on a terminal), or as `thinking` events with --json; none of it
+    with `hide_thinking`."""
     try:
-        return _stream_answer(responses, as_json, verbose)
+        return _stream_answer(responses, as_json, verbose, hide_thinking)
     except BrokenPipeError:
         reader_gone()
 
 
-def _stream_answer(responses: Iterable, as_json: bool, verbose: bool):
+class ThinkingWriter:
+    """A reasoning model's thinking on stderr, dimmed on a terminal, ended by a blank line before the answer."""
+
+    def __init__(self):
+        self.stream = sys.stderr
+        self.dim = self.stream.isatty()
+        self.open = False
+        self.last = ""
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        if self.dim and not self.open:
+            self.stream.write("\x1b[2m")
+        self.open = True
+        self.stream.write(text)
+        self.stream.flush()
+        self.last = text
+
+    def end(self) -> None:
+        if self.open:
+            self.stream.write(("\x1b[0m" if self.dim else "") + ("" if self.last.endswith("\n") else "\n") + "\n")
+            self.stream.flush()
+            self.open = False
+
+
+def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False):
     out = sys.stdout
     final = None
     wrote_any = False
     shown: list[str] = []
+    thought: list[str] = []
     tokens: list[int] = []
+    thinking = ThinkingWriter()
     try:
         for response in responses:
             tokens.extend(response.tokens)
+            if response.thinking:
+                thought.append(response.thinking)
+                if as_json and not hide_thinking:
+                    out.write(json.dumps({"type": "thinking", "text": response.thinking}, ensure_ascii=False) + "\n")
+                    out.flush()
+                elif not hide_thinking:
+                    thinking.write(response.thinking)
+            if response.text:
+                thinking.end()
             if response.text:
                 shown.append(response.text)
                 if as_json:
@@ -64,10 +103,17 @@ def _stream_answer(responses: Iterable, as_json: bool, verbose: bool):
             if response.done:
                 final = response
     except KeyboardInterrupt:
+        thinking.end()
         if as_json:  # a JSON Lines reader still gets its last event (then exit 130 as usual)
             out.write(json.dumps({"type": "done", "text": "".join(shown), "stats": {"finish_reason": "interrupted"}}) + "\n")
             out.flush()
         raise
+    thinking.end()
+    if final is not None and thought and not "".join(shown).strip() and final.finish_reason == "length":
+        from ..console import warn
+
+        warn(f"the answer was cut inside the model's thinking, after {final.stats.generated_tokens} tokens: raise --max-tokens"
+             " (thinking counts toward it)")
     if final is not None:
         text = "".join(shown)
         if as_json:
@@ -94,6 +140,8 @@ def stats(s) -> None:
         ("time per output token", f"{s.tpot_s * 1000:.2f} ms"),
         ("finish reason", s.finish_reason),
     ]
+    if s.thinking_tokens:
+        rows.insert(5, ("thinking tokens", f"{s.thinking_tokens} of {s.generated_tokens}"))
     if s.target_steps:  # speculative decoding or beam search
         rows.insert(-1, ("target steps", f"{s.target_steps} ({(s.eval_tokens + 1) / s.target_steps:.2f} tokens per step)"))
         if s.draft_tokens:

@@ -200,15 +200,18 @@ PLAIN = PlainStrategy()
 
 
 def generate(engine: Engine, prompt: Tokens[int], sampling: SamplingOptions, *, strategy=None,
-             cancelled: Optional[Callable[[], bool]] = None) -> Iterator[Response]:
+             cancelled: Optional[Callable[[], bool]] = None, thinking=None) -> Iterator[Response]:
     """Stream the answer to `prompt` (token ids): text responses, then one with the finish reason and stats.
-    `strategy` (strategies.make_strategy) decodes instead of plain sampling: speculative decoding, beams."""
+    `strategy` (strategies.make_strategy) decodes instead of plain sampling: speculative decoding, beams.
+    `thinking` (a thinking.ThinkingSplitter): a reasoning model's thinking goes to Response.thinking."""
     if not prompt:
         raise UsageError("empty prompt: give some text as an argument or on stdin")
     strategy = strategy or PLAIN
     limit = getattr(strategy, "ctx_limit", None)
     engine.check_fits(len(prompt), limit)
     task = strategy.task(engine, prompt, sampling, limit)
+    if thinking is not None and getattr(task, "seq", None) is not None:  # beams keep several sequences: not split
+        task.seq.thinking = thinking
     try:
         yield from drive(engine, [task], cancelled)
     finally:

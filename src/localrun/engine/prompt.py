@@ -27,14 +27,16 @@ class Rendered:
 
 
 def render(engine, messages: Sequence[dict], *, raw: bool = False, add_generation_prompt: bool = True,
-           tools: Optional[list[dict[str, Any]]] = None) -> Rendered:
+           tools: Optional[list[dict[str, Any]]] = None, think: Optional[bool] = None) -> Rendered:
     """`raw`: no template, the messages' contents joined (a system message only when raw was asked for
-    rather than forced by a missing template is the caller's choice: it passes the messages it wants)."""
+    rather than forced by a missing template is the caller's choice: it passes the messages it wants).
+    `think`: turn a reasoning model's thinking on or off where its template has a switch (Qwen3's
+    enable_thinking); None leaves the template's default."""
     if raw:
         return Rendered("\n\n".join(m["content"] for m in messages), templated=False)
     if engine.chat_template is None:
         return Rendered(transcript(messages, add_generation_prompt), [TRANSCRIPT_STOP], templated=False)
-    return Rendered(apply_template(engine, messages, add_generation_prompt, tools))
+    return Rendered(apply_template(engine, messages, add_generation_prompt, tools, think))
 
 
 def transcript(messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
@@ -53,14 +55,18 @@ def transcript(messages: Sequence[dict], add_generation_prompt: bool = True) -> 
 
 
 def apply_template(engine, messages: Sequence[dict], add_generation_prompt: bool = True,
-                   tools: Optional[list[dict[str, Any]]] = None) -> str:
+                   tools: Optional[list[dict[str, Any]]] = None, think: Optional[bool] = None) -> str:
     """The model's own chat template: llama.cpp's built-in renderer for the templates it recognises, Jinja
     for the rest and whenever tools, tool calls or tool results are in it (llama.cpp's renderer has none)."""
     template = engine.chat_template
     if template is None:
         raise EngineError("this model has no chat template: use --raw for plain completion")
-    if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-        return _apply_jinja(engine, messages, add_generation_prompt, tools)
+    switch = think is not None and "enable_thinking" in template
+    # A reasoning template often opens the thinking block at the end of the prompt, which llama.cpp's
+    # built-in renderers (made for the template families they recognise) leave out: Jinja renders it.
+    reasoning = "<think>" in template or "<|channel|>" in template
+    if tools or switch or reasoning or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        return _apply_jinja(engine, messages, add_generation_prompt, tools, {"enable_thinking": think} if switch else {})
     ll = llama_cpp_module()
     arr = (ll.llama_chat_message * len(messages))()
     keep = []  # the encoded strings must outlive the call
@@ -80,7 +86,7 @@ def apply_template(engine, messages: Sequence[dict], add_generation_prompt: bool
     return _apply_jinja(engine, messages, add_generation_prompt, tools)
 
 
-def _apply_jinja(engine, messages: Sequence[dict], add_generation_prompt: bool, tools) -> str:
+def _apply_jinja(engine, messages: Sequence[dict], add_generation_prompt: bool, tools, extra: Optional[dict] = None) -> str:
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     info = engine.info
@@ -88,4 +94,4 @@ def _apply_jinja(engine, messages: Sequence[dict], add_generation_prompt: bool, 
     eos = engine.detokenize([info.eos_token_id]) if info.eos_token_id is not None else ""
     fmt = Jinja2ChatFormatter(template=engine.chat_template, bos_token=bos, eos_token=eos,
                               add_generation_prompt=add_generation_prompt)
-    return fmt(messages=list(messages), tools=tools).prompt
+    return fmt(messages=list(messages), tools=tools, **(extra or {})).prompt

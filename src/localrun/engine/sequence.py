@@ -31,6 +31,7 @@ class Sequence:
         self.t_first: Optional[float] = None
         self.finish_reason: Optional[FinishReason] = None
         self.top_logprobs: Optional[int] = None  # set: each response carries its tokens' log-probabilities
+        self.thinking = None  # a thinking.ThinkingSplitter: a reasoning model's thinking kept apart from the answer
 
     @property
     def done(self) -> bool:
@@ -48,26 +49,37 @@ class Sequence:
         if self.engine.is_eog(token):
             return self.finish("eos")
         self.generated.append(token)
-        text = self.matcher.feed(self._utf8.decode(self.engine.token_bytes(token)))
+        decoded = self._utf8.decode(self.engine.token_bytes(token))
+        thought = ""
+        if self.thinking is not None:  # stops apply to the answer only
+            was_inside = self.thinking.inside
+            thought, decoded = _split(self.thinking.feed(decoded))
+            if was_inside or self.thinking.inside or thought:
+                self.stats.thinking_tokens += 1
+        text = self.matcher.feed(decoded)
         if self.matcher.stopped is not None:
-            return self.finish("stop", text, [token])
+            return self.finish("stop", text, [token], thinking=thought)
         # max tokens, or the context is full (the token would go past its last position): said, never silent
         if len(self.generated) >= self.limit or len(self.prompt) + len(self.generated) - 1 >= self.n_ctx:
-            return self.finish("length", text, [token])
-        return Response(text, [token])
+            return self.finish("length", text, [token], thinking=thought)
+        return Response(text, [token], thinking=thought)
 
     def finish(self, reason: FinishReason, text: str = "", tokens: Optional[list[int]] = None,
-               error: Optional[str] = None) -> Response:
-        """The last response: what the decoder and the stop matcher still held, the finish reason (a stop
-        found in the held text makes it 'stop') and the stats."""
+               error: Optional[str] = None, thinking: str = "") -> Response:
+        """The last response: what the decoder, the thinking splitter and the stop matcher still held, the
+        finish reason (a stop found in the held text makes it 'stop') and the stats."""
         if self.matcher.stopped is None:
-            text += self.matcher.feed(self._utf8.decode(b"", final=True))
+            rest = self._utf8.decode(b"", final=True)
+            if self.thinking is not None:
+                more, rest = _split(self.thinking.feed(rest) + self.thinking.flush())
+                thinking += more
+            text += self.matcher.feed(rest)
         text += self.matcher.flush()
         if self.matcher.stopped is not None and reason not in ("error", "shutdown"):
             reason = "stop"
         self.finish_reason = reason
         self.close_stats(reason)
-        return Response(text, tokens or [], reason, self.stats, error)
+        return Response(text, tokens or [], reason, self.stats, error, thinking=thinking)
 
     def close_stats(self, reason: FinishReason, n_generated: Optional[int] = None) -> Stats:
         """Timings up to now (also after an interruption); n_generated: for a beam, the tokens it chose."""
@@ -83,3 +95,8 @@ class Sequence:
         s.eval_s = t_end - self.t_first if n > 1 else 0.0
         s.finish_reason = reason
         return s
+
+
+def _split(parts: list[tuple[str, str]]) -> tuple[str, str]:
+    """(thinking, answer) text of a splitter's pieces."""
+    return "".join(t for kind, t in parts if kind == "thinking"), "".join(t for kind, t in parts if kind == "answer")

@@ -25,6 +25,7 @@ class Stats:
     target_steps: int = 0  # speculative decoding / beam search: batched decode calls of the target
     draft_tokens: int = 0  # speculative decoding: tokens proposed by the drafter
     draft_accepted: int = 0  # of those, tokens the target agreed with
+    thinking_tokens: int = 0  # of generated_tokens, those of a reasoning model's thinking
 
     @property
     def prompt_eval_tokens(self) -> int:
@@ -61,6 +62,7 @@ class Stats:
             "ttft_s": round(self.ttft_s, 6),
             "tpot_s": round(self.tpot_s, 6),
             "finish_reason": self.finish_reason,
+            **({"thinking_tokens": self.thinking_tokens} if self.thinking_tokens else {}),
             **({"target_steps": self.target_steps, "draft_tokens": self.draft_tokens, "draft_accepted": self.draft_accepted,
                 "acceptance_rate": round(self.acceptance_rate, 4)} if self.target_steps else {}),
         }
@@ -89,6 +91,7 @@ class Response:
     error: Optional[str] = None
     # Asked for (a sequence's top_logprobs): one TokenLogprob per token of `tokens`.
     logprobs: Optional[list["TokenLogprob"]] = None
+    thinking: str = ""  # a reasoning model's thinking (its markers left out), apart from the answer in `text`
 
     @property
     def done(self) -> bool:

@@ -123,7 +123,7 @@ def _responses(items: Iterator[dict]) -> Iterator:
     for item in items:
         stats = Stats(**item["stats"]) if item.get("stats") else None
         yield Response(text=item["text"], tokens=item["tokens"], finish_reason=item.get("finish_reason"),
-                       stats=stats, error=item.get("error_text"))
+                       stats=stats, error=item.get("error_text"), thinking=item.get("thinking", ""))
 
 
 def resident_stream(path: str, model: str, *, load: dict, request: dict, keep_alive: float, source: str,

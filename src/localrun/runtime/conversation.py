@@ -147,12 +147,14 @@ class Conversation:
         on_dropped: Callable[[int], None] = lambda n: None,
         save_as: Optional[str] = None,
         on_save_failed: Callable[[str], None] = lambda message: None,
+        on_thinking: Callable[[str], None] = lambda text: None,
     ) -> tuple[str, Response]:
         """Generate the answer to `text`, calling on_piece with each piece of it, and record the exchange.
         Returns the answer and the last response (finish reason 'interrupted' once `cancelled` said so; an
         answer stopped before its first word is dropped together with its question). `on_dropped` hears how
         many old turns made room, first. `save_as`: then save the conversation as that session (a failure
-        to save is reported to `on_save_failed`, the answer stands)."""
+        to save is reported to `on_save_failed`, the answer stands). A reasoning model's thinking goes to
+        `on_thinking` and stays out of the conversation (its template leaves it out of earlier turns)."""
         sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
         reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.engine.n_ctx // 4
         reserve = min(reserve, self.engine.n_ctx // 2)
@@ -164,10 +166,15 @@ class Conversation:
         shown: list[str] = []
         ids: list[int] = []
         final = None
-        responses = generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled)
+        splitter = thinking_splitter(self.engine, full)
+        thought = False
+        responses = generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled, thinking=splitter)
         try:
             for response in responses:
                 ids.extend(response.tokens)
+                if response.thinking:
+                    thought = True
+                    on_thinking(response.thinking)
                 if response.text:
                     shown.append(response.text)
                     on_piece(response.text)
@@ -191,6 +198,8 @@ class Conversation:
         content = answer if self.templated else answer.strip()
         self.messages = [*messages, {"role": "assistant", "content": content}]
         self._tokens, self._text = tokens + ids, full + answer
+        if thought:  # the cache holds the thinking, the next prompt will not: it is made afresh (reusing what matches)
+            self._forget_tokens()
         if save_as:
             try:
                 self.save(save_as)
@@ -209,6 +218,14 @@ class Conversation:
         with Sessions.open() as sessions:
             self.replace(sessions.load(name, self.engine))
         return f"loaded session {name} ({self.turns} turn(s), {self.kv_tokens} tokens cached)"
+
+
+def thinking_splitter(engine, prompt_text: str):
+    """A splitter for a reasoning model's answer to `prompt_text` (engine.thinking), or None."""
+    from ..engine.thinking import ThinkingSplitter, markers_for, opened_in_prompt
+
+    markers = markers_for(engine.chat_template)
+    return None if markers is None else ThinkingSplitter(markers, inside=opened_in_prompt(prompt_text, markers))
 
 
 # -- sessions ---------------------------------------------------------------------------------------

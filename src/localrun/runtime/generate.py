@@ -37,13 +37,18 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 if request.raw and on_notice:
                     on_notice(f"{loaded.name} has no chat template (a base model): running plain completion")
             request = replace(request, messages=with_system(request, loaded.system, history))
+            if request.think is not None and on_notice and not request.raw:
+                from ..engine.thinking import has_switch
+
+                if not has_switch(engine.chat_template):
+                    on_notice(f"{loaded.name}'s chat template has no thinking switch: --{'' if request.think else 'no-'}think changes nothing")
         prompt = prompt_for(engine, request)
         if sessions is not None and not request.session:
             optional_cache(lambda: sessions.lookup_prefix(engine, prompt.tokens, on_notice=on_notice), on_notice)
         answer: list[str] = []
         final = None
         for response in engine_generate(engine, prompt.tokens, with_stops(request.sampling, prompt.stops),
-                                        strategy=loaded.strategy, cancelled=cancelled):
+                                        strategy=loaded.strategy, cancelled=cancelled, thinking=prompt.splitter()):
             answer.append(response.text)
             if response.done:
                 final = response

@@ -98,7 +98,7 @@ class RemoteConversation:
 
     def send(self, text: str, sampling, on_piece: Callable[[str], None], cancelled: Callable[[], bool] = lambda: False,
              on_dropped: Callable[[int], None] = lambda n: None, save_as: Optional[str] = None,
-             on_save_failed: Callable[[str], None] = lambda message: None):
+             on_save_failed: Callable[[str], None] = lambda message: None, on_thinking: Callable[[str], None] = lambda t: None):
         from . import Response, Stats
 
         items = self._stream("send", text=text, sampling=sampling.model_dump(mode="json"), session=save_as)
@@ -111,6 +111,8 @@ class RemoteConversation:
                 if "text" in item:
                     shown.append(item["text"])
                     on_piece(item["text"])
+                elif "thinking" in item:
+                    on_thinking(item["thinking"])
                 elif "dropped" in item:
                     on_dropped(item["dropped"])
                 elif "warning" in item:

@@ -25,6 +25,8 @@ class Request:
     system: Optional[str] = None  # the system prompt: None keeps a session's own, or else the model's default
     use_cache: bool = True  # look up and fill the automatic prefix cache
     tools: Optional[list[dict]] = None
+    think: Optional[bool] = None  # a reasoning model: thinking on or off where its template has a switch
+    reasoning: str = "auto"  # auto: a reasoning model's thinking apart from the answer; none: left inline
 
 
 @dataclass
@@ -32,6 +34,14 @@ class Prompt:
     tokens: list[int]
     stops: list[str]  # what the prompt's format needs on top of the request's (a transcript's next "User:")
     templated: bool
+    # A reasoning model's template: its thinking markers, and whether the prompt opened the block already.
+    thinking: Optional[tuple] = None
+
+    def splitter(self):
+        """A fresh engine.thinking.ThinkingSplitter for the answer to this prompt, or None."""
+        from ..engine.thinking import ThinkingSplitter
+
+        return None if self.thinking is None else ThinkingSplitter(self.thinking[0], inside=self.thinking[1])
 
 
 def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) -> Prompt:
@@ -42,21 +52,33 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
     n_ctx = n_ctx or engine.n_ctx
     if request.tokens is not None:
         return Prompt(_fit(engine, list(request.tokens), request.truncate, request.sampling.max_tokens, n_ctx), [], False)
-    rendered = render(engine, request.messages, raw=request.raw, tools=request.tools)
+    rendered = render(engine, request.messages, raw=request.raw, tools=request.tools, think=request.think)
     tokens = engine.tokenize(rendered.text, add_special=True, parse_special=True)
+    thinking = _thinking(engine, rendered, request)
     if not (request.truncate and rendered.templated) or len(tokens) < n_ctx or not request.messages:
-        return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated)
+        return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated,
+                      thinking)
     keep = _prompt_room(n_ctx, request.sampling.max_tokens)
     last = request.messages[-1]
     body = engine.tokenize(last["content"], add_special=False, parse_special=False)
     excess = len(tokens) - keep + 8  # a few tokens' margin: text re-tokenizes a little differently at the cut
     if excess < len(body):
         shortened = [*request.messages[:-1], {**last, "content": engine.detokenize(body[excess:])}]
-        cut = engine.tokenize(render(engine, shortened, tools=request.tools).text, add_special=True, parse_special=True)
+        cut = engine.tokenize(render(engine, shortened, tools=request.tools, think=request.think).text, add_special=True, parse_special=True)
         if len(cut) <= keep:
-            return Prompt(cut, rendered.stops, True)
+            return Prompt(cut, rendered.stops, True, thinking)
     # The template and earlier turns alone overflow: keep the end, as for plain text.
-    return Prompt(_fit(engine, tokens, True, request.sampling.max_tokens, n_ctx), rendered.stops, True)
+    return Prompt(_fit(engine, tokens, True, request.sampling.max_tokens, n_ctx), rendered.stops, True, thinking)
+
+
+def _thinking(engine: Engine, rendered, request: Request) -> Optional[tuple]:
+    """(markers, opened in the prompt) when the answer may hold a reasoning model's thinking to keep apart."""
+    from ..engine.thinking import markers_for, opened_in_prompt
+
+    if not rendered.templated or request.reasoning == "none":
+        return None
+    markers = markers_for(engine.chat_template)
+    return None if markers is None else (markers, opened_in_prompt(rendered.text, markers))
 
 
 def _fit(engine: Engine, tokens: list[int], truncate: bool, max_tokens: int, n_ctx: int) -> list[int]:

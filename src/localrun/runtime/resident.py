@@ -24,7 +24,7 @@ from ..errors import LocalrunError, UsageError
 from .scheduler import StepStats
 
 # The fields of a run request on the wire (localrun's own /api/run), besides model, load and keep_alive.
-RUN_FIELDS = ("messages", "raw", "system", "truncate", "session", "use_cache")
+RUN_FIELDS = ("messages", "raw", "system", "truncate", "session", "use_cache", "think")
 # What a chat client asks of its conversation (localrun's own /api/converse).
 CONVERSE_OPS = ("info", "send", "save", "load")
 CONVERSATIONS_KEPT = 8  # per model: the least recently used beyond that are rebuilt from their messages
@@ -71,6 +71,8 @@ class Exclusive:
 def wire(response) -> dict[str, Any]:
     """A response as the resident server streams it (the client makes a Response of it again)."""
     out: dict[str, Any] = {"text": response.text, "tokens": response.tokens}
+    if response.thinking:
+        out["thinking"] = response.thinking
     if response.done:
         out["finish_reason"] = response.finish_reason
         out["stats"] = asdict(response.stats) if response.stats is not None else None
@@ -135,6 +137,7 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             str(payload.get("text")), sampling, lambda piece: put({"text": piece}),
             cancelled=lambda: cancelled() or runner.stopping, on_dropped=lambda n: put({"dropped": n}),
             save_as=payload.get("session") or None, on_save_failed=lambda m: put({"warning": m}),
+            on_thinking=lambda t: put({"thinking": t}),
         )
         if final.finish_reason == "interrupted" and runner.stopping and not cancelled():
             raise _stopped_during_answer()

@@ -317,6 +317,12 @@ def build_app(service: Service, on_started=None):
             pool.release(resident, keep_alive)
             metrics.requests.labels(endpoint, "200").inc()
             return JSONResponse(ollama.loaded(resident.name, chat, "unload" if keep_alive == 0 else "load"))
+        if extra["think"] not in (None, False):
+            from ..engine.thinking import markers_for
+
+            if markers_for(resident.engine.chat_template) is None:  # as Ollama answers for a model that does not think
+                pool.release(resident, keep_alive)
+                return ollama_error(ApiError(400, f'"{body.model}" does not support thinking'), endpoint)
         if not chat and isinstance(body, ChatBody) and resident.engine.chat_template is None:
             body = ollama.without_template(body)
         try:
@@ -332,7 +338,8 @@ def build_app(service: Service, on_started=None):
                 return ollama_error(exc, endpoint)
             metrics.requests.labels(endpoint, "200").inc()
             logprobs = ollama.logprobs_of(resident.engine, final.logprobs) if wants_logprobs else None
-            answer = ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs)
+            answer = ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs,
+                                  thinking=final.thinking)
             if job.tools is not None:
                 answer["message"] = ollama.with_tool_calls(answer["message"], text, job.tools)
             return JSONResponse(answer)
@@ -344,14 +351,17 @@ def build_app(service: Service, on_started=None):
             try:
                 while True:
                     response: Response = await job.sink.get()
-                    text = response.text
+                    text, thought = response.text, response.thinking
                     entries += response.logprobs or []
                     while not response.done and not job.sink.empty():  # coalesce what is already here
                         more = job.sink.get_nowait()
                         text += more.text
+                        thought += more.thinking
                         entries += more.logprobs or []
                         if more.done:
                             response = more
+                    if thought:
+                        yield ollama.line(ollama.piece(model_id, chat, "", thinking=thought))
                     if held is not None:
                         held += text
                         text = ""
@@ -646,15 +656,18 @@ async def _cancel_on_disconnect(request, job: Job, scheduler: Scheduler) -> None
 
 
 async def _collect(job: Job) -> tuple[str, Response]:
-    """The whole answer, and its last response (which carries every token's logprobs, when asked for)."""
-    parts, logprobs = [], []
+    """The whole answer, and its last response (which carries every token's logprobs, when asked for, and
+    the whole of a reasoning model's thinking)."""
+    parts, logprobs, thought = [], [], []
     while True:
         response: Response = await job.sink.get()
         parts.append(response.text)
+        thought.append(response.thinking)
         logprobs += response.logprobs or []
         if response.done:
             if job.seq.top_logprobs is not None:
                 response.logprobs = logprobs
+            response.thinking = "".join(thought)  # the whole thinking, as the whole text
             return "".join(parts), response
 
 

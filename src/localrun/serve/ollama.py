@@ -53,8 +53,9 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise error(400, "model is required")
-    if data.get("think"):
-        raise error(400, f"{model!r} does not support thinking")
+    think = data.get("think")
+    if think is not None and not isinstance(think, (bool, str)):
+        raise error(400, "think must be true, false (or a level: low, medium, high)")
     fields: dict[str, Any] = {"model": model, "keep_alive": data.get("keep_alive")}
     options = data.get("options") or {}
     if not isinstance(options, dict):
@@ -81,7 +82,9 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
     elif fmt not in (None, ""):
         raise error(400, f"invalid format {fmt!r}: \"json\" or a JSON schema")
-    extra = {"stream": data.get("stream", True) is not False, "empty": False}
+    extra = {"stream": data.get("stream", True) is not False, "empty": False, "think": think}
+    if isinstance(think, bool):  # the template's switch (Qwen3's enable_thinking), where it has one
+        fields["chat_template_kwargs"] = {"enable_thinking": think}
     if data.get("logprobs"):  # as OpenAI's chat takes them; a raw completion below takes the count itself
         fields["logprobs"], fields["top_logprobs"] = True, data.get("top_logprobs") or 0
     elif data.get("top_logprobs"):
@@ -107,6 +110,7 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         if system is not None and not isinstance(system, str):
             raise error(400, "system must be a string")
         if data.get("raw"):
+            fields.pop("chat_template_kwargs", None)  # no template: nothing to switch
             fields["prompt"] = prompt
             if fields.pop("logprobs", None):
                 fields["logprobs"] = fields.pop("top_logprobs")
@@ -156,7 +160,8 @@ def without_template(body: ChatBody) -> CompletionBody:
     """/api/generate for a model with no chat template (a base model): the prompt as it is, as Ollama's
     default template ({{ .Prompt }}) gives it; a system prompt goes before it."""
     text = "\n\n".join(m.text() for m in body.messages if m.text())
-    fields = body.model_dump(exclude={"messages", "max_completion_tokens", "logprobs", "top_logprobs"}, exclude_none=True)
+    fields = body.model_dump(exclude={"messages", "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
+                                      "reasoning_format", "reasoning_effort"}, exclude_none=True)
     if body.logprobs:
         fields["logprobs"] = body.top_logprobs or 0
     return CompletionBody.model_validate({**fields, "prompt": text})
@@ -208,22 +213,25 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def piece(model: str, chat: bool, text: str, logprobs: Optional[list] = None) -> dict:
+def piece(model: str, chat: bool, text: str, logprobs: Optional[list] = None, thinking: str = "") -> dict:
     out: dict[str, Any] = {"model": model, "created_at": now(), "done": False}
     if chat:
-        out["message"] = {"role": "assistant", "content": text}
+        out["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
     else:
         out["response"] = text
+        if thinking:
+            out["thinking"] = thinking
     if logprobs is not None:
         out["logprobs"] = logprobs
     return out
 
 
-def final(model: str, chat: bool, text: str, response, *, started: float, load_s: float, logprobs: Optional[list] = None) -> dict:
+def final(model: str, chat: bool, text: str, response, *, started: float, load_s: float, logprobs: Optional[list] = None,
+          thinking: str = "") -> dict:
     """The last object: the whole answer when not streamed ('' when it was), how it ended, and the
     durations in nanoseconds (as Ollama reports them)."""
     stats = response.stats
-    out = piece(model, chat, text, logprobs)
+    out = piece(model, chat, text, logprobs, thinking)
     out.update({
         "done": True, "done_reason": "length" if response.finish_reason == "length" else "stop",
         "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": int(load_s * 1e9),

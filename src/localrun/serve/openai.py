@@ -158,6 +158,11 @@ def _arguments(given: Union[str, dict]) -> dict:
 class ChatBody(_Body):
     messages: list[_Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+    # A reasoning model's thinking: apart in reasoning_content (auto; deepseek, as llama.cpp's server names
+    # it), or left inline in the content (none); the template's switch (Qwen3's enable_thinking).
+    reasoning_format: Optional[Literal["auto", "deepseek", "none"]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    reasoning_effort: Optional[str] = None  # accepted (OpenAI clients send it); thinking is on unless switched off
 
 
 class EmbeddingsBody(BaseModel):
@@ -245,8 +250,13 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
     tooling = None
     if chat:
         tooling = tool_mode(engine, body)
+        kwargs = body.chat_template_kwargs or {}
+        unknown = sorted(set(kwargs) - {"enable_thinking"})
+        if unknown or not isinstance(kwargs.get("enable_thinking", True), bool):
+            raise ApiError(400, "chat_template_kwargs takes enable_thinking (true or false)", param="chat_template_kwargs")
         request = Request(messages=[m.for_template() for m in body.messages],
-                          tools=[t.model_dump(exclude_none=True) for t in body.tools] if tooling else None)
+                          tools=[t.model_dump(exclude_none=True) for t in body.tools] if tooling else None,
+                          think=kwargs.get("enable_thinking"), reasoning="none" if body.reasoning_format == "none" else "auto")
     elif isinstance(body.prompt, list):
         bad = [t for t in body.prompt if not 0 <= t < engine.n_vocab]
         if bad:
@@ -283,6 +293,7 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
     try:
         job = Job.create(engine, prompt.tokens, options, max_tokens=asked, n_ctx=slot_ctx, top_logprobs=_top_logprobs(body))
         job.tools = tooling
+        job.seq.thinking = prompt.splitter()
         return job
     except LocalrunError as exc:
         param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
@@ -490,10 +501,12 @@ def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, 
     choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": logprobs}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
+        if final.thinking:
+            choice["message"]["reasoning_content"] = final.thinking
         if tools is not None:
             content, calls = tool_message(text, tools)
             if calls:
-                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["message"] = {**choice["message"], "content": content, "tool_calls": calls}
                 choice["finish_reason"] = "tool_calls"
     else:
         choice["text"] = text
@@ -535,14 +548,18 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
             yield chunk(None, None, role=True)
         while True:
             response: Response = await job.sink.get()
-            text = response.text
+            text, thought = response.text, response.thinking
             entries += response.logprobs or []
             while not response.done and not job.sink.empty():  # coalesce what is already here
                 more = job.sink.get_nowait()
                 text += more.text
+                thought += more.thinking
                 entries += more.logprobs or []
                 if more.done:
                     response = more
+            if thought and chat and (not response.done or response.finish_reason in FINISH_REASONS):
+                yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [{
+                    "index": 0, "delta": {"reasoning_content": thought}, "finish_reason": None, "logprobs": None}]})
             if tools is not None:
                 from ..engine.tools import may_be_call
 

@@ -1,0 +1,53 @@
+"""The thinking splitter (engine/thinking.py): whatever the token boundaries, the thinking and the answer
+come back exactly as written, markers left out; a template's markers and an opened block are recognised."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localrun.engine.thinking import GPT_OSS, THINK, ThinkingSplitter, has_switch, markers_for, opened_in_prompt
+
+# Text that holds no marker (nor a piece of one that could join the next): letters, spaces, '<', '/', '>', newlines.
+plain = st.text(alphabet=st.sampled_from(list("abc <>/\nthink|")), max_size=40).filter(
+    lambda t: "<think>" not in t and "</think>" not in t and not any(t.endswith(THINK.close[:n]) for n in range(1, 8)))
+answers = plain.filter(lambda t: t[:1] not in (" ", "\n") and not t.startswith("<"))
+
+
+def split(text: str, cuts: list[int], splitter: ThinkingSplitter) -> tuple[str, str]:
+    points = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
+    parts = []
+    for a, b in zip(points, points[1:]):
+        parts += splitter.feed(text[a:b])
+    parts += splitter.flush()
+    return "".join(t for k, t in parts if k == "thinking"), "".join(t for k, t in parts if k == "answer")
+
+
+@settings(max_examples=300, deadline=None)
+@given(thought=plain, answer=answers, gap=st.sampled_from(["", "\n", "\n\n", " "]), cuts=st.lists(st.integers(0, 200), max_size=12))
+def test_thinking_and_answer_come_back_exactly(thought, answer, gap, cuts):
+    assert split(f"<think>{thought}</think>{gap}{answer}", cuts, ThinkingSplitter(THINK)) == (thought, answer)
+    # The prompt opened the block: the answer starts inside it.
+    assert split(f"{thought}</think>{gap}{answer}", cuts, ThinkingSplitter(THINK, inside=True)) == (thought, answer)
+    # No thinking at all: everything is the answer.
+    assert split(answer, cuts, ThinkingSplitter(THINK)) == ("", answer)
+    # Cut inside the thinking (max tokens): what was thought, no answer.
+    assert split(f"<think>{thought}", cuts, ThinkingSplitter(THINK)) == (thought, "")
+
+
+@given(cuts=st.lists(st.integers(0, 200), max_size=12))
+def test_gpt_oss_channels(cuts):
+    text = f"{GPT_OSS.open}Let me think.{GPT_OSS.close}{GPT_OSS.answer_prefix}Paris."
+    assert split(text, cuts, ThinkingSplitter(GPT_OSS)) == ("Let me think.", "Paris.")
+
+
+def test_markers_in_the_answer_are_text_once_it_began():
+    assert split("Use <think> tags.", [3, 7], ThinkingSplitter(THINK)) == ("", "Use <think> tags.")
+
+
+def test_markers_from_templates():
+    assert markers_for("{{ '<think>\\n' }}") == THINK and markers_for("...<|channel|>analysis...") == GPT_OSS
+    assert markers_for("{{ messages }}") is None and markers_for(None) is None
+    assert opened_in_prompt("<|im_start|>assistant\n<think>\n", THINK)
+    assert not opened_in_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n", THINK)
+    assert has_switch("{% if enable_thinking is false %}") and not has_switch("<think>")
