@@ -17,13 +17,14 @@ from typing import Optional
 from ..engine import Response, SamplingOptions, generate
 from ..engine.kv import extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
-from ..errors import ContextOverflow, LocalrunError, SessionError
+from ..errors import ContextOverflow, LocalrunError
 from .loader import Loaded
+from .messages import Messages
 from .request import with_stops
 from .sessions import Sessions
 
 
-class Conversation:
+class Conversation(Messages):
     """The messages, and the tokens that the engine's KV cache mirrors for them."""
 
     def __init__(self, loaded: Loaded, system: Optional[str]):
@@ -38,20 +39,8 @@ class Conversation:
 
     # -- the conversation --------------------------------------------------------------------
 
-    @property
-    def system(self) -> Optional[str]:
-        if self.messages and self.messages[0]["role"] == "system":
-            return self.messages[0]["content"]
-        return None
-
-    def set_system(self, text: Optional[str]) -> None:
-        rest = [m for m in self.messages if m["role"] != "system"]
-        self.messages = ([{"role": "system", "content": text}] if text else []) + rest
-        self._forget_tokens()
-
-    def clear(self) -> None:
-        self.messages = [m for m in self.messages[:1] if m["role"] == "system"]
-        self._forget_tokens()  # the engine keeps its cache: the system prompt prefix is reused
+    def _changed(self) -> None:
+        self._forget_tokens()  # the engine keeps its cache: a prefix that still matches (the system prompt) is reused
 
     def replace(self, messages: list[dict]) -> None:
         self.messages = [dict(m) for m in messages]
@@ -64,10 +53,6 @@ class Conversation:
         """After an interruption inside llama.cpp: start from an empty KV cache rather than a doubtful one."""
         self.engine.reset()
         self._forget_tokens()
-
-    @property
-    def turns(self) -> int:
-        return sum(1 for m in self.messages if m["role"] == "user")
 
     @property
     def kv_tokens(self) -> int:
@@ -227,15 +212,3 @@ def thinking_splitter(engine, prompt_text: str):
     markers = markers_for(engine.chat_template)
     return None if markers is None else ThinkingSplitter(markers, inside=opened_in_prompt(prompt_text, markers))
 
-
-# -- sessions ---------------------------------------------------------------------------------------
-
-
-def session_exists(name: str) -> bool:
-    """Whether `name` was saved (a bad name raises UsageError)."""
-    with Sessions.open() as sessions:
-        try:
-            sessions.show(name)
-        except SessionError:
-            return False
-    return True

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .client import resident, resident_stream
+from .messages import Messages
 
 
-class RemoteConversation:
+class RemoteConversation(Messages):
     def __init__(self, model: str, *, load: dict, sampling: dict, keep_alive: float, source: str,
                  on_notice: Callable[[str], None]):
         """Ask the server for the model (loading it there); raises client.InProcess where this process
@@ -65,25 +66,8 @@ class RemoteConversation:
 
     # -- the conversation (as Conversation's) -----------------------------------------------------------
 
-    @property
-    def system(self) -> Optional[str]:
-        if self.messages and self.messages[0]["role"] == "system":
-            return self.messages[0]["content"]
-        return None
-
-    def set_system(self, text: Optional[str]) -> None:
-        rest = [m for m in self.messages if m["role"] != "system"]
-        self.messages = ([{"role": "system", "content": text}] if text else []) + rest
-
-    def clear(self) -> None:
-        self.messages = [m for m in self.messages[:1] if m["role"] == "system"]
-
     def reset_cache(self) -> None:
         """After a second Ctrl-C: the connection closed, which stopped the answer on the server."""
-
-    @property
-    def turns(self) -> int:
-        return sum(1 for m in self.messages if m["role"] == "user")
 
     def context_used(self) -> int:
         if self._context_used is None or self._context_used[0] != self.messages:

@@ -350,16 +350,8 @@ def build_app(service: Service, on_started=None):
             entries: list = []  # tokens whose logprobs are not sent yet
             try:
                 while True:
-                    response: Response = await job.sink.get()
-                    text, thought = response.text, response.thinking
-                    entries += response.logprobs or []
-                    while not response.done and not job.sink.empty():  # coalesce what is already here
-                        more = job.sink.get_nowait()
-                        text += more.text
-                        thought += more.thinking
-                        entries += more.logprobs or []
-                        if more.done:
-                            response = more
+                    response, text, thought, more = await openai.next_piece(job)
+                    entries += more
                     if thought:
                         yield ollama.line(ollama.piece(model_id, chat, "", thinking=thought))
                     if held is not None:
@@ -417,9 +409,7 @@ def build_app(service: Service, on_started=None):
 
         try:
             data = await ollama_body(request)
-            ref = data.get("model") or data.get("name") if isinstance(data, dict) else None
-            if not isinstance(ref, str) or not ref:
-                raise ApiError(400, "model is required")
+            ref = ollama.model_named(data)
             try:
                 card = await run_in_threadpool(model_card, ref)
             except ModelNotFound:
@@ -436,9 +426,7 @@ def build_app(service: Service, on_started=None):
 
         try:
             data = await ollama_body(request)
-            ref = data.get("model") or data.get("name") if isinstance(data, dict) else None
-            if not isinstance(ref, str) or not ref:
-                raise ApiError(400, "model is required")
+            ref = ollama.model_named(data)
             try:
                 await run_in_threadpool(remove_pulled, ref)
             except ModelNotFound:
@@ -459,9 +447,7 @@ def build_app(service: Service, on_started=None):
 
         try:
             data = await ollama_body(request)
-            ref = data.get("model") or data.get("name") if isinstance(data, dict) else None
-            if not isinstance(ref, str) or not ref:
-                raise ApiError(400, "model is required")
+            ref = ollama.model_named(data)
         except ApiError as exc:
             return ollama_error(exc, "/api/pull")
         stream = data.get("stream", True) is not False

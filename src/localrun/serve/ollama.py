@@ -209,6 +209,14 @@ def embed_request(data: Any, legacy: bool) -> tuple[Any, list[str], bool, Option
     return body, [t for t in texts if t != ""] if legacy else texts, data.get("truncate", True) is not False, dimensions
 
 
+def model_named(data: Any) -> str:
+    """The model a body of /api/show, /api/pull or /api/delete names (`model`, or the older `name`)."""
+    ref = (data.get("model") or data.get("name")) if isinstance(data, dict) else None
+    if not isinstance(ref, str) or not ref:
+        raise error(400, "model is required")
+    return ref
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 

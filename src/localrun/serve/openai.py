@@ -520,6 +520,21 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
+async def next_piece(job: Job) -> tuple[Response, str, str, list]:
+    """The next response of a job and whatever already waits behind it, as one: (the last response, the
+    text, the thinking, the tokens' logprobs). One write per step instead of one per token."""
+    response: Response = await job.sink.get()
+    text, thought, entries = response.text, response.thinking, list(response.logprobs or [])
+    while not response.done and not job.sink.empty():
+        more = job.sink.get_nowait()
+        text += more.text
+        thought += more.thinking
+        entries += more.logprobs or []
+        if more.done:
+            response = more
+    return response, text, thought, entries
+
+
 async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str, on_final, cancel, engine=None) -> AsyncIterator[str]:
     """The response stream as OpenAI's server-sent events. `on_final(final, status)` records how it ended;
     `cancel()` frees the slot when the client goes away mid-stream."""
@@ -547,16 +562,8 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
         if chat:
             yield chunk(None, None, role=True)
         while True:
-            response: Response = await job.sink.get()
-            text, thought = response.text, response.thinking
-            entries += response.logprobs or []
-            while not response.done and not job.sink.empty():  # coalesce what is already here
-                more = job.sink.get_nowait()
-                text += more.text
-                thought += more.thinking
-                entries += more.logprobs or []
-                if more.done:
-                    response = more
+            response, text, thought, more = await next_piece(job)
+            entries += more
             if thought and chat and (not response.done or response.finish_reason in FINISH_REASONS):
                 yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [{
                     "index": 0, "delta": {"reasoning_content": thought}, "finish_reason": None, "logprobs": None}]})
