@@ -131,3 +131,34 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS
         return max(1, os.cpu_count() or 1)
+
+
+def gpu_memory() -> list[tuple[str, int, int]]:
+    """(name, free bytes, total bytes) of each GPU llama.cpp can use (its ggml backend devices of type GPU):
+    none on a CPU build. What the resident server budgets offloaded layers against."""
+    import ctypes
+    from pathlib import Path
+
+    ll = llama_cpp_module()
+    lib_dir = Path(ll.__file__).parent / "lib"
+    found = sorted(lib_dir.glob("libggml.so*")) + sorted(lib_dir.glob("libggml.dylib"))
+    if not found:
+        return []
+    ggml = ctypes.CDLL(str(found[0]))  # loaded already by llama.cpp: the same handle
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    out = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(dev) != 1:  # GGML_BACKEND_DEVICE_TYPE_GPU (CPU 0; IGPU 2 shares the RAM; ACCEL 3)
+            continue
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append((ggml.ggml_backend_dev_name(dev).decode(errors="replace"), free.value, total.value))
+    return out

@@ -127,6 +127,27 @@ def pulled_models() -> list[tuple[str, str]]:
     return [(m.ref, str(m.path)) for m in hub.list_local() if not m.missing_files()]
 
 
+def gpu_free_bytes() -> Optional[int]:
+    """Free memory on the GPUs llama.cpp can use, all together (None where it has none: a CPU build)."""
+    from ..engine.llama import gpu_memory
+
+    devices = gpu_memory()
+    return sum(free for _, free, _ in devices) if devices else None
+
+
+def gpu_share(path: Path, gpu_layers: str, has_gpu: bool) -> float:
+    """The share of a model that --gpu-layers puts on a GPU (repeating layers plus the output layer, as
+    llama.cpp counts them), to budget against GPU memory: 0 without a GPU."""
+    from ..engine.gguf_info import read_info
+
+    if not has_gpu or gpu_layers in ("0", 0):
+        return 0.0
+    if gpu_layers in ("auto", "-1", -1):
+        return 1.0
+    total = read_info(path).n_layer + 1
+    return min(int(gpu_layers), total) / total
+
+
 def available_memory() -> int:
     """RAM the kernel can hand out now (MemAvailable), the room a new model's weights and KV go into."""
     import psutil
@@ -137,13 +158,15 @@ def available_memory() -> int:
 class Resident:
     """One loaded model: its engine (via `loaded`), its scheduler, and how long it stays."""
 
-    def __init__(self, loaded, scheduler, spec: LoadSpec, *, path: Path, estimate: int, slot_ctx: int, pinned: bool):
+    def __init__(self, loaded, scheduler, spec: LoadSpec, *, path: Path, estimate: int, slot_ctx: int, pinned: bool,
+                 vram: int = 0):
         self.loaded = loaded
         self.engine = loaded.engine
         self.scheduler = scheduler
         self.spec = spec
         self.path = path
         self.estimate = estimate
+        self.vram = vram  # of the estimate, what its layers on a GPU take there
         self.slot_ctx = slot_ctx
         self.pinned = pinned  # named on `serve`'s command line: no expiry
         self.refs = 0
@@ -173,7 +196,7 @@ class Resident:
         return {
             "name": self.name, "model": self.loaded.ref, "path": str(self.path), "size": self.estimate,
             "digest": "", "details": model_details(self.engine.info),
-            "size_vram": int(self.estimate * on_gpu), "processor": _processor(on_gpu),
+            "size_vram": self.vram or int(self.estimate * on_gpu), "processor": _processor(on_gpu),
             "context_length": self.slot_ctx, "slots": len(self.scheduler.slots),
             "slots_busy": len(self.scheduler.slots) - self.scheduler.idle_slots(), "requests": self.refs,
             "expires_at": expires, "keep_alive": None if self.keep_alive < 0 else self.keep_alive,
@@ -202,6 +225,7 @@ class ModelPool:
         keep_alive: float = 300.0,
         max_models: int = 0,
         memory_budget: Optional[int] = None,
+        free_vram: Optional[Callable[[], Optional[int]]] = None,
         on_notice: Callable[[str], None] = lambda message: None,
         clock: Callable[[], float] = time.time,
     ):
@@ -210,6 +234,7 @@ class ModelPool:
         self.keep_alive = keep_alive
         self.max_models = max_models  # 0 = no cap but memory
         self.memory_budget = memory_budget  # None = free RAM at each load
+        self.free_vram = free_vram or gpu_free_bytes  # free GPU memory now (None: no GPU)
         self.notice = on_notice
         self.clock = clock
         self.residents: list[Resident] = []
@@ -234,11 +259,13 @@ class ModelPool:
                 return resident, False
             path = self._path(ref)
             stamp = _stamp(path)
+            gpu_free = self.free_vram()  # first: it loads llama.cpp, which must come before gguf's numpy (engine.llama)
             estimate = estimate_bytes(path, spec, ref)
+            vram = int(estimate * gpu_share(path, spec.gpu_layers, gpu_free is not None))
             closing: list[Resident] = []
             try:
                 with self.lock:
-                    self._check_fits_alone(estimate)  # before anything is unloaded for it
+                    self._check_fits_alone(estimate, vram, gpu_free)  # before anything is unloaded for it
                     # A model loaded for another kind of request (run/chat, batched slots, embeddings) stays.
                     same_file = [r for r in self.residents if r.path == path and r.spec.kind == spec.kind]
                     for resident in same_file:
@@ -258,7 +285,8 @@ class ModelPool:
                             changed = old.spec.differences(spec) or ["the file changed on disk"]
                             self.notice(f"reloading {old.name}: {', '.join(changed)}")
                             closing.append(self._remove(old))
-                    closing += self._make_room(estimate, freed=sum(r.estimate for r in closing))
+                    closing += self._make_room(estimate, vram, gpu_free, freed=(
+                        sum(r.estimate - r.vram for r in closing), sum(r.vram for r in closing)))
             finally:
                 for resident in closing:
                     _close(resident)
@@ -269,7 +297,7 @@ class ModelPool:
             except BaseException:
                 loaded.close()
                 raise
-            resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned)
+            resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned, vram=vram)
             resident.stamp = stamp
             resident.names.add(ref.casefold())
             with self.lock:
@@ -353,42 +381,57 @@ class ModelPool:
 
         return hub.resolve_local(ref).path
 
-    def _make_room(self, estimate: int, freed: int = 0) -> list[Resident]:
-        """Take idle models off the list, least recently used first, until `estimate` fits beside the rest
-        (the lock held); the caller closes them after letting the lock go. `freed`: taken off already, to
-        be closed, so still in use as far as free RAM goes."""
+    def _make_room(self, estimate: int, vram: int, gpu_free: Optional[int], freed: tuple[int, int] = (0, 0)) -> list[Resident]:
+        """Take idle models off the list, least recently used first, until `estimate` (of which `vram` on
+        the GPU) fits beside the rest, in RAM and in GPU memory (the lock held); the caller closes them
+        after letting the lock go. `freed` (RAM, VRAM): taken off already, to be closed, so still in use as
+        far as free memory goes."""
         removed: list[Resident] = []
         while True:
-            held = sum(r.estimate for r in self.residents)
-            budget = self._budget(freed + sum(r.estimate for r in removed))
+            out = (freed[0] + sum(r.estimate - r.vram for r in removed), freed[1] + sum(r.vram for r in removed))
+            ram_budget, vram_budget = self._budgets(gpu_free, out)
+            ram_held = sum(r.estimate - r.vram for r in self.residents)
+            vram_held = sum(r.vram for r in self.residents)
             over_count = self.max_models and len(self.residents) >= self.max_models
-            if not over_count and held + estimate <= budget:
+            fits_gpu = vram_budget is None or vram_held + vram <= vram_budget
+            if not over_count and ram_held + estimate - vram <= ram_budget and fits_gpu:
                 return removed
             idle = [r for r in self.residents if r.refs == 0]
             if not idle:
                 self.residents.extend(removed)  # nothing is unloaded for a load that cannot happen now
                 why = (f"{len(self.residents)} of at most {self.max_models} models are loaded" if over_count else
-                       f"the next one does not fit beside them ({_gib(held)} held, {_gib(budget)} in all)")
+                       f"the next one does not fit beside them ({_gib(ram_held)} held, {_gib(ram_budget)} in all)" if fits_gpu else
+                       f"the next one does not fit beside them in GPU memory ({_gib(vram_held)} held, {_gib(vram_budget)} in all)")
                 raise PoolBusy(f"every loaded model is answering a request and {why}: retry shortly")
             victim = min(idle, key=lambda r: r.last_used)
             self.notice(f"unloading {victim.name} to make room")
             removed.append(self._remove(victim))
 
-    def _budget(self, freed: int = 0) -> int:
-        """What the loaded models may take in all (the lock held): --memory-budget, else free RAM plus what
-        the loaded models and those `freed` (taken off, not yet closed) hold."""
-        if self.memory_budget is not None:
-            return self.memory_budget
-        return available_memory() + sum(r.estimate for r in self.residents) + freed
+    def _budgets(self, gpu_free: Optional[int], freed: tuple[int, int] = (0, 0)) -> tuple[int, Optional[int]]:
+        """What the loaded models may take in all, in RAM and on the GPU (None: no GPU) (the lock held): RAM
+        is --memory-budget, else free RAM plus what the loaded models and those `freed` (taken off, not yet
+        closed) hold; the GPU's, its free memory plus what they hold there."""
+        ram = self.memory_budget if self.memory_budget is not None else (
+            available_memory() + sum(r.estimate - r.vram for r in self.residents) + freed[0])
+        vram = None if gpu_free is None else gpu_free + sum(r.vram for r in self.residents) + freed[1]
+        return ram, vram
 
-    def _check_fits_alone(self, estimate: int) -> None:
-        """ModelTooBig when `estimate` exceeds the budget even with every model unloaded (the lock held)."""
-        budget = self._budget()
-        if estimate > budget:
+    def _check_fits_alone(self, estimate: int, vram: int, gpu_free: Optional[int]) -> None:
+        """ModelTooBig when `estimate` (of which `vram` on the GPU) exceeds a budget even with every model
+        unloaded (the lock held)."""
+        ram_budget, vram_budget = self._budgets(gpu_free)
+        if vram_budget is not None and vram > vram_budget:
             raise ModelTooBig(
-                f"the model needs about {_gib(estimate)} (weights and KV at this context) but "
+                f"the model's layers on the GPU need about {_gib(vram)} (weights and KV at this context) but the GPU"
+                f" has {_gib(vram_budget)} free even with every other model unloaded: offload fewer layers (num_gpu,"
+                " --gpu-layers), or use a smaller context or quant"
+            )
+        if estimate - vram > ram_budget:
+            raise ModelTooBig(
+                f"the model needs about {_gib(estimate - vram)} (weights and KV at this context"
+                f"{', besides its layers on the GPU' if vram else ''}) but "
                 f"{'the memory budget is' if self.memory_budget is not None else 'this machine has'} "
-                f"{_gib(budget)} even with every other model unloaded: use a smaller context or quant"
+                f"{_gib(ram_budget)} even with every other model unloaded: use a smaller context or quant"
             )
 
     def _remove(self, resident: Resident) -> Resident:
