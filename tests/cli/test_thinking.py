@@ -102,6 +102,12 @@ def test_openai_reasoning_content_and_ollama_thinking(thinking_model, smollm2, t
         assert not quiet.message.thinking and quiet.message.content.strip()
         streamed = list(o.generate(model=str(thinking_model), prompt=Q, think=True, stream=True, options={"temperature": 0, "num_predict": 40}))
         assert "".join(p.thinking or "" for p in streamed) == thinks.message.thinking
+        assert "thinking" in o.show(str(thinking_model)).capabilities
+        # JSON asked of a reasoning model: the constrained text is the answer, not its thinking.
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+        formatted = o.chat(model=str(thinking_model), messages=[{"role": "user", "content": Q}], format=schema,
+                           options={"temperature": 0, "num_predict": 40})
+        assert json.loads(formatted.message.content)["city"] and not formatted.message.thinking
         with pytest.raises(ollama.ResponseError) as no:
             o.chat(model=str(smollm2), messages=[{"role": "user", "content": Q}], think=True)
         assert no.value.status_code == 400 and "does not support thinking" in no.value.error

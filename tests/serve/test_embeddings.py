@@ -64,6 +64,8 @@ def test_embed_command_errors(smollm2, cli, tmp_path):
         r = cli("embed", str(smollm2), *bad)
         assert r.returncode == 2 and fragment in r.stderr, r.stderr
     assert not (tmp_path / "v.txt").exists()
+    nowhere = cli("embed", str(smollm2), "--threads", "1", "-o", str(tmp_path / "missing" / "v.npy"), "x")
+    assert nowhere.returncode == 1 and "cannot write" in nowhere.stderr and len(nowhere.stderr.strip().splitlines()) == 1
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def test_openai_embeddings(server, smollm2):
     # The chat model is still served beside its embeddings context.
     assert client.completions.create(model=str(smollm2), prompt="Hi", max_tokens=2).choices[0].text is not None
 
-    for body, param in (({"input": "x", "dimensions": 7}, "dimensions"), ({"input": []}, "input"), ({"input": [""]}, "input"),
+    for body, param in (({"input": "word " * 1100}, "input"), ({"input": "x", "dimensions": 7}, "dimensions"), ({"input": []}, "input"), ({"input": [""]}, "input"),
                         ({"input": [[10**9]]}, "input"), ({"input": "x", "encoding_format": "hex"}, "encoding_format")):
         r = httpx.post(server.url + "/v1/embeddings", json={"model": str(smollm2), **body}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -98,6 +100,12 @@ def test_ollama_embed_and_langchain(server, smollm2):
     from langchain_ollama import OllamaEmbeddings
 
     c = ollama.Client(host=server.url)
+    e = c.embed(model=str(smollm2), input=TEXTS)
+    # Unloading the model (an empty request, keep_alive 0) unloads its embeddings context too.
+    assert c.generate(model=str(smollm2), prompt="", keep_alive=0).done_reason == "unload"
+    from conftest import wait_until
+
+    wait_until(lambda: c.ps().models == [], what="both of the model's contexts to unload")
     e = c.embed(model=str(smollm2), input=TEXTS)
     v = np.array(e.embeddings)
     assert v.shape == (3, n_embd(smollm2)) and v[0] @ v[2] > 0.99999 and e.prompt_eval_count > 10

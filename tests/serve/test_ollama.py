@@ -123,6 +123,8 @@ def test_list_show_ps_version_preload_and_unload(served, cli):
     wait_until(lambda: c.ps().models == [], what="the model to unload")
 
     assert httpx.get(served.url + "/api/version").json()["version"]
+    up = httpx.head(served.url + "/")  # what the `ollama` command checks before each command
+    assert up.status_code == 200 and "Ollama is running" in httpx.get(served.url + "/").text
 
 
 def test_pull_and_delete(served, hub_stub, smollm2):
@@ -160,7 +162,9 @@ def test_bad_requests_get_ollamas_error_shape_and_the_server_goes_on(served, cal
     with pytest.raises(ollama.ResponseError) as failed:
         call(c)
     assert failed.value.status_code == status and fragment in failed.value.error, failed.value.error
-    for body in (b"{not json", b'{"model": "%s", "messages": [], "format": "yaml"}' % REF.encode(), b'{"model": "%s", "prompt": 3}' % REF.encode()):
+    for body in (b"{not json", b'{"model": "%s", "messages": [], "format": "yaml"}' % REF.encode(), b'{"model": "%s", "prompt": 3}' % REF.encode(),
+                 b'{"model": "%s", "prompt": "x", "stream": "yes"}' % REF.encode(), b'{"model": 12, "prompt": "x"}',
+                 b'{"model": "%s", "messages": [], "format": %s}' % (REF.encode(), b"[" * 5000 + b"]" * 5000)):
         raw = httpx.post(served.url + ("/api/generate" if b"prompt" in body else "/api/chat"), content=body)
         assert raw.status_code == 400 and set(raw.json()) == {"error"}, raw.text
     assert c.chat(model=REF, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done  # still serving

@@ -73,6 +73,14 @@ def test_forced_calls_validate_streamed_and_not(server, tools_model, choice, nam
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_a_forced_call_ignores_stop_sequences(server, tools_model):
+    """A stop inside the call would cut its JSON: the grammar ends a forced call, not the request's stops."""
+    r = client(server).chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required",
+                                               temperature=0, max_tokens=80, stop=["Paris", '"'])
+    assert r.choices[0].finish_reason == "tool_calls"
+    valid(r.choices[0].message.tool_calls[0])
+
+
 def test_a_second_turn_with_the_tool_result(server, tools_model):
     c = client(server)
     first = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80)
@@ -130,6 +138,7 @@ def test_ollama_tool_calls_and_history(server, tools_model):
     from localrun.engine.tools import call_schema
 
     c = ollama.Client(host=server.url)
+    assert "tools" in c.show(str(tools_model)).capabilities  # Ollama clients check it before sending tools
     # Ollama has no tool_choice: a format in the call's own schema makes the model write one, which comes
     # back as message.tool_calls as any call would.
     r = c.chat(model=str(tools_model), messages=ASK, tools=TOOLS, format=call_schema(TOOLS, "get_weather"),

@@ -260,15 +260,13 @@ def embed(
             sys.stdout.write(json.dumps({"text": text, "embedding": vector}, ensure_ascii=False) + "\n")
         sys.stdout.flush()
         return
-    import io
-
-    import numpy as np
-
+    from ..runtime.embed import npy_bytes
     from ..store.files import atomic_write_bytes
 
-    buf = io.BytesIO()
-    np.save(buf, np.asarray(result.vectors, dtype=np.float32))
-    atomic_write_bytes(output, buf.getvalue())
+    try:
+        atomic_write_bytes(output, npy_bytes(result.vectors))
+    except OSError as exc:
+        raise LocalrunError(f"cannot write {output}: {exc.strerror or exc}") from None
     err.print(f"wrote {len(given)} x {len(result.vectors[0])} embeddings to {output}", markup=False, highlight=False)
 
 

@@ -109,11 +109,14 @@ def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_think
             out.flush()
         raise
     thinking.end()
-    if final is not None and thought and not "".join(shown).strip() and final.finish_reason == "length":
+    if final is not None and thought and not "".join(shown).strip() and final.finish_reason in ("length", "eos"):
         from ..console import warn
 
-        warn(f"the answer was cut inside the model's thinking, after {final.stats.generated_tokens} tokens: raise --max-tokens"
-             " (thinking counts toward it)")
+        if final.finish_reason == "length":
+            warn(f"the answer was cut inside the model's thinking, after {final.stats.generated_tokens} tokens: raise --max-tokens"
+                 " (thinking counts toward it)")
+        else:
+            warn("the model ended inside its thinking and gave no answer: ask again, or try --no-think")
     if final is not None:
         text = "".join(shown)
         if as_json:

@@ -44,6 +44,18 @@ def opened_in_prompt(prompt: str, markers: Markers) -> bool:
     return tail.endswith(markers.open.rstrip())
 
 
+def opens_for(markers: Markers, opened: bool, sampling) -> bool:
+    """Whether the answer starts inside the thinking: the prompt opened the block, unless a grammar or JSON
+    schema constrains the output and cannot write the close marker (JSON asked of a reasoning model: the
+    constrained text is the answer, not its thinking)."""
+    if not opened:
+        return False
+    if getattr(sampling, "json_schema", None) is not None:
+        return False
+    grammar = getattr(sampling, "grammar", None)
+    return grammar is None or markers.close in grammar
+
+
 def has_switch(template: Optional[str]) -> bool:
     """Whether the template can turn thinking on and off (Qwen3's `enable_thinking`)."""
     return "enable_thinking" in (template or "")

@@ -151,7 +151,7 @@ class Conversation(Messages):
         shown: list[str] = []
         ids: list[int] = []
         final = None
-        splitter = thinking_splitter(self.engine, full)
+        splitter = thinking_splitter(self.engine, full, sampling)
         thought = False
         responses = generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled, thinking=splitter)
         try:
@@ -205,10 +205,12 @@ class Conversation(Messages):
         return f"loaded session {name} ({self.turns} turn(s), {self.kv_tokens} tokens cached)"
 
 
-def thinking_splitter(engine, prompt_text: str):
+def thinking_splitter(engine, prompt_text: str, sampling=None):
     """A splitter for a reasoning model's answer to `prompt_text` (engine.thinking), or None."""
-    from ..engine.thinking import ThinkingSplitter, markers_for, opened_in_prompt
+    from ..engine.thinking import ThinkingSplitter, markers_for, opened_in_prompt, opens_for
 
     markers = markers_for(engine.chat_template)
-    return None if markers is None else ThinkingSplitter(markers, inside=opened_in_prompt(prompt_text, markers))
+    if markers is None:
+        return None
+    return ThinkingSplitter(markers, inside=opens_for(markers, opened_in_prompt(prompt_text, markers), sampling))
 

@@ -42,3 +42,15 @@ def embed(loaded: Loaded, texts: list, *, truncate: bool = True, dimensions: Opt
         lists.append(tokens)
     vectors = engine.embed(lists)
     return Embeddings(vectors, sum(len(t) for t in lists), time.perf_counter() - t0)
+
+
+def npy_bytes(vectors: list[list[float]]) -> bytes:
+    """The vectors as a NumPy .npy file (float32, one row per text), written without numpy (the layers above
+    the engine do not import it): format 1.0, a header dict, then the little-endian data."""
+    import struct
+
+    rows, cols = len(vectors), len(vectors[0]) if vectors else 0
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"  # the data starts on a multiple of 64 bytes
+    data = struct.pack(f"<{rows * cols}f", *(x for v in vectors for x in v))
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin-1") + data

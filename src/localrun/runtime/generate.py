@@ -48,7 +48,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
         answer: list[str] = []
         final = None
         for response in engine_generate(engine, prompt.tokens, with_stops(request.sampling, prompt.stops),
-                                        strategy=loaded.strategy, cancelled=cancelled, thinking=prompt.splitter()):
+                                        strategy=loaded.strategy, cancelled=cancelled, thinking=prompt.splitter(request.sampling)):
             answer.append(response.text)
             if response.done:
                 final = response

@@ -173,7 +173,11 @@ def model_card(ref: str) -> dict[str, Any]:
     entry = entry_for(ref)
     sampling = entry.sampling if entry else {}
     parameters = "\n".join(f"{k:<20} {v}" for k, v in sorted(dict(sampling).items()))
-    capabilities = ["completion"] + (["embedding"] if entry is not None and entry.embedding else [])
+    from ..engine.thinking import markers_for
+    from ..engine.tools import supports_tools
+
+    capabilities = ["completion"] + (["tools"] if supports_tools(info.chat_template) else []) + (
+        ["thinking"] if markers_for(info.chat_template) else []) + (["embedding"] if entry is not None and entry.embedding else [])
     return {
         "modelfile": f"# localrun: {local.ref}\nFROM {local.path}\n", "parameters": parameters,
         "template": info.chat_template or "{{ .Prompt }}", "license": (entry.license if entry else "") or "",

@@ -37,11 +37,14 @@ class Prompt:
     # A reasoning model's template: its thinking markers, and whether the prompt opened the block already.
     thinking: Optional[tuple] = None
 
-    def splitter(self):
-        """A fresh engine.thinking.ThinkingSplitter for the answer to this prompt, or None."""
-        from ..engine.thinking import ThinkingSplitter
+    def splitter(self, sampling=None):
+        """A fresh engine.thinking.ThinkingSplitter for the answer to this prompt sampled with `sampling`, or None."""
+        from ..engine.thinking import ThinkingSplitter, opens_for
 
-        return None if self.thinking is None else ThinkingSplitter(self.thinking[0], inside=self.thinking[1])
+        if self.thinking is None:
+            return None
+        markers, opened = self.thinking
+        return ThinkingSplitter(markers, inside=opens_for(markers, opened, sampling))
 
 
 def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) -> Prompt:

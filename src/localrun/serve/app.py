@@ -143,6 +143,14 @@ def build_app(service: Service, on_started=None):
 
     pool, metrics = service.pool, service.metrics
 
+    async def read_body(request: Request) -> bytes:
+        from starlette.requests import ClientDisconnect
+
+        try:
+            return await request.body()
+        except ClientDisconnect:  # it went away while sending: nobody reads an answer
+            raise ApiError(499, "the client went away before its request was read") from None
+
     def error_response(exc: ApiError, endpoint: str) -> JSONResponse:
         metrics.requests.labels(endpoint, str(exc.status)).inc()
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
@@ -228,7 +236,7 @@ def build_app(service: Service, on_started=None):
 
     async def generate(request: Request, kind, endpoint: str):
         try:
-            body = openai.parse_body(await request.body(), kind)
+            body = openai.parse_body(await read_body(request), kind)
             resident, keep_alive, _ = await resident_for(body)
             job, watcher = submit(request, resident, keep_alive, body)
         except ApiError as exc:
@@ -281,9 +289,9 @@ def build_app(service: Service, on_started=None):
 
     async def v1_embeddings(request: Request):
         try:
-            body = openai.parse_body(await request.body(), openai.EmbeddingsBody)
+            body = openai.parse_body(await read_body(request), openai.EmbeddingsBody)
             texts = openai.embedding_inputs(body)
-            name, result, _ = await embeddings_of(body, texts, dimensions=body.dimensions)
+            name, result, _ = await embeddings_of(body, texts, truncate=False, dimensions=body.dimensions)  # as OpenAI: too long is a 400
         except ApiError as exc:
             return error_response(exc, "/v1/embeddings")
         metrics.requests.labels("/v1/embeddings", "200").inc()
@@ -300,8 +308,8 @@ def build_app(service: Service, on_started=None):
 
     async def ollama_body(request: Request) -> Any:
         try:
-            return json.loads(await request.body() or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
+            return json.loads(await read_body(request) or b"{}")
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise ApiError(400, f"invalid JSON body: {exc}") from None
 
     async def ollama_generate(request: Request, chat: bool):
@@ -315,10 +323,13 @@ def build_app(service: Service, on_started=None):
             return ollama_error(exc, endpoint, body.model if body is not None else None)
         if extra["empty"]:  # load the model (or with keep_alive 0, unload it): Ollama's preload
             pool.release(resident, keep_alive)
+            if keep_alive == 0:
+                with contextlib.suppress(ModelNotFound):
+                    pool.stop(body.model)  # its embeddings context too: the model goes
             metrics.requests.labels(endpoint, "200").inc()
             return JSONResponse(ollama.loaded(resident.name, chat, "unload" if keep_alive == 0 else "load"))
         if extra["think"] not in (None, False):
-            from ..engine.thinking import markers_for
+            from ..runtime import markers_for
 
             if markers_for(resident.engine.chat_template) is None:  # as Ollama answers for a model that does not think
                 pool.release(resident, keep_alive)
@@ -346,7 +357,7 @@ def build_app(service: Service, on_started=None):
 
         async def lines():
             finished = False
-            held: Optional[str] = "" if job.tools is not None else None  # with tools: the whole answer, then parsed
+            held: Optional[str] = "" if job.tools is not None else None  # with tools: the answer while it may be a call
             entries: list = []  # tokens whose logprobs are not sent yet
             try:
                 while True:
@@ -355,12 +366,16 @@ def build_app(service: Service, on_started=None):
                     if thought:
                         yield ollama.line(ollama.piece(model_id, chat, "", thinking=thought))
                     if held is not None:
+                        from ..runtime import may_be_call
+
                         held += text
                         text = ""
                         if response.done and response.finish_reason in openai.FINISH_REASONS and held:
                             part = ollama.piece(model_id, chat, held)
                             part["message"] = ollama.with_tool_calls(part["message"], held, job.tools)
                             yield ollama.line(part)
+                        elif not response.done and not may_be_call(held, job.tools.family):
+                            text, held = held, None  # plain text after all: streamed from here on
                     if text and (not response.done or response.finish_reason in openai.FINISH_REASONS):
                         logprobs = ollama.logprobs_of(resident.engine, entries) if wants_logprobs else None
                         entries.clear()
@@ -507,6 +522,10 @@ def build_app(service: Service, on_started=None):
     async def ollama_embeddings(request: Request):
         return await ollama_embed(request, legacy=True)
 
+    async def root(request: Request):
+        # Ollama's own clients (the `ollama` command) check that the server is up here before each command.
+        return HttpResponse("Ollama is running (localrun)", media_type="text/plain")
+
     async def ollama_version(request: Request):
         from .. import __version__
 
@@ -598,6 +617,7 @@ def build_app(service: Service, on_started=None):
         *([] if service.options.socket else [Route("/api/version", ollama_version, methods=["GET"])]),
         Route("/api/stop", stop, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/", root, methods=["GET", "HEAD"]),
         Route("/metrics", prometheus, methods=["GET"]),
         # localrun's own dialect (sessions, any .gguf path) only on the background server's private socket
         *(native.routes(service) if service.options.socket else []),

@@ -26,7 +26,8 @@ _SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k":
              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop",
              "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
 _LOAD = ("num_ctx", "num_gpu", "num_thread", "num_batch")
-_IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap", "use_mlock", "tfs_z")
+_IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap", "use_mlock", "tfs_z",
+            "f16_kv", "logits_all", "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa")  # older clients send these
 _REFUSED = {"images": "images (localrun has no vision models yet)", "suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
             "context": "context (send the conversation as messages to /api/chat)"}
 _CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools", "logprobs", "top_logprobs"}
@@ -52,7 +53,8 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
             raise error(400, f"{why} is not supported by localrun")
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise error(400, "model is required")
+        raise error(400, "model is required" if model in (None, "") else "model must be a string")
+    flags(data, "stream", "raw")
     think = data.get("think")
     if think is not None and not isinstance(think, (bool, str)):
         raise error(400, "think must be true, false (or a level: low, medium, high)")
@@ -139,13 +141,20 @@ def _message(m: dict) -> dict:
 def with_tool_calls(message: dict, text: str, tools) -> dict:
     """The answer's message, with Ollama's tool_calls ({"function": {"name", "arguments": object}}) when the
     model called tools."""
-    from ..engine.tools import parse_tool_calls
+    from ..runtime import parse_tool_calls
 
     content, calls = parse_tool_calls(text, tools.family)
     if not calls:
         return message
     return {**message, "content": content, "tool_calls": [{"function": {"name": c["name"], "arguments": c["arguments"]}}
                                                           for c in (calls if tools.parallel else calls[:1])]}
+
+
+def flags(data: dict, *names: str) -> None:
+    """Fields that are true or false: another type is a 400 (as Ollama's own decoding refuses it)."""
+    for name in names:
+        if data.get(name) is not None and not isinstance(data[name], bool):
+            raise error(400, f"{name} must be true or false")
 
 
 def ollama_names(exc: ApiError) -> ApiError:
@@ -189,7 +198,8 @@ def embed_request(data: Any, legacy: bool) -> tuple[Any, list[str], bool, Option
         raise error(400, f"unknown field {unknown[0]!r}")
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise error(400, "model is required")
+        raise error(400, "model is required" if model in (None, "") else "model must be a string")
+    flags(data, "truncate")
     given = data.get("prompt") if legacy else data.get("input")
     texts = [given] if isinstance(given, str) else list(given or [])
     if not all(isinstance(t, str) for t in texts):

@@ -226,7 +226,7 @@ def validation_error(exc: ValidationError) -> ApiError:
 def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ApiError(400, f"malformed JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
@@ -279,7 +279,7 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
     if tooling is not None and tooling.forced is not None:
         if options.json_schema is not None or options.grammar is not None:
             raise ApiError(400, "tool_choice required (or a named function) cannot combine with response_format or grammar", param="tool_choice")
-        options = options.model_copy(update={"json_schema": tooling.forced})
+        options = options.model_copy(update={"json_schema": tooling.forced, "stop": []})  # the grammar ends the call whole
     room = slot_ctx - len(prompt.tokens)
     base = resident.loaded.sampling
     asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
@@ -293,7 +293,7 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
     try:
         job = Job.create(engine, prompt.tokens, options, max_tokens=asked, n_ctx=slot_ctx, top_logprobs=_top_logprobs(body))
         job.tools = tooling
-        job.seq.thinking = prompt.splitter()
+        job.seq.thinking = prompt.splitter(options)
         return job
     except LocalrunError as exc:
         param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
@@ -319,7 +319,7 @@ _warned_templates: set = set()
 def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
     """How a chat request's tools are served, or None when there are none to offer (none given, or
     tool_choice "none"). 400 when a call is required of a template that cannot render tools."""
-    from ..engine.tools import call_schema, supports_tools, template_family
+    from ..runtime import call_schema, supports_tools, template_family
 
     choice = body.tool_choice if body.tool_choice is not None else "auto"
     if not body.tools:
@@ -350,7 +350,7 @@ def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
 
 def tool_message(text: str, mode: ToolMode) -> tuple[Optional[str], list[dict]]:
     """The content and OpenAI tool_calls of an answer (no calls: the text as it is)."""
-    from ..engine.tools import parse_tool_calls
+    from ..runtime import parse_tool_calls
 
     content, calls = parse_tool_calls(text, mode.family)
     if not calls:
@@ -568,7 +568,7 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
                 yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [{
                     "index": 0, "delta": {"reasoning_content": thought}, "finish_reason": None, "logprobs": None}]})
             if tools is not None:
-                from ..engine.tools import may_be_call
+                from ..runtime import may_be_call
 
                 held += text
                 text = ""
