@@ -49,7 +49,14 @@ class Sequence:
         if self.engine.is_eog(token):
             return self.finish("eos")
         self.generated.append(token)
-        decoded = self._utf8.decode(self.engine.token_bytes(token))
+        raw = self.engine.token_bytes(token)
+        if not raw and self.thinking is not None:
+            # A control token prints nothing, but a reasoning format may mark its channels with them
+            # (gpt-oss's <|channel|>, <|message|>, <|end|>): those are written out, for the splitter to see.
+            special = self.engine.token_bytes(token, special=True)
+            if special and self.thinking.marks(special.decode("utf-8", "replace")):
+                raw = special
+        decoded = self._utf8.decode(raw)
         thought = ""
         if self.thinking is not None:  # stops apply to the answer only
             was_inside = self.thinking.inside

@@ -109,6 +109,10 @@ class ThinkingSplitter:
             break
         return [(kind, t) for kind, t in out if t]
 
+    def marks(self, piece: str) -> bool:
+        """Whether a special token's text is part of a marker (so that it must be printed to be seen)."""
+        return any(piece in m for m in (self.markers.open, self.markers.close, self.markers.answer_prefix) if m)
+
     def _skip_gap(self, buf: str) -> tuple[str, bool]:
         """After the close marker: drop blanks and the answer prefix. (rest, whether the gap is over)."""
         rest = buf.lstrip()
