@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Optional
 
 from ..console import err, notice, warn
 from ..errors import LocalrunError, SessionError
-from .render import render_error
+from .render import ThinkingWriter, render_error
 
 if TYPE_CHECKING:
     from ..runtime import Response
@@ -216,8 +216,6 @@ class Chat:
 
     def _to_terminal(self, text: str) -> tuple[str, "Response"]:
         """Stream the answer as plain text, flushed per piece; Ctrl-C stops it."""
-        from .render import ThinkingWriter
-
         out = sys.stdout
         at_line_start = True
         started = False
@@ -246,8 +244,6 @@ class Chat:
             out.flush()
 
     def _to_line(self, text: str) -> tuple[str, "Response"]:
-        from .render import ThinkingWriter
-
         line = OneLineWriter(sys.stdout)
         thinking = ThinkingWriter()
         try:

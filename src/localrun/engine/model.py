@@ -318,8 +318,9 @@ class Engine:
 
     def embed(self, token_lists: Sequence[Sequence[int]]) -> list[list[float]]:
         """The pooled, L2-normalised embedding of each token list (an embeddings context): as many lists per
-        decode as fit the batch and the context's sequences. Each sequence attends only to itself, so a
-        list's vector does not depend on what else was in its batch."""
+        decode as fit the batch and the context's sequences. Each sequence attends only to itself; its
+        vector matches the one it gets alone up to float rounding (llama.cpp's CPU kernels round a batch of
+        many rows differently from a small one)."""
         import numpy as np
 
         if not self.options.embeddings:

@@ -56,6 +56,20 @@ def opens_for(markers: Markers, opened: bool, sampling) -> bool:
     return grammar is None or markers.close in grammar
 
 
+def thinking_in(template: Optional[str], prompt: str) -> Optional[tuple[Markers, bool]]:
+    """(the template's markers, whether `prompt` opened the block) for a reasoning model's prompt, or None."""
+    markers = markers_for(template)
+    return None if markers is None else (markers, opened_in_prompt(prompt, markers))
+
+
+def splitter_for(thinking: Optional[tuple[Markers, bool]], sampling=None) -> Optional["ThinkingSplitter"]:
+    """A fresh splitter for the answer to a prompt whose thinking_in() is `thinking`, sampled with `sampling`."""
+    if thinking is None:
+        return None
+    markers, opened = thinking
+    return ThinkingSplitter(markers, inside=opens_for(markers, opened, sampling))
+
+
 def has_switch(template: Optional[str]) -> bool:
     """Whether the template can turn thinking on and off (Qwen3's `enable_thinking`)."""
     return "enable_thinking" in (template or "")

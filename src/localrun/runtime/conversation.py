@@ -17,6 +17,7 @@ from typing import Optional
 from ..engine import Response, SamplingOptions, generate
 from ..engine.kv import extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
+from ..engine.thinking import splitter_for, thinking_in
 from ..errors import ContextOverflow, LocalrunError
 from .loader import Loaded
 from .messages import Messages
@@ -151,7 +152,7 @@ class Conversation(Messages):
         shown: list[str] = []
         ids: list[int] = []
         final = None
-        splitter = thinking_splitter(self.engine, full, sampling)
+        splitter = splitter_for(thinking_in(self.engine.chat_template, full), sampling)
         thought = False
         responses = generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled, thinking=splitter)
         try:
@@ -203,14 +204,3 @@ class Conversation(Messages):
         with Sessions.open() as sessions:
             self.replace(sessions.load(name, self.engine))
         return f"loaded session {name} ({self.turns} turn(s), {self.kv_tokens} tokens cached)"
-
-
-def thinking_splitter(engine, prompt_text: str, sampling=None):
-    """A splitter for a reasoning model's answer to `prompt_text` (engine.thinking), or None."""
-    from ..engine.thinking import ThinkingSplitter, markers_for, opened_in_prompt, opens_for
-
-    markers = markers_for(engine.chat_template)
-    if markers is None:
-        return None
-    return ThinkingSplitter(markers, inside=opens_for(markers, opened_in_prompt(prompt_text, markers), sampling))
-

@@ -64,37 +64,32 @@ def load(
     layers = parse_gpu_layers(gpu_layers)
     check_slots(batch, parallel)
     n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
-    # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
-    # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
-    # another order, and greedy output would depend on what else is in the batch.
-    options = LoadOptions(
-        n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
-        flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
-    )
+    decoding = decoding or DecodeOptions()
     if embeddings:  # one pool of cells for every text of a batch; a text must fit one batch
         options = LoadOptions(
             n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads, gpu_layers=layers, flash_attn=flash_attn,
             kv_type=kv_type, n_seq_max=EMBED_SEQUENCES, kv_unified=True, embeddings=True, pooling=pooling,
         )
-        local = hub.ensure_local(model, source=source)
-        engine = Engine(local.path, options)
-        if engine.gpu_notice and on_notice:
-            on_notice(engine.gpu_notice)
-        return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
-                      defaults=defaults)
-    decoding = decoding or DecodeOptions()
-    if decoding.beams > 1:
-        given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),
-                                       ("--min-tokens", merged.min_tokens > 0)) if on]
-        if given:  # beam search ranks whole sequences by log-probability; it has no sampler chain to constrain
-            raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
-    answer_room = min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx
-    options = context_options(decoding, options, answer_room)
+    else:
+        # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
+        # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
+        # another order, and greedy output would depend on what else is in the batch.
+        options = LoadOptions(
+            n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
+            flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
+        )
+        if decoding.beams > 1:
+            given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),
+                                           ("--min-tokens", merged.min_tokens > 0)) if on]
+            if given:  # beam search ranks whole sequences by log-probability; it has no sampler chain to constrain
+                raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
+        answer_room = min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx
+        options = context_options(decoding, options, answer_room)
     local = hub.ensure_local(model, source=source)
     engine = Engine(local.path, options)
     if engine.gpu_notice and on_notice:
         on_notice(engine.gpu_notice)
-    strategy = strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
+    strategy = PLAIN if embeddings else strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
                   system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)
 

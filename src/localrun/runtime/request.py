@@ -39,12 +39,9 @@ class Prompt:
 
     def splitter(self, sampling=None):
         """A fresh engine.thinking.ThinkingSplitter for the answer to this prompt sampled with `sampling`, or None."""
-        from ..engine.thinking import ThinkingSplitter, opens_for
+        from ..engine.thinking import splitter_for
 
-        if self.thinking is None:
-            return None
-        markers, opened = self.thinking
-        return ThinkingSplitter(markers, inside=opens_for(markers, opened, sampling))
+        return splitter_for(self.thinking, sampling)
 
 
 def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) -> Prompt:
@@ -76,12 +73,11 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
 
 def _thinking(engine: Engine, rendered, request: Request) -> Optional[tuple]:
     """(markers, opened in the prompt) when the answer may hold a reasoning model's thinking to keep apart."""
-    from ..engine.thinking import markers_for, opened_in_prompt
+    from ..engine.thinking import thinking_in
 
     if not rendered.templated or request.reasoning == "none":
         return None
-    markers = markers_for(engine.chat_template)
-    return None if markers is None else (markers, opened_in_prompt(rendered.text, markers))
+    return thinking_in(engine.chat_template, rendered.text)
 
 
 def _fit(engine: Engine, tokens: list[int], truncate: bool, max_tokens: int, n_ctx: int) -> list[int]:

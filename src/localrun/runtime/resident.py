@@ -100,10 +100,8 @@ def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callabl
         if not request.use_cache and not request.session:
             loaded.engine.kv.clear(0)
         for response in generate(loaded, request, on_notice=on_notice, cancelled=lambda: cancelled() or runner.stopping):
-            if response.done and response.finish_reason == "interrupted" and runner.stopping and not cancelled():
-                raise _stopped_during_answer()
-            if response.done and not fresh and response.stats is not None:
-                response.stats.load_s = 0.0
+            if response.done:
+                _settle(response, runner, cancelled, fresh)
             yield response
 
 
@@ -122,8 +120,8 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
         conv = runner.conversation(key, lambda: Conversation(loaded, None))
         if messages != conv.messages:
             conv.replace(messages)
+        sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
         if op == "info":
-            sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
             put({"info": {"name": loaded.name, "ref": loaded.ref, "path": str(conv.model_path), "n_ctx": conv.n_ctx,
                           "templated": conv.templated, "system": loaded.system, "sampling": sampling.model_dump(mode="json")},
                  "kv_tokens": conv.kv_tokens, "context_used": conv.context_used()})
@@ -132,19 +130,14 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             said = conv.save(str(payload.get("name"))) if op == "save" else conv.load(str(payload.get("name")))
             put({"said": said, "messages": conv.messages, "kv_tokens": conv.kv_tokens})
             return
-        sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
         answer, final = conv.send(
             str(payload.get("text")), sampling, lambda piece: put({"text": piece}),
             cancelled=lambda: cancelled() or runner.stopping, on_dropped=lambda n: put({"dropped": n}),
             save_as=payload.get("session") or None, on_save_failed=lambda m: put({"warning": m}),
             on_thinking=lambda t: put({"thinking": t}),
         )
-        if final.finish_reason == "interrupted" and runner.stopping and not cancelled():
-            raise _stopped_during_answer()
-        if not fresh and final.stats is not None:
-            final.stats.load_s = 0.0
-        put({"done": wire(final), "messages": conv.messages, "kv_tokens": conv.kv_tokens,
-             "context_used": conv.context_used()})
+        _settle(final, runner, cancelled, fresh)
+        put({"done": wire(final), "messages": conv.messages, "kv_tokens": conv.kv_tokens})
 
 
 def embed_on(resident, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
@@ -173,5 +166,10 @@ def _turn(resident, on_notice: Callable[[str], None]) -> Iterator[Exclusive]:
         runner.turn.release()
 
 
-def _stopped_during_answer() -> ServerStopping:
-    return ServerStopping("the localrun server was stopped during the answer: run again to start a new one")
+def _settle(final, runner: Exclusive, cancelled: Callable[[], bool], fresh: bool) -> None:
+    """An answer's last response as the client gets it: one the server's stop interrupted is an error
+    (not a short answer), and a model that was loaded already took no load time for it."""
+    if final.finish_reason == "interrupted" and runner.stopping and not cancelled():
+        raise ServerStopping("the localrun server was stopped during the answer: run again to start a new one")
+    if not fresh and final.stats is not None:
+        final.stats.load_s = 0.0

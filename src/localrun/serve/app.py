@@ -356,6 +356,8 @@ def build_app(service: Service, on_started=None):
             return JSONResponse(answer)
 
         async def lines():
+            from ..runtime import may_be_call
+
             finished = False
             held: Optional[str] = "" if job.tools is not None else None  # with tools: the answer while it may be a call
             entries: list = []  # tokens whose logprobs are not sent yet
@@ -366,8 +368,6 @@ def build_app(service: Service, on_started=None):
                     if thought:
                         yield ollama.line(ollama.piece(model_id, chat, "", thinking=thought))
                     if held is not None:
-                        from ..runtime import may_be_call
-
                         held += text
                         text = ""
                         if response.done and response.finish_reason in openai.FINISH_REASONS and held:
@@ -405,9 +405,7 @@ def build_app(service: Service, on_started=None):
         return await ollama_generate(request, chat=False)
 
     async def ollama_tags(request: Request):
-        from ..runtime.report import pulled_models
-
-        from ..runtime.report import model_details
+        from ..runtime.report import model_details, pulled_models
 
         metrics.requests.labels("/api/tags", "200").inc()
         models = await run_in_threadpool(pulled_models)
@@ -419,18 +417,22 @@ def build_app(service: Service, on_started=None):
                                "digest": "", "details": model_details(r.engine.info)})
         return JSONResponse({"models": models})
 
+    async def on_named_model(request: Request, action):
+        """The model an Ollama body names (`model`, or the older `name`), and what `action(ref)` gives, done off
+        the event loop: 404 for a model that is not there, 400 for any other failure."""
+        ref = ollama.model_named(await ollama_body(request))
+        try:
+            return ref, await run_in_threadpool(action, ref)
+        except ModelNotFound:
+            raise ApiError(404, f"model {ref!r} not found") from None
+        except LocalrunError as exc:
+            raise ApiError(400, exc.message) from None
+
     async def ollama_show(request: Request):
         from ..runtime.report import model_card
 
         try:
-            data = await ollama_body(request)
-            ref = ollama.model_named(data)
-            try:
-                card = await run_in_threadpool(model_card, ref)
-            except ModelNotFound:
-                raise ApiError(404, f"model {ref!r} not found") from None
-            except LocalrunError as exc:
-                raise ApiError(400, exc.message) from None
+            _, card = await on_named_model(request, model_card)
         except ApiError as exc:
             return ollama_error(exc, "/api/show")
         metrics.requests.labels("/api/show", "200").inc()
@@ -440,14 +442,7 @@ def build_app(service: Service, on_started=None):
         from ..runtime.pool import remove_pulled
 
         try:
-            data = await ollama_body(request)
-            ref = ollama.model_named(data)
-            try:
-                await run_in_threadpool(remove_pulled, ref)
-            except ModelNotFound:
-                raise ApiError(404, f"model {ref!r} not found") from None
-            except LocalrunError as exc:
-                raise ApiError(400, exc.message) from None
+            ref, _ = await on_named_model(request, remove_pulled)
         except ApiError as exc:
             return ollama_error(exc, "/api/delete")
         with contextlib.suppress(ModelNotFound):

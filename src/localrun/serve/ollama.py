@@ -3,9 +3,9 @@ OpenAI dialect makes a scheduler job of (so both answer alike), and the response
 Ollama's shapes: NDJSON objects with `message`/`response`, the last with `done_reason` and the durations
 in nanoseconds. Errors are {"error": "..."} with the status Ollama uses (404 for an unknown model).
 
-What Ollama clients send and localrun does not do yet is refused with 400 naming it (images, tools,
-suffix, template, context); Ollama's options that have no meaning here (numa, use_mmap, ...) are
-accepted and ignored, as Ollama itself ignores options a runner does not use.
+What Ollama clients send and localrun does not do yet is refused with 400 naming it (images, suffix,
+template, context); Ollama's options that have no meaning here (numa, use_mmap, ...) are accepted and
+ignored, as Ollama itself ignores options a runner does not use.
 """
 
 from __future__ import annotations
@@ -51,20 +51,14 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
     for name, why in _REFUSED.items():
         if data.get(name):
             raise error(400, f"{why} is not supported by localrun")
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise error(400, "model is required" if model in (None, "") else "model must be a string")
+    model = model_named(data)
     flags(data, "stream", "raw")
     think = data.get("think")
     if think is not None and not isinstance(think, (bool, str)):
         raise error(400, "think must be true, false (or a level: low, medium, high)")
     fields: dict[str, Any] = {"model": model, "keep_alive": data.get("keep_alive")}
-    options = data.get("options") or {}
-    if not isinstance(options, dict):
-        raise error(400, "options must be an object")
-    options = {k: v for k, v in options.items() if v is not None}  # not set (LangChain sends every one)
     load = {}
-    for name, value in options.items():
+    for name, value in _options(data).items():
         if name in _SAMPLING:
             if name == "num_predict":
                 if not isinstance(value, int) or isinstance(value, bool):
@@ -196,18 +190,13 @@ def embed_request(data: Any, legacy: bool) -> tuple[Any, list[str], bool, Option
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise error(400, f"unknown field {unknown[0]!r}")
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise error(400, "model is required" if model in (None, "") else "model must be a string")
+    model = model_named(data)
     flags(data, "truncate")
     given = data.get("prompt") if legacy else data.get("input")
     texts = [given] if isinstance(given, str) else list(given or [])
     if not all(isinstance(t, str) for t in texts):
         raise error(400, "input must be a string or a list of strings")
-    options = data.get("options") or {}
-    if not isinstance(options, dict):
-        raise error(400, "options must be an object")
-    options = {k: v for k, v in options.items() if v is not None}
+    options = _options(data)
     load = {k: v for k, v in options.items() if k in _LOAD}
     unknown = sorted(set(options) - set(_LOAD) - set(_SAMPLING) - set(_IGNORED))
     if unknown:
@@ -220,11 +209,21 @@ def embed_request(data: Any, legacy: bool) -> tuple[Any, list[str], bool, Option
 
 
 def model_named(data: Any) -> str:
-    """The model a body of /api/show, /api/pull or /api/delete names (`model`, or the older `name`)."""
-    ref = (data.get("model") or data.get("name")) if isinstance(data, dict) else None
+    """The model a body names (`model`, or the older `name` that /api/show, /api/pull and /api/delete take)."""
+    ref = data.get("model") if isinstance(data, dict) else None
+    if ref in (None, "") and isinstance(data, dict):
+        ref = data.get("name")
     if not isinstance(ref, str) or not ref:
-        raise error(400, "model is required")
+        raise error(400, "model is required" if ref in (None, "") else "model must be a string")
     return ref
+
+
+def _options(data: dict) -> dict:
+    """A body's `options`, those set (a null is not set: LangChain sends every one)."""
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise error(400, "options must be an object")
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def now() -> str:

@@ -538,19 +538,25 @@ async def next_piece(job: Job) -> tuple[Response, str, str, list]:
 async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str, on_final, cancel, engine=None) -> AsyncIterator[str]:
     """The response stream as OpenAI's server-sent events. `on_final(final, status)` records how it ended;
     `cancel()` frees the slot when the client goes away mid-stream."""
+    from ..runtime import may_be_call
+
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
+    def event(choices: list, **more: Any) -> str:
+        return _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": choices, **more})
+
+    def delta(fields: dict) -> str:
+        return event([{"index": 0, "delta": fields, "finish_reason": None, "logprobs": None}])
+
     def chunk(text: Optional[str], finish: Optional[str], *, role: bool = False, logprobs: Optional[dict] = None) -> str:
         if chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+            fields: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": fields, "finish_reason": finish, "logprobs": logprobs}
         else:
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
-        event = {"id": rid, "object": kind, "created": created, "model": model_id, "choices": [choice]}
-        if include_usage:
-            event["usage"] = None  # as OpenAI streams it: null on every chunk, the totals in a last chunk
-        return _event(event)
+        # with include_usage, as OpenAI streams it: null on every chunk, the totals in a last chunk
+        return event([choice], **({"usage": None} if include_usage else {}))
 
     finished = False
     wants_logprobs = job.seq.top_logprobs is not None
@@ -558,39 +564,29 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
     entries: list = []  # tokens whose logprobs are not sent yet (text held back goes out with later text)
     tools: Optional[ToolMode] = job.tools
     held = ""  # with tools: the answer so far, while it may still be a tool call
+    called = False  # the answer was tool calls
     try:
         if chat:
             yield chunk(None, None, role=True)
         while True:
             response, text, thought, more = await next_piece(job)
             entries += more
-            if thought and chat and (not response.done or response.finish_reason in FINISH_REASONS):
-                yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [{
-                    "index": 0, "delta": {"reasoning_content": thought}, "finish_reason": None, "logprobs": None}]})
+            ended_well = response.done and response.finish_reason in FINISH_REASONS
+            if thought and chat and (not response.done or ended_well):
+                yield delta({"reasoning_content": thought})
             if tools is not None:
-                from ..runtime import may_be_call
-
                 held += text
                 text = ""
-                if response.done and response.finish_reason in FINISH_REASONS:
+                if ended_well:
                     content, calls = tool_message(held, tools)
-                    if calls:
-                        for i, call in enumerate(calls):  # each call whole, as the openai client assembles them
-                            yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [{
-                                "index": 0, "delta": {"tool_calls": [{"index": i, **call}], **({"content": content} if content and i == 0 else {})},
-                                "finish_reason": None, "logprobs": None}]})
-                        finished = True
-                        on_final(response, "200")
-                        yield chunk(None, "tool_calls")
-                        if include_usage:
-                            yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [],
-                                          "usage": usage(response.stats), "timings": timings(response.stats)})
-                        yield "data: [DONE]\n\n"
-                        return
-                    text, tools = held, None
+                    for i, call in enumerate(calls):  # each call whole, as the openai client assembles them
+                        yield delta({"tool_calls": [{"index": i, **call}], **({"content": content} if content and i == 0 else {})})
+                    called = bool(calls)
+                    text = "" if called else held
+                    tools = None
                 elif not may_be_call(held, tools.family):
                     text, tools = held, None  # plain text after all: stream it from here on
-            if text and (not response.done or response.finish_reason in FINISH_REASONS):
+            if text and (not response.done or ended_well):
                 logprobs = logprobs_of(engine, chat, entries, offset) if wants_logprobs else None
                 offset += len(text)
                 entries = []
@@ -598,15 +594,14 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
             if not response.done:
                 continue
             finished = True
-            if response.finish_reason not in FINISH_REASONS:
+            if not ended_well:
                 on_final(response, "500")
                 yield _event({"error": {"message": response.error or "cancelled", "type": "server_error", "param": None, "code": None}})
                 return
             on_final(response, "200")
-            yield chunk(None, FINISH_REASONS[response.finish_reason])
+            yield chunk(None, "tool_calls" if called else FINISH_REASONS[response.finish_reason])
             if include_usage:
-                yield _event({"id": rid, "object": kind, "created": created, "model": model_id, "choices": [],
-                              "usage": usage(response.stats), "timings": timings(response.stats)})
+                yield event([], usage=usage(response.stats), timings=timings(response.stats))
             yield "data: [DONE]\n\n"
             return
     finally:
