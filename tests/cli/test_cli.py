@@ -186,7 +186,10 @@ def test_doctor_reports_the_build(cli, isolated_home):
     d = json.loads(r.stdout)
     assert "AMX" not in d["system_info"] or "AMX_INT8 = 1" not in d["system_info"]
     assert d["system_info"] == llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
-    assert d["gpu_offload"] is bool(llama_cpp.llama_supports_gpu_offload())
+    # A GPU to offload to (llama.cpp's own llama_supports_gpu_offload() also says yes for any RPC build)
+    from localrun.engine.llama import gpu_memory
+
+    assert d["gpu_offload"] is bool(gpu_memory())
     assert d["mmap"] is bool(llama_cpp.llama_supports_mmap())
     # Paths: the ones the fixture (and this test) put in the environment.
     assert d["home"] == os.environ["LOCALRUN_HOME"] == str(isolated_home)

@@ -63,7 +63,7 @@ def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, 
     assert "no chat template" in g_there.stderr and "no chat template" in g_here.stderr
     listed = json.loads(run_cli("ps", "--json").stdout)
     assert {m["name"] for m in listed} == {smollm2.name, gemma.name}
-    assert all(m["slots"] == 1 and m["processor"] == "100% CPU" for m in listed)
+    assert all(m["slots"] == 4 and m["processor"] == "100% CPU" for m in listed)  # the server's --parallel
 
     # Four clients at once, each with its own prompt: each answer is the in-process one.
     prompts = ["Name a fruit.", "Name a colour.", "Name a planet.", "Name an ocean."]
@@ -152,6 +152,36 @@ def test_ctrl_c_and_a_closed_pipe_free_the_server_at_once(resident, smollm2):
                            shell=True, capture_output=True, text=True, timeout=120, executable="/bin/bash")
     assert len(piped.stdout) == 10 and "Traceback" not in piped.stderr
     wait_until(lambda: _busy_slots() == 0, what="the closed pipe's request to leave its slot")
+
+
+def test_runs_of_one_model_share_its_slots(resident, smollm2, gemma):
+    """Two runs of the same model at once decode side by side, each in its own slot (not in turn); a
+    session saved from a slot resumes in-process and back, for a sliding-window model too."""
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
+    procs = [_long_run(smollm2), _long_run(smollm2)]
+    try:
+        for proc in procs:
+            proc.stdout.read(20)  # both are streaming, neither waits for the other
+        assert _busy_slots() == 2
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            proc.communicate(timeout=60)
+    assert [p.returncode for p in procs] == [130, 130]
+    wait_until(lambda: _busy_slots() == 0, what="both requests to leave their slots")
+
+    # gemma-3 saved from a slot: llama.cpp keeps only the last window of its sliding-window layers there,
+    # so a resumed session extends it (reused) and a shorter prefix is evaluated afresh, never cut wrongly.
+    args = [str(gemma), "-t", "0", "-n", "12", "--threads", "1", "--session", "story", "--json"]
+    first = run(*args, "Once upon a time " * 120)
+    assert first.returncode == 0, first.stderr
+    second = run(*args, "and then", keep_alive="0")  # in-process, from the slot's state on disk
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout.splitlines()[-1])["stats"]["cached_tokens"] > 400
+    third = run(*args, "and at last")  # back on the server: the in-process state goes into a slot
+    assert third.returncode == 0, third.stderr
+    assert json.loads(third.stdout.splitlines()[-1])["stats"]["cached_tokens"] > 400
 
 
 def test_server_stopped_mid_answer_is_an_error_not_a_short_answer(resident, smollm2):

@@ -11,10 +11,11 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Optional
 
-from ..errors import EngineError, SessionError
+from ..errors import EngineError
 from .llama import llama_cpp_module
 
 ALL_SEQUENCES = -1
+_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp's io_magic, at the head of every sequence state
 _BLOCK = 64
 
 
@@ -44,11 +45,12 @@ def extend_tokens(known_tokens: Sequence[int], known_text: str, text: str, token
 class KVCache:
     """The tokens whose KV each sequence holds, in order, kept in step with llama.cpp's memory."""
 
-    def __init__(self, ctx, n_seq: int):
+    def __init__(self, ctx, n_seq: int, sliding_window: Optional[int] = None):
         self._ll = llama_cpp_module()
         self.ctx = ctx
         self.memory = self._ll.llama_get_memory(ctx)
         self.n_seq = n_seq
+        self.sliding_window = sliding_window or 0
         self.tokens: list[list[int]] = [[] for _ in range(n_seq)]
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -65,12 +67,22 @@ class KVCache:
 
     def truncate(self, seq: int, n_keep: int) -> bool:
         """Drop what `seq` holds from position n_keep on. False when the memory cannot remove a part (a
-        recurrent model): then the whole sequence goes."""
-        if self._ll.llama_memory_seq_rm(self.memory, seq, n_keep, -1):
+        recurrent model), or when what is left could not be continued exactly: then the whole sequence goes."""
+        if self._ll.llama_memory_seq_rm(self.memory, seq, n_keep, -1) and self._window_intact(seq, n_keep):
             del self.tokens[seq][n_keep:]
             return True
         self.clear(seq if self.n_seq > 1 else None)
         return False
+
+    def _window_intact(self, seq: int, n_keep: int) -> bool:
+        """Whether a sliding-window layer still has every cell the next token (at position n_keep) attends
+        to. A state saved from one of several sequences keeps only the last window of those layers
+        (llama.cpp leaves out the cells its attention masks), so it can be extended but not cut back far;
+        llama.cpp's server re-evaluates such a prompt from the start, and so does this."""
+        window = self.sliding_window
+        if not window or n_keep == 0:
+            return True
+        return self._ll.llama_memory_seq_pos_min(self.memory, seq) <= max(0, n_keep - window + 1)
 
     def reuse(self, seq: int, prompt: Sequence[int]) -> int:
         """Keep the longest prefix `seq` shares with `prompt` and drop the rest; returns how many tokens were
@@ -108,39 +120,113 @@ class KVCache:
         return sum(len(t) for t in self.tokens)
 
     # -- state save and restore ------------------------------------------------------------------
+    #
+    # Saved states are in one format whatever context made them: llama.cpp's state of one sequence in a
+    # context with a single KV stream. A context of several sequences keeps one stream per sequence (see
+    # runtime.loader), and llama.cpp's state of a sequence there names every stream (all but its own empty):
+    # `_restream` rewrites that header, so a session a server slot saved resumes in-process and back.
 
-    def _single_sequence(self) -> None:
-        if self.n_seq != 1:
-            raise SessionError(f"sessions need a single-sequence context; this one has {self.n_seq} sequences")
+    def state_bytes(self, seq: int = 0) -> bytearray:
+        """The KV state of sequence `seq`, in the one saved format.
 
-    def state_bytes(self) -> bytearray:
-        """The KV state of this context's one sequence, with a sliding-window model's full window history.
-
-        llama.cpp's per-sequence state (seq_id 0) keeps only the last window of the SWA layers, so a restored
-        gemma-3 state could be extended but not cut back to a shorter common prefix without silently wrong
-        output. The state of all sequences (-1) of a single-sequence context is sequence 0's, with its whole
-        history (the engine keeps it with swa_full)."""
-        self._single_sequence()
+        A single-sequence context saves the state of all its sequences (-1): llama.cpp's state of one
+        sequence of several keeps only the last window of sliding-window layers, where this keeps a
+        gemma-3's whole history (the engine keeps it with swa_full), so a restored state can also be cut
+        back to a shorter common prefix. A server slot's state is windowed that way (truncate then knows)."""
         ll = self._ll
-        size = ll.llama_state_seq_get_size(self.ctx, ALL_SEQUENCES)
+        which = ALL_SEQUENCES if self.n_seq == 1 else seq
+        size = ll.llama_state_seq_get_size(self.ctx, which)
         data = bytearray(size)
-        written = ll.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, ALL_SEQUENCES)
+        written = ll.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, which)
         if written != size:
             raise EngineError(f"llama.cpp wrote {written} of {size} bytes of KV state: the state was not saved")
-        return data
+        return data if self.n_seq == 1 else _restream(data, 1)
 
-    def restore(self, data: bytearray, tokens: Sequence[int]) -> bool:
-        """Replace the cache with `data` (from state_bytes) holding `tokens`. On failure the cache is left
-        empty and False is returned."""
-        self._single_sequence()
+    def restore(self, data: bytearray, tokens: Sequence[int], seq: int = 0) -> bool:
+        """Make sequence `seq` hold `data` (from state_bytes, of any context) holding `tokens`. On failure the
+        sequence is left empty and False is returned."""
         ll = self._ll
-        self.clear()
+        self.clear(seq if self.n_seq > 1 else None)
         if not data:
             return False
-        read = ll.llama_state_seq_set_data(self.ctx, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), ALL_SEQUENCES)
-        # The cells must be exactly positions 0..len(tokens)-1, or the token list would lie about the cache.
-        if read == 0 or ll.llama_memory_seq_pos_max(self.memory, 0) != len(tokens) - 1:
-            self.clear()
+        try:
+            data = data if self.n_seq == 1 else _restream(data, self.n_seq)
+        except ValueError:
             return False
-        self.tokens[0] = list(tokens)
+        read = ll.llama_state_seq_set_data(self.ctx, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), seq)
+        # The cells must be exactly positions 0..len(tokens)-1, or the token list would lie about the cache.
+        if read == 0 or ll.llama_memory_seq_pos_max(self.memory, seq) != len(tokens) - 1:
+            self.clear(seq if self.n_seq > 1 else None)
+            return False
+        self.tokens[seq] = list(tokens)
         return True
+
+
+def _restream(data: bytes, n_stream: int) -> bytearray:
+    """A one-sequence KV state with its header rewritten for a context of `n_stream` KV streams.
+
+    llama.cpp writes a magic number and the sequence's id, then per cache (two for a model with sliding-window layers): the stream count, then per
+    stream its cell count and, when not 0, the cells' positions and sequence ids and then each layer's K
+    and V rows (src/llama-kv-cache.cpp, state_write). One stream holds the sequence; the rest are empty.
+    Reading a sequence's state puts those cells in that sequence's stream, wherever they were written.
+    ValueError for a state this cannot read (another layout): the caller evaluates the prompt instead."""
+    import struct
+
+    try:
+        return _restreamed(memoryview(data), n_stream)
+    except struct.error:
+        raise ValueError("a torn KV state") from None
+
+
+def _restreamed(view: memoryview, n_stream: int) -> bytearray:
+    import struct
+
+    if struct.unpack_from("<I", view, 0)[0] != _STATE_MAGIC:
+        raise ValueError("not a KV state")
+    out = bytearray(view[:8])
+    at = 8
+    while at < len(view):
+        (streams,) = struct.unpack_from("<I", view, at)
+        at += 4
+        if not 0 < streams <= 4096:
+            raise ValueError("not a KV state")
+        held = []
+        for _ in range(streams):
+            start = at
+            (cells,) = struct.unpack_from("<I", view, at)
+            at += 4
+            if cells:
+                at = _skip_cells(view, at, cells)
+                held.append(view[start:at])
+        if len(held) > 1:
+            raise ValueError("a state of several streams")
+        out += struct.pack("<I", n_stream)
+        out += bytes(held[0]) if held else struct.pack("<I", 0)
+        out += struct.pack("<I", 0) * (n_stream - 1)
+    if at != len(view):
+        raise ValueError("a torn KV state")
+    return out
+
+
+def _skip_cells(view: memoryview, at: int, cells: int) -> int:
+    """The offset after a stream's cells (their metadata, then every layer's K and V rows)."""
+    import struct
+
+    for _ in range(cells):
+        _, n_seq = struct.unpack_from("<iI", view, at)
+        at += 8 + 4 * n_seq
+    v_trans, n_layer = struct.unpack_from("<II", view, at)
+    at += 8
+    for _ in range(n_layer):  # K: type, row size, rows
+        (row,) = struct.unpack_from("<Q", view, at + 4)
+        at += 12 + cells * row
+    for _ in range(n_layer):  # V: rows, or transposed: element size, width, columns
+        if v_trans:
+            size, width = struct.unpack_from("<II", view, at + 4)
+            at += 12 + width * cells * size
+        else:
+            (row,) = struct.unpack_from("<Q", view, at + 4)
+            at += 12 + cells * row
+        if at > len(view):
+            raise ValueError("a torn KV state")
+    return at

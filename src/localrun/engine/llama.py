@@ -108,7 +108,7 @@ def system_info() -> dict:
     return {
         "llama_cpp_python": ll.__version__,
         "system_info": ll.llama_print_system_info().decode("utf-8", "replace").strip(),
-        "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+        "gpu_offload": supports_gpu_offload(),
         "mmap": bool(ll.llama_supports_mmap()),
     }
 
@@ -122,10 +122,6 @@ def build_system_info() -> str:
     return llama_cpp_module().llama_print_system_info().decode("utf-8", "replace").strip()
 
 
-def supports_gpu_offload() -> bool:
-    return bool(llama_cpp_module().llama_supports_gpu_offload())
-
-
 def default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -133,32 +129,65 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def gpu_memory() -> list[tuple[str, int, int]]:
-    """(name, free bytes, total bytes) of each GPU llama.cpp can use (its ggml backend devices of type GPU):
-    none on a CPU build. What the resident server budgets offloaded layers against."""
+def ggml():
+    """llama.cpp's ggml library through ctypes (loaded already by llama_cpp: the same handle), with the
+    backend-device calls llama-cpp-python does not wrap declared."""
     import ctypes
     from pathlib import Path
 
+    global _ggml
+    if _ggml is not None:
+        return _ggml
     ll = llama_cpp_module()
     lib_dir = Path(ll.__file__).parent / "lib"
     found = sorted(lib_dir.glob("libggml.so*")) + sorted(lib_dir.glob("libggml.dylib"))
     if not found:
+        return None
+    lib = ctypes.CDLL(str(found[0]))
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_name.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    _ggml = lib
+    return lib
+
+
+_ggml = None
+CPU_DEVICE, GPU_DEVICE = 0, 1  # ggml_backend_dev_type: CPU 0, GPU 1, IGPU 2 (shares the RAM), ACCEL 3
+
+
+def devices() -> list[tuple[str, str, int, int, int]]:
+    """(name, description, type, free bytes, total bytes) of every ggml backend device llama.cpp can place
+    layers on: the CPU, GPUs, and the devices of RPC workers added (engine.rpc)."""
+    import ctypes
+
+    lib = ggml()
+    if lib is None:
         return []
-    ggml = ctypes.CDLL(str(found[0]))  # loaded already by llama.cpp: the same handle
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    ggml.ggml_backend_dev_type.restype = ctypes.c_int
-    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_dev_name.restype = ctypes.c_char_p
-    ggml.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
     out = []
-    for i in range(ggml.ggml_backend_dev_count()):
-        dev = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_dev_type(dev) != 1:  # GGML_BACKEND_DEVICE_TYPE_GPU (CPU 0; IGPU 2 shares the RAM; ACCEL 3)
-            continue
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append((ggml.ggml_backend_dev_name(dev).decode(errors="replace"), free.value, total.value))
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append((lib.ggml_backend_dev_name(dev).decode(errors="replace"),
+                    (lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+                    lib.ggml_backend_dev_type(dev), free.value, total.value))
     return out
+
+
+def supports_gpu_offload() -> bool:
+    """Whether layers can go anywhere but the CPU: a GPU, or an RPC worker's device. (llama.cpp's own
+    llama_supports_gpu_offload() also says yes for a build with RPC and no worker added.)"""
+    return any(kind != CPU_DEVICE for _, _, kind, _, _ in devices())
+
+
+def gpu_memory() -> list[tuple[str, int, int]]:
+    """(name, free bytes, total bytes) of each GPU llama.cpp can use (its ggml backend devices of type GPU):
+    none on a CPU build. What the resident server budgets offloaded layers against."""
+    return [(name, free, total) for name, _, kind, free, total in devices() if kind == GPU_DEVICE and not name.startswith("RPC")]

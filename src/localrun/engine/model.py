@@ -13,7 +13,7 @@ from typing import Literal, Optional, Union
 
 from ..errors import ContextOverflow, EngineError, UsageError
 from .kv import KVCache
-from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
+from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded, supports_gpu_offload
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
 POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
@@ -192,8 +192,8 @@ class Engine:
         mparams = ll.llama_model_default_params()
         gpu_layers = options.gpu_layers
         if gpu_layers == "auto":
-            gpu_layers = -1 if ll.llama_supports_gpu_offload() else 0
-        elif gpu_layers and not ll.llama_supports_gpu_offload():
+            gpu_layers = -1 if supports_gpu_offload() else 0
+        elif gpu_layers and not supports_gpu_offload():
             self.gpu_notice = (
                 "this llama.cpp build has no GPU backend; running on the CPU "
                 "(rebuild with scripts/build_llama_cpp.sh cuda|metal for offload)"
@@ -223,7 +223,7 @@ class Engine:
                 f"llama.cpp could not create a context of {options.n_ctx} tokens"
                 f" (kv {options.kv_type}): try a smaller --ctx"
             )
-        self.kv = KVCache(self.ctx, options.n_seq_max)
+        self.kv = KVCache(self.ctx, options.n_seq_max, self.info.sliding_window if any(self.info.swa_layers or [True]) else None)
         # llama.cpp rounds the context up (to 256); the limit the user asked for is the one we honour.
         self.n_ctx = min(options.n_ctx, ll.llama_n_ctx(self.ctx))
         self.n_batch = options.n_batch
@@ -379,7 +379,7 @@ class Engine:
         if env in ("off", "0", "false"):
             return False
         # auto: where the output layer (offloaded last) sits on a GPU
-        return bool(ll.llama_supports_gpu_offload()) and (self.gpu_layers < 0 or self.gpu_layers > self.info.n_layer)
+        return supports_gpu_offload() and (self.gpu_layers < 0 or self.gpu_layers > self.info.n_layer)
 
     def _prefilter_chain(self, k: int):
         ll = llama_cpp_module()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Optional
 
-from ..engine import Response, SamplingOptions, generate
+from ..engine import Response, SamplingOptions
 from ..engine.kv import extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
 from ..engine.thinking import splitter_for, thinking_in
@@ -28,9 +28,12 @@ from .sessions import Sessions
 class Conversation(Messages):
     """The messages, and the tokens that the engine's KV cache mirrors for them."""
 
-    def __init__(self, loaded: Loaded, system: Optional[str]):
+    def __init__(self, loaded: Loaded, system: Optional[str], place=None):
+        from .generate import InProcess
+
         self.loaded = loaded
         self.engine = loaded.engine
+        self.place = place or InProcess(loaded)  # where its turns are answered (a resident server's slots)
         self.templated = self.engine.chat_template is not None
         self.messages: list[dict] = []
         # The tokens of the last prompt plus its answer, and the text they spell: the next prompt extends them.
@@ -50,19 +53,23 @@ class Conversation(Messages):
     def _forget_tokens(self) -> None:
         self._tokens, self._text = [], ""
 
-    def reset_cache(self) -> None:
+    def reset_cache(self, seat=None) -> None:
         """After an interruption inside llama.cpp: start from an empty KV cache rather than a doubtful one."""
-        self.engine.reset()
+        if seat is None:
+            with self.place.hold() as seat:
+                seat.reset()
+        else:
+            seat.reset()
         self._forget_tokens()
 
     @property
     def kv_tokens(self) -> int:
-        """Tokens in the KV cache now."""
-        return len(self.engine.kv.tokens[0])
+        """Tokens in the KV cache now (of this conversation, where it is held)."""
+        return self.place.held(self._tokens)
 
     @property
     def n_ctx(self) -> int:
-        return self.engine.n_ctx
+        return self.place.n_ctx
 
     @property
     def model_path(self):
@@ -101,7 +108,7 @@ class Conversation(Messages):
     def fit(self, messages: list[dict], reserve: int) -> tuple[list[dict], list[int], str, int]:
         """Drop the oldest turns (after the system prompt) until the prompt leaves `reserve` tokens for
         the answer; once dropping, go on down to half the context so the next turn does not drop again."""
-        n_ctx = self.engine.n_ctx
+        n_ctx = self.n_ctx
         tokens, full = self.prompt(messages)
         dropped = 0
         while len(tokens) + reserve > n_ctx or (dropped and len(tokens) > (n_ctx - reserve) // 2):
@@ -142,19 +149,24 @@ class Conversation(Messages):
         to save is reported to `on_save_failed`, the answer stands). A reasoning model's thinking goes to
         `on_thinking` and stays out of the conversation (its template leaves it out of earlier turns)."""
         sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
-        reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.engine.n_ctx // 4
-        reserve = min(reserve, self.engine.n_ctx // 2)
+        reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.n_ctx // 4
+        reserve = min(reserve, self.n_ctx // 2)
         messages, tokens, full, dropped = self.fit([*self.messages, {"role": "user", "content": text}], reserve)
         if dropped:
             self.messages = messages[:-1]
             self._forget_tokens()
             on_dropped(dropped)
+        with self.place.hold(tokens) as seat:
+            return self._answer(seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed, on_thinking)
+
+    def _answer(self, seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed,
+                on_thinking) -> tuple[str, Response]:
         shown: list[str] = []
         ids: list[int] = []
         final = None
         splitter = splitter_for(thinking_in(self.engine.chat_template, full), sampling)
         thought = False
-        responses = generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled, thinking=splitter)
+        responses = seat.generate(tokens, sampling, cancelled=cancelled, thinking=splitter)
         try:
             for response in responses:
                 ids.extend(response.tokens)
@@ -168,7 +180,7 @@ class Conversation(Messages):
                     final = response
         except KeyboardInterrupt:  # a second Ctrl-C: llama.cpp may have been stopped mid-call
             responses.close()
-            self.reset_cache()
+            self.reset_cache(seat)
             raise
         except LocalrunError:
             self._forget_tokens()
@@ -188,19 +200,24 @@ class Conversation(Messages):
             self._forget_tokens()
         if save_as:
             try:
-                self.save(save_as)
+                self._save(seat, save_as)
             except LocalrunError as exc:
                 on_save_failed(f"could not save session {save_as}: {exc.message}")
         return answer, final
 
     def save(self, name: str) -> str:
         """Save messages and KV cache in the session store; return a one-line description."""
+        with self.place.hold(self._tokens) as seat:
+            return self._save(seat, name)
+
+    def _save(self, seat, name: str) -> str:
         with Sessions.open() as sessions:
-            info = sessions.save(name, self.engine, self.messages, model_ref=self.ref)
+            info = sessions.save(name, self.engine, self.messages, model_ref=self.ref, seat=seat)
         return f"saved session {name} ({self.turns} turn(s), {info.tokens} tokens of KV cache)"
 
     def load(self, name: str) -> str:
         """Continue session `name`: its messages, and its KV cache restored into the engine."""
-        with Sessions.open() as sessions:
-            self.replace(sessions.load(name, self.engine))
-        return f"loaded session {name} ({self.turns} turn(s), {self.kv_tokens} tokens cached)"
+        with Sessions.open() as sessions, self.place.hold() as seat:
+            self.replace(sessions.load(name, self.engine, seat))
+            held = len(seat.tokens)
+        return f"loaded session {name} ({self.turns} turn(s), {held} tokens cached)"

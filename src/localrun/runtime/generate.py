@@ -4,25 +4,52 @@ the engine's decode loop with the model's strategy, and the state saved after.""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
-from collections.abc import Callable, Iterator
 from typing import Optional
 
 from ..engine import Response, generate as engine_generate
 from ..errors import SessionError
 from .loader import Loaded
 from .request import Request, prompt_for, with_stops, with_system
-from .sessions import Sessions
+from .sessions import EngineSeat, Sessions
+
+
+class InProcess(EngineSeat):
+    """Requests answered in this process: on the loaded model's one sequence, with its decoding strategy.
+    The place a request path works in (`hold` a seat for a prompt); a resident server's slots are the
+    other (runtime.scheduler.Scheduler)."""
+
+    def __init__(self, loaded: Loaded):
+        super().__init__(loaded.engine)
+        self.loaded = loaded
+
+    @contextmanager
+    def hold(self, tokens: Sequence[int] = ()) -> Iterator["InProcess"]:
+        yield self
+
+    def held(self, tokens: Sequence[int] = ()) -> int:
+        """Tokens in the KV cache now."""
+        return len(self.tokens)
+
+    def generate(self, tokens: list[int], sampling, *, cancelled=None, thinking=None) -> Iterator[Response]:
+        return engine_generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled, thinking=thinking)
+
+    def reset(self) -> None:
+        self.engine.reset()
 
 
 def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[str], None]] = None,
-             cancelled: Optional[Callable[[], bool]] = None) -> Iterator[Response]:
+             cancelled: Optional[Callable[[], bool]] = None, place=None) -> Iterator[Response]:
     """Answer `request`: continue its named session (KV state restored from disk, saved again after), or else
     look up the automatic prefix cache before prefilling and store the result after. Streams responses; the
-    last one has the finish reason and stats."""
+    last one has the finish reason and stats. `place`: where it is answered (a resident server's slots; by
+    default this process)."""
     from ..store.sessions import check_name
 
     engine = loaded.engine
+    place = place or InProcess(loaded)
     sessions = None
     if request.session:
         check_name(request.session)
@@ -31,7 +58,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
         sessions = optional_cache(Sessions.open, on_notice)
     try:
         if request.tokens is None:
-            history = _history(sessions, request.session, engine) if request.session else []
+            history = _history(sessions, request.session, engine, place.n_ctx) if request.session else []
             if request.raw is None:
                 request = replace(request, raw=engine.chat_template is None)
                 if request.raw and on_notice:
@@ -42,36 +69,41 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
 
                 if not has_switch(engine.chat_template):
                     on_notice(f"{loaded.name}'s chat template has no thinking switch: --{'' if request.think else 'no-'}think changes nothing")
-        prompt = prompt_for(engine, request)
-        if sessions is not None and not request.session:
-            optional_cache(lambda: sessions.lookup_prefix(engine, prompt.tokens, on_notice=on_notice), on_notice)
-        answer: list[str] = []
-        final = None
-        for response in engine_generate(engine, prompt.tokens, with_stops(request.sampling, prompt.stops),
-                                        strategy=loaded.strategy, cancelled=cancelled, thinking=prompt.splitter(request.sampling)):
-            answer.append(response.text)
-            if response.done:
-                final = response
-            yield response
-        if final is None or sessions is None or final.finish_reason == "interrupted":
-            return
-        if request.session:
-            messages = request.messages + [{"role": "assistant", "content": "".join(answer)}]
-            sessions.save(request.session, engine, messages, model_ref=loaded.ref)
-        else:
-            optional_cache(lambda: sessions.save_prefix(engine), on_notice)
+        prompt = prompt_for(engine, request, n_ctx=place.n_ctx)
+        with place.hold(prompt.tokens) as seat:
+            if not request.use_cache and not request.session:
+                seat.reset()  # --no-cache: from an empty context, as a freshly loaded model starts
+            if request.session and history:
+                sessions.load(request.session, engine, seat)
+            elif sessions is not None and not request.session:
+                optional_cache(lambda: sessions.lookup_prefix(engine, prompt.tokens, on_notice=on_notice, seat=seat), on_notice)
+            answer: list[str] = []
+            final = None
+            for response in seat.generate(prompt.tokens, with_stops(request.sampling, prompt.stops), cancelled=cancelled,
+                                          thinking=prompt.splitter(request.sampling)):
+                answer.append(response.text)
+                if response.done:
+                    final = response
+                yield response
+            if final is None or sessions is None or final.finish_reason == "interrupted":
+                return
+            if request.session:
+                messages = request.messages + [{"role": "assistant", "content": "".join(answer)}]
+                sessions.save(request.session, engine, messages, model_ref=loaded.ref, seat=seat)
+            else:
+                optional_cache(lambda: sessions.save_prefix(engine, seat), on_notice)
     finally:
         if sessions is not None:
             sessions.close()
 
 
-def _history(sessions: Sessions, name: str, engine) -> list[dict]:
-    """A session's messages, its KV state restored into the engine; none for a new session."""
+def _history(sessions: Sessions, name: str, engine, n_ctx: int) -> list[dict]:
+    """A session's messages (its KV state is restored once the prompt is known); none for a new session."""
     try:
         sessions.show(name)
     except SessionError:
         return []  # a new session: created after this answer
-    return sessions.load(name, engine)
+    return sessions.messages(name, engine, n_ctx)  # refused here when made by another model or settings
 
 
 def optional_cache(action, on_notice):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -44,7 +45,7 @@ class LoadSpec:
     kv_type: str = "f16"
     threads: Optional[int] = None
     batch: int = 512
-    kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, one at a time;
+    kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, a slot each;
     # embed: an embeddings context (its requests take turns, each batched)
 
     def check(self) -> None:
@@ -176,6 +177,7 @@ class Resident:
         self.names = {loaded.name.casefold(), loaded.ref.casefold(), str(path).casefold()}
         self.retiring = False  # being stopped or reloaded: no new requests, unloaded when the last one ends
         self.stamp: tuple[int, int] = (-1, -1)  # the file's size and mtime when loaded
+        self.conversations: "OrderedDict[str, Any]" = OrderedDict()  # the chats kept on it (runtime.resident)
 
     def usable(self, stamp: tuple[int, int]) -> bool:
         """May a new request use it: not being retired, not failed, and still the file on disk."""

@@ -2,8 +2,11 @@
 request path a run in-process takes (runtime.generate: the session or prefix cache, the decode loop, the
 save after), so that what the user sees is the same either way.
 
-A model loaded for run/chat is held with one sequence; its requests take turns (`Exclusive` stands where a
-Scheduler stands for the HTTP dialects' batched models, so the pool keeps, expires and evicts both alike).
+A model loaded for run/chat has its own continuous-batching scheduler and slots (the server's --parallel):
+each request leases a slot for its whole length (runtime.scheduler.Scheduler.hold), so sessions and the
+prefix cache are restored into it and saved from it, while the slots decode together. An embeddings
+context takes its requests in turn (`Exclusive` stands where a Scheduler stands, so the pool keeps,
+expires and evicts every kind alike).
 
 `chat` keeps its conversation here (`converse`): a runtime Conversation per chat, so that each turn
 evaluates only what is new, as in-process. The client keeps the messages too and sends them with every
@@ -14,14 +17,13 @@ rebuilt from them, and one whose tokens another run displaced from the KV cache 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, Optional
 
-from ..errors import LocalrunError, UsageError
-from .scheduler import StepStats
+from ..errors import UsageError
+from .scheduler import ServerStopping, StepStats
 
 # The fields of a run request on the wire (localrun's own /api/run), besides model, load and keep_alive.
 RUN_FIELDS = ("messages", "raw", "system", "truncate", "session", "use_cache", "think")
@@ -30,12 +32,8 @@ CONVERSE_OPS = ("info", "send", "save", "load")
 CONVERSATIONS_KEPT = 8  # per model: the least recently used beyond that are rebuilt from their messages
 
 
-class ServerStopping(LocalrunError):
-    """The server was stopped (stop --server, SIGTERM) while this answer was running."""
-
-
 class Exclusive:
-    """One request at a time on a model loaded for run/chat (its requests wait their turn)."""
+    """One request at a time on a model loaded as an embeddings context (each request is batched itself)."""
 
     def __init__(self) -> None:
         self.turn = threading.Lock()
@@ -44,15 +42,6 @@ class Exclusive:
         self.fatal: Optional[str] = None
         self.stopping = False
         self.closed = False
-        self.conversations: "OrderedDict[str, Any]" = OrderedDict()
-
-    def conversation(self, key: str, make: Callable[[], Any]):
-        """The conversation `key` (made now if this model has none), as the most recently used."""
-        conv = self.conversations.pop(key, None) or make()
-        self.conversations[key] = conv
-        while len(self.conversations) > CONVERSATIONS_KEPT:
-            self.conversations.popitem(last=False)
-        return conv
 
     def idle_slots(self) -> int:
         return 0 if self.turn.locked() else 1
@@ -61,8 +50,8 @@ class Exclusive:
         self.stopping = True
 
     def stop(self) -> None:
-        """Wait for the request in progress (it sees `stopping` at its next token); the ones still waiting
-        for their turn find the model closed and fail, rather than touch a freed model."""
+        """Wait for the request in progress; the ones still waiting for their turn find the model closed
+        and fail, rather than touch a freed model."""
         self.stopping = True
         with self.turn:
             self.closed = True
@@ -83,8 +72,8 @@ def wire(response) -> dict[str, Any]:
 
 def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callable[[str], None],
            cancelled: Callable[[], bool]) -> Iterator:
-    """Answer a run request on `resident` (a model the pool loaded with an Exclusive runner), as a run
-    in-process would: with --no-cache the model starts from an empty context, as a freshly loaded one does.
+    """Answer a run request on `resident` (a model the pool loaded for run and chat, with its slots), as a
+    run in-process would: with --no-cache from an empty slot, as a freshly loaded model starts.
     `fresh`: loaded for this request (its load time is reported; otherwise 0: it was already loaded)."""
     from ..engine import merge_options
     from .generate import generate
@@ -93,16 +82,13 @@ def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callabl
     unknown = set(payload) - set(RUN_FIELDS) - {"sampling"}
     if unknown:
         raise UsageError(f"unknown run request field {sorted(unknown)[0]!r}")
-    loaded, runner = resident.loaded, resident.scheduler
+    loaded, scheduler = resident.loaded, resident.scheduler
     sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
     request = Request(sampling=sampling, **{k: payload[k] for k in RUN_FIELDS if k in payload})
-    with _turn(resident, on_notice) as runner:
-        if not request.use_cache and not request.session:
-            loaded.engine.kv.clear(0)
-        for response in generate(loaded, request, on_notice=on_notice, cancelled=lambda: cancelled() or runner.stopping):
-            if response.done:
-                _settle(response, runner, cancelled, fresh)
-            yield response
+    for response in generate(loaded, request, on_notice=on_notice, cancelled=cancelled, place=scheduler):
+        if response.done:
+            _settle(response, scheduler, cancelled, fresh)
+        yield response
 
 
 def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[dict], None],
@@ -115,9 +101,9 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
     op, key, messages = payload.get("op"), payload.get("conversation"), payload.get("messages")
     if op not in CONVERSE_OPS or not isinstance(key, str) or not isinstance(messages, list):
         raise UsageError(f"a conversation request needs op (one of {', '.join(CONVERSE_OPS)}), conversation and messages")
-    loaded = resident.loaded
-    with _turn(resident, lambda m: put({"notice": m})) as runner:
-        conv = runner.conversation(key, lambda: Conversation(loaded, None))
+    loaded, scheduler = resident.loaded, resident.scheduler
+    conv = _conversation(resident, key, lambda: Conversation(loaded, None, place=scheduler))
+    with conv.busy:
         if messages != conv.messages:
             conv.replace(messages)
         sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
@@ -132,12 +118,30 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             return
         answer, final = conv.send(
             str(payload.get("text")), sampling, lambda piece: put({"text": piece}),
-            cancelled=lambda: cancelled() or runner.stopping, on_dropped=lambda n: put({"dropped": n}),
+            cancelled=cancelled, on_dropped=lambda n: put({"dropped": n}),
             save_as=payload.get("session") or None, on_save_failed=lambda m: put({"warning": m}),
             on_thinking=lambda t: put({"thinking": t}),
         )
-        _settle(final, runner, cancelled, fresh)
+        _settle(final, scheduler, cancelled, fresh)
         put({"done": wire(final), "messages": conv.messages, "kv_tokens": conv.kv_tokens})
+
+
+_conversations_lock = threading.Lock()
+
+
+def _conversation(resident, key: str, make: Callable[[], Any]):
+    """The conversation `key` on this model (made now if it has none), as the most recently used; each has
+    a lock (`busy`): one request of a chat at a time."""
+    with _conversations_lock:
+        kept = resident.conversations
+        conv = kept.pop(key, None)
+        if conv is None:
+            conv = make()
+            conv.busy = threading.Lock()
+        kept[key] = conv
+        while len(kept) > CONVERSATIONS_KEPT:
+            kept.popitem(last=False)
+        return conv
 
 
 def embed_on(resident, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
@@ -145,31 +149,28 @@ def embed_on(resident, texts: list, *, truncate: bool = True, dimensions: Option
     (kind "embed"); its requests take turns, each batched (runtime.embed)."""
     from .embed import embed
 
-    with _turn(resident, lambda message: None):
+    with _turn(resident):
         return embed(resident.loaded, texts, truncate=truncate, dimensions=dimensions)
 
 
 @contextmanager
-def _turn(resident, on_notice: Callable[[str], None]) -> Iterator[Exclusive]:
-    """Hold the model's one sequence (waiting, with a notice, while another request has it)."""
+def _turn(resident) -> Iterator[Exclusive]:
+    """Hold the model's one embeddings context (waiting while another request has it)."""
     runner = resident.scheduler
-    if not runner.turn.acquire(blocking=False):
-        on_notice(f"waiting for another run on {resident.name} to finish")
-        runner.turn.acquire()
-    try:
+    with runner.turn:
         if runner.closed or runner.stopping:
             raise ServerStopping("the localrun server is stopping: run again to start a new one")
         runner.stats.running = 1
-        yield runner
-    finally:
-        runner.stats.running = 0
-        runner.turn.release()
+        try:
+            yield runner
+        finally:
+            runner.stats.running = 0
 
 
-def _settle(final, runner: Exclusive, cancelled: Callable[[], bool], fresh: bool) -> None:
+def _settle(final, scheduler, cancelled: Callable[[], bool], fresh: bool) -> None:
     """An answer's last response as the client gets it: one the server's stop interrupted is an error
     (not a short answer), and a model that was loaded already took no load time for it."""
-    if final.finish_reason == "interrupted" and runner.stopping and not cancelled():
+    if final.finish_reason == "shutdown" or (final.finish_reason == "interrupted" and scheduler.stopping and not cancelled()):
         raise ServerStopping("the localrun server was stopped during the answer: run again to start a new one")
     if not fresh and final.stats is not None:
         final.stats.load_s = 0.0

@@ -11,6 +11,11 @@ Slots keep the tokens left in their KV sequence after a request, and a new reque
 sharing the longest prefix with it; a longer prefix held by any other slot (the same system prompt, a
 document asked about again) is copied into it (engine.kv.reuse_from), so only the new tokens are evaluated.
 
+`run` and `chat` on a resident server take a slot for a whole request (`hold`): the slot with the longest
+prefix of the prompt, held while the request restores a session or prefix-cache state into it, generates
+there with the other slots, and saves its state after (SlotSeat; the llama.cpp work of restoring and saving
+runs on the scheduler thread between steps, through `call`).
+
 The HTTP side never touches llama.cpp: it hands `Job`s in and gets responses back through `deliver`,
 called once per step with every job's new responses (one cross-thread wake-up per step, not per token).
 """
@@ -19,11 +24,13 @@ from __future__ import annotations
 
 import collections
 import itertools
+import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence as Tokens
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..engine import Engine, Response
 from ..engine.loop import Plain, step
@@ -31,6 +38,7 @@ from ..engine.kv import common_prefix
 from ..engine.model import Batch, DecodeError
 from ..engine.sampling import Sampler
 from ..engine.sequence import Sequence
+from ..errors import LocalrunError
 
 
 @dataclass
@@ -44,6 +52,8 @@ class Job:
     tools: object = None  # opaque to the scheduler: how the dialect reads tool calls in the answer
     id: int = field(default_factory=itertools.count().__next__)
     cancelled: bool = False
+    leased: Optional["Slot"] = None  # the slot a lease holds for it (run, chat); None: any free slot
+    reuse: bool = True  # False: the slot starts empty (--no-cache), no prefix kept or copied
     # scheduler thread only
     slot: Optional["Slot"] = None
     task: Optional[Plain] = None
@@ -69,6 +79,7 @@ class Slot:
     seq_id: int
     job: Optional[Job] = None
     last_used: float = 0.0
+    leased: bool = False  # held by a request between its jobs (see Scheduler.lease)
 
 
 @dataclass
@@ -110,6 +121,7 @@ class Scheduler:
         self.batch: Optional[Batch] = Batch(self.capacity)
         self.thread = threading.Thread(target=self._run, name="localrun-scheduler", daemon=True)
         self.fatal: Optional[str] = None
+        self.calls: collections.deque = collections.deque()  # (fn, result box, done event) for the scheduler thread
 
     # -- called from other threads --------------------------------------------------------------
 
@@ -122,7 +134,7 @@ class Scheduler:
         with self.cond:
             if self.fatal or self.stopping:
                 return False
-            if len(self.waiting) >= self.max_waiting + self.idle_slots():
+            if job.leased is None and len(self.waiting) >= self.max_waiting + self.idle_slots():
                 return False
             self.waiting.append(job)
             self.stats.waiting = len(self.waiting)
@@ -150,8 +162,62 @@ class Scheduler:
             self.batch.close()
             self.batch = None
 
+    @property
+    def n_ctx(self) -> int:
+        """The context of one slot: what one request may fill."""
+        return self.slot_ctx
+
+    def held(self, tokens: Tokens[int]) -> int:
+        """The longest prefix of `tokens` a slot holds (read without the lock: a glance, not a promise)."""
+        kv = self.engine.kv
+        return max((common_prefix(kv.tokens[s.seq_id], tokens) for s in self.slots), default=0)
+
     def idle_slots(self) -> int:
-        return sum(1 for s in self.slots if s.job is None)
+        return sum(1 for s in self.slots if s.job is None and not s.leased)
+
+    @contextmanager
+    def hold(self, tokens: Tokens[int] = ()) -> Iterator["SlotSeat"]:
+        """Hold a slot for one request (waiting for one to be free): the free slot sharing the longest
+        prefix with `tokens`, else the least recently used. Raises ServerStopping once the server stops."""
+        with self.cond:
+            while True:
+                self._check_running()
+                free = [s for s in self.slots if s.job is None and not s.leased]
+                if free:
+                    break
+                self.cond.wait(timeout=1.0)
+            kv, limit = self.engine.kv, max(0, len(tokens) - 1)
+            slot = max(free, key=lambda s: (min(common_prefix(kv.tokens[s.seq_id], tokens), limit), -s.last_used))
+            slot.leased = True
+        try:
+            yield SlotSeat(self, slot)
+        finally:
+            with self.cond:
+                slot.leased = False
+                slot.last_used = time.perf_counter()
+                self.cond.notify_all()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the scheduler thread between two steps (llama.cpp work on a slot while others decode)
+        and return what it returns (or raise what it raised)."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        with self.cond:
+            self._check_running()
+            self.calls.append((fn, box, done))
+            self.cond.notify_all()
+        while not done.wait(timeout=1.0):
+            if not self.thread.is_alive():
+                raise ServerStopping(self.fatal or "the localrun server is stopping: run again to start a new one")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _check_running(self) -> None:
+        if self.fatal:
+            raise ServerStopping(self.fatal)
+        if self.stopping:
+            raise ServerStopping("the localrun server is stopping: run again to start a new one")
 
     # -- the scheduler thread -------------------------------------------------------------------
 
@@ -160,10 +226,18 @@ class Scheduler:
         try:
             while True:
                 with self.cond:
-                    while not self.stopping and not self.running and not self.waiting:
+                    while not self.stopping and not self.running and not self.waiting and not self.calls:
                         self.cond.wait()
                     if self.stopping:
                         break
+                    calls, self.calls = self.calls, collections.deque()
+                for fn, box, done in calls:
+                    try:
+                        box["value"] = fn()
+                    except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+                        box["error"] = exc
+                    done.set()
+                with self.cond:
                     self._drop_cancelled(out)
                     self._admit()
                 if self.running:
@@ -179,6 +253,11 @@ class Scheduler:
                 leftovers = list(self.running) + list(self.waiting)
                 self.running.clear()
                 self.waiting.clear()
+                calls, self.calls = self.calls, collections.deque()
+                self.cond.notify_all()
+            for _, box, done in calls:
+                box["error"] = ServerStopping(self.fatal or "the localrun server is stopping: run again to start a new one")
+                done.set()
             # Responses of this step not yet delivered (a failure mid-step), then every job still open.
             reason = "error" if self.fatal else "shutdown"
             out += [(job, self._finish(job, reason, self.fatal or "the server is shutting down: retry later")) for job in leftovers]
@@ -193,8 +272,12 @@ class Scheduler:
             out.append((job, self._finish(job, "cancelled")))
 
     def _admit(self) -> None:
+        for job in [j for j in self.waiting if j.leased is not None]:  # their slots are held for them
+            self.waiting.remove(job)
+            self._assign(job, [job.leased])
+            self.running.append(job)
         while self.waiting:
-            free = [s for s in self.slots if s.job is None]
+            free = [s for s in self.slots if s.job is None and not s.leased]
             if not free:
                 break
             job = self.waiting.popleft()
@@ -208,7 +291,11 @@ class Scheduler:
         kv, prompt = self.engine.kv, job.prompt
         limit = len(prompt) - 1  # the last prompt token is always evaluated: its logits are sampled
         slot = max(free, key=lambda s: (min(common_prefix(kv.tokens[s.seq_id], prompt), limit), -s.last_used))
-        kept = kv.reuse_from(slot.seq_id, prompt, [s.seq_id for s in self.slots])
+        if job.reuse:
+            kept = kv.reuse_from(slot.seq_id, prompt, [s.seq_id for s in self.slots])
+        else:
+            kv.clear(slot.seq_id)
+            kept = 0
         slot.job, job.slot = slot, slot
         job.seq.seq_id = slot.seq_id
         job.task = Plain(self.engine, job.seq, job.sampler, chunk=self.prefill_chunk, reused=kept)
@@ -254,3 +341,73 @@ class Scheduler:
             job.slot = None
         job.sampler.close()
         self.stats.running = len(self.running)
+
+
+class ServerStopping(LocalrunError):
+    """The server was stopped (stop --server, SIGTERM) while this request was running or waiting."""
+
+
+class SlotSeat:
+    """A slot held by one request (Scheduler.hold): runtime.sessions' seat, as the engine's own sequence is
+    in-process, and where the request generates, batched with the other slots."""
+
+    def __init__(self, scheduler: Scheduler, slot: Slot):
+        self.scheduler = scheduler
+        self.slot = slot
+        self.kv = scheduler.engine.kv
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.kv.tokens[self.slot.seq_id]
+
+    @property
+    def n_ctx(self) -> int:
+        return self.scheduler.slot_ctx
+
+    def restore(self, data: bytearray, tokens: Tokens[int]) -> bool:
+        return self.scheduler.call(lambda: self.kv.restore(data, tokens, self.slot.seq_id))
+
+    def state_bytes(self) -> bytearray:
+        return self.scheduler.call(lambda: self.kv.state_bytes(self.slot.seq_id))
+
+    def reset(self) -> None:
+        self.reuse = False  # the next job clears the slot as it takes it (nothing copied in either)
+
+    reuse = True
+
+    def generate(self, tokens: list[int], sampling, *, cancelled: Optional[Callable[[], bool]] = None,
+                 thinking=None) -> Iterator[Response]:
+        """Stream the answer to `tokens` from this slot, decoded in the scheduler's batch; `cancelled` is
+        asked between responses (once true, the job leaves the batch at the next step)."""
+        from ..errors import UsageError
+
+        if not tokens:
+            raise UsageError("empty prompt: give some text as an argument or on stdin")
+        scheduler = self.scheduler
+        scheduler.engine.check_fits(len(tokens), self.n_ctx)
+        job = Job.create(scheduler.engine, tokens, sampling, max_tokens=sampling.max_tokens, n_ctx=self.n_ctx)
+        job.seq.thinking = thinking
+        job.leased, job.reuse, self.reuse = self.slot, self.reuse, True
+        job.sink = queue.SimpleQueue()
+        if not scheduler.submit(job):
+            job.sampler.close()
+            scheduler._check_running()
+            raise ServerStopping("the localrun server could not take the request: run again")
+        try:
+            while True:
+                if cancelled is not None and not job.cancelled and cancelled():
+                    scheduler.cancel(job)
+                try:
+                    response = job.sink.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if response.done and response.finish_reason == "cancelled" and cancelled is not None and cancelled():
+                    response.finish_reason = "interrupted"  # as an answer stopped in-process reads
+                    if response.stats is not None:
+                        response.stats.finish_reason = "interrupted"
+                yield response
+                if response.done:
+                    return
+        finally:
+            if not job.seq.done:  # the consumer stopped early (a closed pipe): the job leaves the batch (its
+                scheduler.cancel(job)  # slot is not free for another lease until it has)

@@ -37,13 +37,34 @@ def identity(store: SessionStore, engine: Engine) -> Identity:
 
 
 def prefix_cache_applies(engine: Engine) -> bool:
-    # Without swa_full a sliding-window model keeps only the last window: a stored state could not be cut
-    # back to a shorter common prefix, which is what prefix reuse does.
-    if engine.options.n_seq_max != 1:
-        return False
+    # A sliding-window model's state must keep its whole history to be cut back to a shorter common
+    # prefix, which is what prefix reuse does: so with swa_full, and from a single-sequence context only
+    # (llama.cpp saves one sequence of several with the last window alone; engine.kv.state_bytes).
     info = engine.info
     sliding = bool(info.sliding_window) and (any(info.swa_layers) if info.swa_layers else True)  # layout unknown: assume it has
-    return engine.options.swa_full or not sliding
+    return not sliding or (engine.options.swa_full and engine.options.n_seq_max == 1)
+
+
+class EngineSeat:
+    """Where a request's KV lives: a sequence of an engine (its tokens, context, state saved and restored).
+    This one is the engine's own single sequence; a server slot is another (runtime.scheduler.SlotSeat)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.engine.kv.tokens[0]
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    def restore(self, data: bytearray, tokens: Sequence[int]) -> bool:
+        return self.engine.kv.restore(data, tokens)
+
+    def state_bytes(self) -> bytearray:
+        return self.engine.kv.state_bytes()
 
 
 class Sessions:
@@ -66,37 +87,47 @@ class Sessions:
     def __exit__(self, *exc) -> None:
         self.store.close()
 
-    def save(self, name: str, engine: Engine, messages: list[dict], *, model_ref: str) -> SessionInfo:
-        """Save what the engine's KV cache holds and `messages` as session `name`."""
-        return self.store.save(name, identity(self.store, engine), list(engine.kv.tokens[0]), messages,
-                               engine.kv.state_bytes, model_ref=model_ref, n_ctx=engine.n_ctx)
+    def save(self, name: str, engine: Engine, messages: list[dict], *, model_ref: str, seat=None) -> SessionInfo:
+        """Save what the engine's KV cache holds (`seat`: that sequence of it) and `messages` as session `name`."""
+        seat = seat or EngineSeat(engine)
+        return self.store.save(name, identity(self.store, engine), list(seat.tokens), messages,
+                               seat.state_bytes, model_ref=model_ref, n_ctx=seat.n_ctx)
 
-    def load(self, name: str, engine: Engine) -> list[dict]:
-        """Restore session `name` into the engine (replacing its KV cache) and return its messages: the next
-        generation evaluates only the tokens after the restored ones."""
+    def messages(self, name: str, engine: Engine, n_ctx: int) -> list[dict]:
+        """Session `name`'s messages, refused (as `load` would) when its state cannot go into this engine."""
+        return self.store.messages(name, identity(self.store, engine), n_ctx)
+
+    def load(self, name: str, engine: Engine, seat=None) -> list[dict]:
+        """Restore session `name` into the engine (`seat`: into that sequence of it, replacing what it holds)
+        and return its messages: the next generation evaluates only the tokens after the restored ones."""
+        seat = seat or EngineSeat(engine)
+
         def holds(tokens: list[int]) -> bool:
             # A resident model that answered this session last holds it: reading it back would gain nothing.
             # Nor when it holds all but a few tokens (as for the prefix cache): the prompt's reuse keeps
             # what matches and evaluates the rest.
-            held = common_prefix(engine.kv.tokens[0], tokens)
+            held = common_prefix(seat.tokens, tokens)
             return bool(tokens) and held >= min(len(tokens), MIN_PREFIX_TOKENS) and len(tokens) - held < MIN_PREFIX_TOKENS
 
-        return self.store.load(name, identity(self.store, engine), engine.n_ctx, engine.kv.restore, held=holds)
+        return self.store.load(name, identity(self.store, engine), seat.n_ctx, seat.restore, held=holds)
 
-    def lookup_prefix(self, engine: Engine, tokens: Sequence[int], *, on_notice: Optional[Callable[[str], None]] = None) -> int:
+    def lookup_prefix(self, engine: Engine, tokens: Sequence[int], *, on_notice: Optional[Callable[[str], None]] = None,
+                      seat=None) -> int:
         """Restore the stored state sharing the longest prefix with `tokens` (same model and settings) into
         the engine, when that prefix is at least MIN_PREFIX_TOKENS long and longer than what the engine
         already holds of `tokens`. Returns how many leading tokens of `tokens` the engine now holds (0: nothing
-        restored, the engine untouched). A damaged entry is removed and reported through `on_notice`."""
+        restored, the engine untouched). A damaged entry is removed and reported through `on_notice`. `seat`:
+        the engine's sequence to restore into (its own single one by default)."""
+        seat = seat or EngineSeat(engine)
         if len(tokens) < MIN_PREFIX_TOKENS or not prefix_cache_applies(engine) or cache_max_bytes() <= 0:
             return 0  # LOCALRUN_CACHE_MAX=0 turns the cache off: no lookups either
         # The engine re-evaluates a prompt's last token whatever it holds, so that one never counts.
-        have = min(common_prefix(engine.kv.tokens[0], tokens), len(tokens) - 1)
+        have = min(common_prefix(seat.tokens, tokens), len(tokens) - 1)
         store, ident = self.store, identity(self.store, engine)
         with store.prefix_locked():
             best, best_len = None, 0
             for entry in store.prefix_entries(ident, tokens):
-                if len(entry.tokens) >= engine.n_ctx:
+                if len(entry.tokens) >= seat.n_ctx:
                     continue
                 n = common_prefix(entry.tokens, tokens)
                 if n > best_len:
@@ -110,7 +141,7 @@ class Sessions:
                 if on_notice:
                     on_notice(f"a prefix-cache entry was corrupt ({exc}) and has been removed")
                 return 0
-            if not engine.kv.restore(data, best.tokens):
+            if not seat.restore(data, best.tokens):
                 store.drop(best)
                 if on_notice:
                     on_notice("llama.cpp could not restore a prefix-cache entry; it has been removed")
@@ -118,8 +149,8 @@ class Sessions:
             store.touch(best)
         return best_len
 
-    def save_prefix(self, engine: Engine) -> Optional[SessionInfo]:
-        """Store the engine's KV cache as a prefix entry, unless it is shorter than MIN_PREFIX_TOKENS or an
+    def save_prefix(self, engine: Engine, seat=None) -> Optional[SessionInfo]:
+        """Store the engine's KV cache (`seat`: that sequence of it) as a prefix entry, unless it is shorter than MIN_PREFIX_TOKENS or an
         entry already covers it; entries it extends are replaced. Keeps the prefix cache under
         $LOCALRUN_CACHE_MAX by evicting least-recently-used entries. Returns the new entry, or None."""
         cap = cache_max_bytes()
@@ -127,7 +158,8 @@ class Sessions:
         if cap <= 0:
             store.trim_prefixes(0)  # off means off: entries stored under a larger cap go too
             return None
-        tokens = list(engine.kv.tokens[0])
+        seat = seat or EngineSeat(engine)
+        tokens = list(seat.tokens)
         if len(tokens) < MIN_PREFIX_TOKENS or not prefix_cache_applies(engine):
             return None
         ident = identity(store, engine)
@@ -140,5 +172,5 @@ class Sessions:
                     return None
                 if n == len(entry.tokens):
                     superseded.append(entry)
-            return store.add_prefix(ident, tokens, engine.kv.state_bytes(), replaces=superseded,
-                                    model_file=engine.path.name, n_ctx=engine.n_ctx, cap=cap)
+            return store.add_prefix(ident, tokens, seat.state_bytes(), replaces=superseded,
+                                    model_file=engine.path.name, n_ctx=seat.n_ctx, cap=cap)

@@ -97,13 +97,15 @@ class Service:
                     embeddings=spec.kind == "embed")
 
     def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec):
-        if spec.kind in ("run", "embed"):
+        if spec.kind == "embed":
             from ..runtime.resident import Exclusive
 
             return Exclusive()
+        # run/chat's requests wait in their own threads, for a slot (a lease), never in the queue
         scheduler = Scheduler(
             loaded.engine, parallel=spec.parallel, slot_ctx=slot_ctx, max_waiting=self.options.max_waiting,
-            prefill_chunk=self.options.prefill_chunk, deliver=self._deliver, on_step=self.metrics.step,
+            prefill_chunk=self.options.prefill_chunk, on_step=self.metrics.step,
+            deliver=_deliver_now if spec.kind == "run" else self._deliver,
         )
         scheduler.start()
         return scheduler
@@ -125,6 +127,12 @@ class Service:
                 loop.call_soon_threadsafe(_dispatch, responses)
             except RuntimeError:  # the loop closed in between: shutting down, nobody is listening
                 pass
+
+
+def _deliver_now(responses: list[tuple[Job, Response]]) -> None:
+    """Straight to the jobs' own queues (run/chat: read by their request threads, not the event loop)."""
+    for job, response in responses:
+        job.sink.put_nowait(response)
 
 
 def _dispatch(responses: list[tuple[Job, Response]]) -> None:

@@ -90,7 +90,7 @@ def routes(service) -> list:
         if service.stopping:
             return failed(503, "the server is shutting down: retry", 1, code="stopping")
         try:
-            spec = LoadSpec(parallel=1, kind="run", **load)
+            spec = LoadSpec(parallel=service.options.spec.parallel, kind="run", **load)
             spec.check()
             keep_alive = None if body.get("keep_alive") is None else parse_keep_alive(body["keep_alive"])
         except (LocalrunError, TypeError) as exc:

@@ -321,14 +321,9 @@ class SessionStore:
         swa_full, flash attention setting or llama.cpp build, or holds more tokens than `n_ctx`. A damaged
         state is removed. `held(tokens)` true: the caller still holds that state (a resident model that
         saved it), so nothing is read."""
-        check_name(name)
+        check_name(name)  # before its name makes a lock file
         with self._locked(name, f"session {name!r}"):
-            row = self.db.execute("SELECT * FROM entries WHERE name = ?", (name,)).fetchone()
-            if row is None:
-                raise SessionError(f"no session named {name!r}: see `localrun sessions list`")
-            reason = _mismatch(row, ident, n_ctx)
-            if reason:
-                raise SessionError(f"session {name!r} {reason}")
+            row = self._usable_row(name, ident, n_ctx)
             tokens = unpack_tokens(row["tokens"])
             if held is not None and held(tokens):
                 self._touch(row["id"])
@@ -352,12 +347,28 @@ class SessionStore:
         rows = self.db.execute(f"SELECT * FROM entries {where} ORDER BY last_used DESC, id DESC").fetchall()
         return [_info(row) for row in rows]
 
-    def show(self, name: str) -> SessionInfo:
+    def messages(self, name: str, ident: Identity, n_ctx: int) -> list[dict]:
+        """Session `name`'s messages, without its state; refused as `load` refuses (SessionError, also when
+        there is none)."""
+        return json.loads(self._usable_row(name, ident, n_ctx)["messages"])
+
+    def _usable_row(self, name: str, ident: Identity, n_ctx: int) -> sqlite3.Row:
+        """Session `name`'s row when its state can go into an engine of this identity and context."""
+        row = self._row(name)
+        reason = _mismatch(row, ident, n_ctx)
+        if reason:
+            raise SessionError(f"session {name!r} {reason}")
+        return row
+
+    def _row(self, name: str) -> sqlite3.Row:
         check_name(name)
         row = self.db.execute("SELECT * FROM entries WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise SessionError(f"no session named {name!r}: see `localrun sessions list`")
-        return _info(row)
+        return row
+
+    def show(self, name: str) -> SessionInfo:
+        return _info(self._row(name))
 
     def remove(self, name: str) -> SessionInfo:
         check_name(name)
