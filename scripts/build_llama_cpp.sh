@@ -57,7 +57,8 @@ case "$VARIANT" in
     exit 2
     ;;
 esac
-ARGS="$ARGS -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF ${EXTRA_CMAKE_ARGS:-}"
+# GGML_RPC: `localrun worker` and --rpc (llama.cpp's RPC backend, libggml-rpc in the wheel).
+ARGS="$ARGS -DGGML_RPC=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF ${EXTRA_CMAKE_ARGS:-}"
 
 if [ "$PRINT_ONLY" = 1 ]; then echo "$ARGS"; exit 0; fi
 

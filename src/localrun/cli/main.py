@@ -11,7 +11,8 @@ import typer
 from .. import __version__
 from ..console import err, notice
 from ..errors import EXIT_INTERRUPTED, LocalrunError, UsageError
-from .options import CtxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, ModelArg, SourceOpt, ThreadsOpt, shared_options
+from .options import (CtxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt, ThreadsOpt,
+                      shared_options)
 from .render import render_error
 
 app = typer.Typer(
@@ -78,14 +79,24 @@ def show(
     kv_type: KvTypeOpt = "f16",
     measure: Annotated[bool, typer.Option("--measure/--no-measure", help="also load the model to report what llama.cpp allocates")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+    rpc: RpcOpt = None,
+    gpu_layers: GpuLayersOpt = "auto",
+    tensor_split: TensorSplitOpt = None,
 ) -> None:
-    """Show a pulled model's metadata and the memory it needs at a given --ctx."""
+    """Show a pulled model's metadata and the memory it needs at a given --ctx (with --rpc: where its
+    layers would go, without loading it)."""
     from .. import hub
     from ..runtime.report import describe
     from . import render
 
     local = hub.resolve_local(model)
-    render.model_details(describe(local, ctx, kv_type, measure), as_json)
+    details = describe(local, ctx, kv_type, measure and not rpc)
+    if rpc:
+        from ..runtime.workers import parse_endpoints, plan
+
+        details["placement"] = plan(local.path, parse_endpoints(rpc), gpu_layers=gpu_layers, tensor_split=tensor_split,
+                                    ctx=details["memory_estimate"]["n_ctx"], kv_type=kv_type)
+    render.model_details(details, as_json)
 
 
 @app.command()
@@ -119,12 +130,39 @@ def rm(model: ModelArg) -> None:
 
 
 @app.command()
-def doctor(as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False) -> None:
-    """Print the llama.cpp build (backends, CPU features, GPU offload), versions, paths and free disk."""
+def doctor(as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False, rpc: RpcOpt = None) -> None:
+    """Print the llama.cpp build (backends, CPU features, GPU offload), versions, paths and free disk (and
+    with --rpc, each worker's devices, free memory and protocol version)."""
     from ..runtime.report import doctor_report
     from . import render
 
-    render.doctor(doctor_report(), as_json)
+    report = doctor_report()
+    if rpc:
+        from ..runtime.workers import describe_workers, parse_endpoints
+
+        report["rpc_workers"] = describe_workers(parse_endpoints(rpc))
+    render.doctor(report, as_json)
+    if rpc and any("error" in w for w in report["rpc_workers"]):
+        raise typer.Exit(1)
+
+
+@app.command()
+def worker(
+    host: Annotated[str, typer.Option("--host", help="address to listen on (loopback by default; the protocol has no authentication)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="port to listen on")] = 50052,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)")] = None,
+    device: Annotated[Optional[list[str]], typer.Option("--device", help="a device to expose (repeat for more; default: the GPUs, else the CPU)")] = None,
+    cache: Annotated[Optional[Path], typer.Option("--cache", help="llama.cpp's tensor cache (default: $LOCALRUN_HOME/rpc-cache)")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="no tensor cache: clients send every weight each time")] = False,
+) -> None:
+    """Expose this machine's CPU or GPUs to other machines' `--rpc` (llama.cpp's RPC server), until Ctrl-C."""
+    from ..runtime.workers import INSECURE, LOOPBACK, run_worker
+    from ..store.paths import home
+
+    if host not in LOOPBACK:
+        notice("warning: " + INSECURE.format(where=f"{host}:{port}"))
+    run_worker(host, port, threads=threads, devices=device, cache=None if no_cache else (cache or home() / "rpc-cache"),
+               on_started=notice)
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -411,6 +449,8 @@ def bench(
     requests: Annotated[Optional[int], typer.Option("--requests", help="with --serve: requests per level (default 4 x streams)")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="with --serve: bearer key")] = None,
     source: SourceOpt = "auto",
+    rpc: RpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
 ) -> None:
     """Measure prefill and decode speed, TTFT, TPOT, load time, memory (and perplexity), optionally vs llama-bench;
     or with --serve, load-test a running server with concurrent streams."""
@@ -427,7 +467,7 @@ def bench(
     raise typer.Exit(benchmark.run_from_cli(
         models, pp=pp or "512", tg=tg, depth=depth, reps=reps, threads=threads, ctx=ctx, batch=batch, kv_type=kv_type,
         gpu_layers=gpu_layers, flash_attn=flash_attn, decode=decode, output=output, compare=compare, llama_bench=llama_bench,
-        quality=quality, plot=plot, source=_source(source),
+        quality=quality, plot=plot, source=_source(source), rpc=rpc, tensor_split=tensor_split,
     ))
 
 
@@ -509,7 +549,7 @@ def _load(model: str, options: dict, parallel: int = 1):
         model, source=_source(options["source"]), ctx=options["ctx"], gpu_layers=options["gpu_layers"],
         flash_attn=options["flash_attn"], kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, on_notice=notice,
-        parallel=parallel, decoding=decoding,
+        parallel=parallel, decoding=decoding, rpc=options["rpc"], tensor_split=options["tensor_split"],
     )
 
 
@@ -518,7 +558,8 @@ def _load_spec(options: dict, parallel: int):
     from ..runtime.pool import LoadSpec
 
     spec = LoadSpec(ctx=options["ctx"], parallel=parallel, gpu_layers=options["gpu_layers"], flash_attn=options["flash_attn"],
-                    kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"])
+                    kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
+                    rpc=options["rpc"], tensor_split=options["tensor_split"])
     spec.check()
     return spec
 

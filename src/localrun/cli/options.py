@@ -20,6 +20,11 @@ FlashAttnOpt = Annotated[Optional[bool], typer.Option("--flash-attn/--no-flash-a
 KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache type: f16, q8_0 or q4_0", rich_help_panel=_M)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)", rich_help_panel=_M)]
 BatchOpt = Annotated[int, typer.Option("--batch", help="prompt tokens per decode call", rich_help_panel=_M)]
+RpcOpt = Annotated[Optional[str], typer.Option(
+    "--rpc", envvar="LOCALRUN_RPC", rich_help_panel=_M,
+    help="split the model over llama.cpp RPC workers (`localrun worker` on other machines): HOST:PORT[,HOST:PORT...]")]
+TensorSplitOpt = Annotated[Optional[str], typer.Option(
+    "--tensor-split", rich_help_panel=_M, help="proportions of the offloaded layers per device, RPC workers first then GPUs, e.g. 3,1 (default: by free memory)")]
 KeepAliveOpt = Annotated[str, typer.Option(
     "--keep-alive", envvar="LOCALRUN_KEEP_ALIVE",
     help="keep the model loaded in the background server this long after the answer: 5m, 1h, -1 (forever); 0 runs in this process, no server")]
@@ -36,7 +41,7 @@ LengthPenaltyOpt = Annotated[float, typer.Option("--length-penalty", help="beam 
 def _generation(
     source: SourceOpt = "auto",
     ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "auto", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
-    threads: ThreadsOpt = None, batch: BatchOpt = 512,
+    threads: ThreadsOpt = None, batch: BatchOpt = 512, rpc: RpcOpt = None, tensor_split: TensorSplitOpt = None,
 ) -> None:
     """The options run, chat and serve share: where the model comes from, model and hardware (the sampling
     options are added from SamplingOptions, see sampling_parameters)."""

@@ -231,6 +231,9 @@ def model_details(details: dict, as_json: bool) -> None:
         a = details["memory_allocated"]
         rows.append(("llama.cpp allocated", f"weights {human_size(a['weights_bytes'])} + KV {human_size(a['kv_bytes'])}"
                      f" + compute {human_size(a['compute_bytes'])} = {human_size(a['total_bytes'])}"))
+    for place in details.get("placement", []):
+        rows.append((f"on {place['device']}", f"{place['n_layers']} layer(s) ({place['layers']}): weights {human_size(place['weights_bytes'])}"
+                     f" + KV {human_size(place['kv_bytes'])}"))
     _kv_rows(rows)
 
 
@@ -238,7 +241,13 @@ def doctor(report: dict, as_json: bool) -> None:
     if as_json:
         _json_out(report)
         return
-    rows = [(k.replace("_", " "), human_size(v) if k.endswith("bytes") else str(v)) for k, v in report.items()]
+    rows = [(k.replace("_", " "), human_size(v) if k.endswith("bytes") else str(v)) for k, v in report.items() if k != "rpc_workers"]
+    for w in report.get("rpc_workers", []):
+        if "error" in w:
+            rows.append((f"rpc {w['endpoint']}", f"not usable: {w['error']}"))
+            continue
+        devices = "; ".join(f"{d['name']} {human_size(d['free'])} free of {human_size(d['total'])}" for d in w["devices"])
+        rows.append((f"rpc {w['endpoint']}", f"protocol {w['protocol']}, {len(w['devices'])} device(s): {devices}"))
     _kv_rows(rows)
 
 

@@ -118,6 +118,11 @@ class GGUFInfo:
     shards: tuple[Path, ...]
     head_dim_k_swa: int = 0  # 0: same as head_dim_k
     head_dim_v_swa: int = 0
+    # Where the bytes are, for a placement plan (engine.rpc.placement): the input layer's (token embeddings,
+    # kept on the CPU), each repeating layer's ("blk.N."), and the output layer's (the rest).
+    input_bytes: int = field(default=0, compare=False)
+    layer_bytes: tuple[int, ...] = field(default=(), compare=False)
+    output_bytes: int = field(default=0, compare=False)
     metadata: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     @property
@@ -434,6 +439,7 @@ def read_info(path: Path | str) -> GGUFInfo:
         eos_token_id=_optional_int(path, meta, K.Tokenizer.EOS_ID, None),
         file_size=sum(h.file_size for h in headers),
         tensor_bytes=sum(t.n_bytes for t in tensors),
+        **_layer_bytes(tensors, n_layer),
         n_tensors=len(tensors),
         n_split=len(shards),
         shards=tuple(shards),
@@ -495,6 +501,24 @@ def _sliding_window(
     if dense_first:
         return window, period, tuple(il % period != 0 for il in range(n_layer))
     return window, period, tuple(il % period < period - 1 for il in range(n_layer))
+
+
+def _layer_bytes(tensors: list[_Tensor], n_layer: int) -> dict[str, Any]:
+    """The bytes of the input layer, of each repeating layer and of the output layer (llama.cpp's names:
+    token_embd is the input; blk.N.* layer N; output and output_norm, and anything else, the output)."""
+    layers = [0] * n_layer
+    input_bytes = output_bytes = 0
+    for t in tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) < n_layer:
+            layers[int(parts[1])] += t.n_bytes
+        elif parts[0] in ("token_embd", "token_types", "position_embd"):
+            input_bytes += t.n_bytes
+        else:
+            output_bytes += t.n_bytes
+    if not any(t.name == "output.weight" for t in tensors):  # tied embeddings: llama.cpp copies them to the output layer
+        output_bytes += sum(t.n_bytes for t in tensors if t.name == "token_embd.weight")
+    return {"input_bytes": input_bytes, "layer_bytes": tuple(layers), "output_bytes": output_bytes}
 
 
 def _quant_label(file_type: Any, tensors: list[_Tensor]) -> str:

@@ -129,21 +129,28 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def wheel_library(stem: str):
+    """A library of llama-cpp-python's wheel (libggml, libggml-rpc ...) through ctypes, or None where the
+    build has none: one llama.cpp has loaded already is the same handle."""
+    import ctypes
+    from pathlib import Path
+
+    lib_dir = Path(llama_cpp_module().__file__).parent / "lib"
+    found = sorted(lib_dir.glob(f"{stem}.so*")) + sorted(lib_dir.glob(f"{stem}.dylib"))
+    return ctypes.CDLL(str(found[0])) if found else None
+
+
 def ggml():
     """llama.cpp's ggml library through ctypes (loaded already by llama_cpp: the same handle), with the
     backend-device calls llama-cpp-python does not wrap declared."""
     import ctypes
-    from pathlib import Path
 
     global _ggml
     if _ggml is not None:
         return _ggml
-    ll = llama_cpp_module()
-    lib_dir = Path(ll.__file__).parent / "lib"
-    found = sorted(lib_dir.glob("libggml.so*")) + sorted(lib_dir.glob("libggml.dylib"))
-    if not found:
+    lib = wheel_library("libggml")
+    if lib is None:
         return None
-    lib = ctypes.CDLL(str(found[0]))
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.restype = ctypes.c_void_p
     lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
@@ -159,7 +166,7 @@ def ggml():
 
 
 _ggml = None
-CPU_DEVICE, GPU_DEVICE = 0, 1  # ggml_backend_dev_type: CPU 0, GPU 1, IGPU 2 (shares the RAM), ACCEL 3
+CPU_DEVICE, GPU_DEVICE, IGPU_DEVICE = 0, 1, 2  # ggml_backend_dev_type (ACCEL 3)
 
 
 def devices() -> list[tuple[str, str, int, int, int]]:
@@ -173,12 +180,33 @@ def devices() -> list[tuple[str, str, int, int, int]]:
     out = []
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
+        name = lib.ggml_backend_dev_name(dev).decode(errors="replace")
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append((lib.ggml_backend_dev_name(dev).decode(errors="replace"),
+        if not name.startswith("RPC"):  # asking a worker goes over the network (engine.rpc.probe does, with a timeout)
+            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append((name,
                     (lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
                     lib.ggml_backend_dev_type(dev), free.value, total.value))
     return out
+
+
+def local_gpus() -> list[int]:
+    """This machine's GPUs as llama.cpp would use them by default (discrete GPUs, else integrated ones):
+    their ggml device handles. RPC workers' devices are not among them (engine.rpc)."""
+    lib = ggml()
+    if lib is None:
+        return []
+    found: dict[int, list[int]] = {GPU_DEVICE: [], IGPU_DEVICE: []}
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        kind = lib.ggml_backend_dev_type(dev)
+        if kind in found and not device_name(dev).startswith("RPC"):
+            found[kind].append(dev)
+    return found[GPU_DEVICE] or found[IGPU_DEVICE]
+
+
+def device_name(dev: int) -> str:
+    return ggml().ggml_backend_dev_name(dev).decode(errors="replace")
 
 
 def supports_gpu_offload() -> bool:

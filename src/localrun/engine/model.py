@@ -13,7 +13,7 @@ from typing import Literal, Optional, Union
 
 from ..errors import ContextOverflow, EngineError, UsageError
 from .kv import KVCache
-from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded, supports_gpu_offload
+from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
 POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
@@ -45,6 +45,10 @@ class LoadOptions:
     # An embeddings context (Engine.embed): pooled vectors per sequence instead of logits to sample from.
     embeddings: bool = False
     pooling: Optional[str] = None  # mean, cls or last; None: the model's own (GGUF), else mean
+    # llama.cpp RPC workers (engine.rpc) whose devices take layers as GPUs would, before local GPUs; and the
+    # proportions per device (RPC workers, then GPUs) instead of llama.cpp's split by free memory.
+    rpc: tuple[str, ...] = ()
+    tensor_split: Optional[tuple[float, ...]] = None
     verbose: bool = False
 
     def __post_init__(self) -> None:
@@ -190,10 +194,11 @@ class Engine:
         t0 = time.perf_counter()
 
         mparams = ll.llama_model_default_params()
+        self._place(mparams, options)
         gpu_layers = options.gpu_layers
         if gpu_layers == "auto":
-            gpu_layers = -1 if supports_gpu_offload() else 0
-        elif gpu_layers and not supports_gpu_offload():
+            gpu_layers = -1 if self.devices else 0
+        elif gpu_layers and not self.devices:
             self.gpu_notice = (
                 "this llama.cpp build has no GPU backend; running on the CPU "
                 "(rebuild with scripts/build_llama_cpp.sh cuda|metal for offload)"
@@ -379,7 +384,8 @@ class Engine:
         if env in ("off", "0", "false"):
             return False
         # auto: where the output layer (offloaded last) sits on a GPU
-        return supports_gpu_offload() and (self.gpu_layers < 0 or self.gpu_layers > self.info.n_layer)
+        on_gpu = bool(self.devices) and not self.devices[-1].startswith("RPC")  # the output layer goes to the last device
+        return on_gpu and (self.gpu_layers < 0 or self.gpu_layers > self.info.n_layer)
 
     def _prefilter_chain(self, k: int):
         ll = llama_cpp_module()
@@ -431,6 +437,32 @@ class Engine:
             ll.llama_sampler_free(chain)
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def _place(self, mparams, options: LoadOptions) -> None:
+        """The devices layers may go to besides the CPU (self.devices, their names): these RPC workers' first
+        (as llama.cpp orders them), then local GPUs. Named explicitly once any worker was added in this
+        process, so that a model loaded without --rpc uses none another model added (ggml's registry is
+        per process)."""
+        import ctypes
+
+        from . import rpc
+        from .llama import device_name, local_gpus
+
+        handles = rpc.add_workers(options.rpc) + local_gpus()
+        self.devices = [device_name(h) for h in handles]
+        if options.rpc:
+            # The CPU's layers beside a worker's stay in plain CPU buffers, not llama.cpp's repacked ones: with
+            # those, a split model's greedy output drifted from the same model run here alone (gemma-3 Q4_K_M).
+            mparams.use_extra_bufts = False
+        if rpc.any_added():
+            self._device_array = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+            mparams.devices = ctypes.cast(self._device_array, ctypes.c_void_p).value
+        if options.tensor_split:
+            if len(options.tensor_split) > len(handles):
+                raise UsageError(f"--tensor-split has {len(options.tensor_split)} proportions for {len(handles)} devices"
+                                 f" ({', '.join(self.devices) or 'none besides the CPU'}): give one per device")
+            self._split_array = (ctypes.c_float * self._ll.llama_max_devices())(*options.tensor_split)
+            mparams.tensor_split = self._split_array
 
     def gpu_fraction(self) -> float:
         """The share of the model's layers (repeating layers plus the output layer, as llama.cpp counts

@@ -130,6 +130,8 @@ class Settings:
     gpu_layers: str  # a number of layers, or "auto"
     flash_attn: str  # auto, on, off
     decode: str = "plain"  # plain, lookup, draft:MODEL or beamsN (engine/strategies.py)
+    rpc: Optional[str] = None  # llama.cpp RPC workers taking the offloaded layers (engine.rpc)
+    tensor_split: Optional[str] = None
 
     def n_ctx(self, tests: Sequence["Test"]) -> int:
         return self.ctx if self.ctx is not None else max([16, *(t.context_needed for t in tests)])
@@ -142,8 +144,12 @@ class Settings:
         layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
         fa = {"auto": None, "on": True, "off": False}[self.flash_attn]
 
+        from ..engine.rpc import parse_endpoints
+        from .workers import parse_tensor_split
+
         options = LoadOptions(n_ctx=n_ctx, n_batch=b, n_ubatch=b, n_threads=self.threads, gpu_layers=layers,
-                              flash_attn=fa, kv_type=self.kv_type)
+                              flash_attn=fa, kv_type=self.kv_type, rpc=parse_endpoints(self.rpc),
+                              tensor_split=parse_tensor_split(self.tensor_split))
         return context_options(self.decoding(), options, answer_room=n_ctx)
 
     def decoding(self):
@@ -161,8 +167,11 @@ class Settings:
 
     def as_dict(self, n_ctx: int) -> dict[str, Any]:
         layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
-        return {"threads": self.threads, "ctx": n_ctx, "batch": self.batch, "kv_type": self.kv_type,
-                "gpu_layers": layers, "flash_attn": self.flash_attn, "decode": self.decode}
+        out = {"threads": self.threads, "ctx": n_ctx, "batch": self.batch, "kv_type": self.kv_type,
+               "gpu_layers": layers, "flash_attn": self.flash_attn, "decode": self.decode}
+        if self.rpc:
+            out["rpc"] = self.rpc
+        return out
 
 
 @dataclass(frozen=True)
@@ -218,6 +227,8 @@ def make_plan(
     quality: bool = False,
     plot: Optional[Path] = None,
     source: str = "auto",
+    rpc: Optional[str] = None,
+    tensor_split: Optional[str] = None,
 ) -> Plan:
     """Parse and check every option (naming the bad value), find llama-bench if asked to compare."""
     from ..engine import KV_TYPES, default_threads, parse_gpu_layers
@@ -247,7 +258,14 @@ def make_plan(
     decodes = _split("--decode", decode)
     for value in decodes:
         parse_decode(value)  # refused here, before anything runs
-    settings = [Settings(*combo) for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values, decodes)]
+    from ..engine.rpc import parse_endpoints
+    from .workers import parse_tensor_split
+
+    parse_endpoints(rpc), parse_tensor_split(tensor_split)  # refused here, before anything runs
+    if rpc and compare:
+        raise UsageError("--compare llama-bench cannot combine with --rpc: compare a local run, or sweep --gpu-layers 0,-1 with --rpc")
+    settings = [Settings(*combo, rpc=rpc or None, tensor_split=tensor_split or None)
+                for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values, decodes)]
     for s in settings:
         if s.kv_type != "f16" and s.flash_attn == "off":
             raise UsageError(f"--kv-type {s.kv_type} quantizes the V cache, which needs flash attention: drop --flash-attn off")

@@ -85,7 +85,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 if response.done:
                     final = response
                 yield response
-            if final is None or sessions is None or final.finish_reason == "interrupted":
+            if final is None or sessions is None or final.finish_reason in ("interrupted", "error", "shutdown"):
                 return
             if request.session:
                 messages = request.messages + [{"role": "assistant", "content": "".join(answer)}]

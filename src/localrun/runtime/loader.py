@@ -51,15 +51,20 @@ def load(
     decoding: Optional[DecodeOptions] = None,
     embeddings: bool = False,
     pooling: Optional[str] = None,
+    rpc: Optional[str] = None,
+    tensor_split: Optional[str] = None,
 ) -> Loaded:
     """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp. `sampling`: the
     request's sampling values (None = not given), merged over the catalogue's defaults. `embeddings`: an
     embeddings context instead (runtime.embed): `ctx` tokens, any text up to that long in one batch, and
     EMBED_SEQUENCES texts per decode sharing them."""
     from .. import hub
+    from ..engine.rpc import parse_endpoints
+    from .workers import parse_tensor_split
 
     entry = hub.entry_for(model)
     defaults = dict(entry.sampling) if entry else {}
+    placed = dict(rpc=parse_endpoints(rpc), tensor_split=parse_tensor_split(tensor_split))
     merged = merge_options(defaults, sampling)
     layers = parse_gpu_layers(gpu_layers)
     check_slots(batch, parallel)
@@ -68,7 +73,7 @@ def load(
     if embeddings:  # one pool of cells for every text of a batch; a text must fit one batch
         options = LoadOptions(
             n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads, gpu_layers=layers, flash_attn=flash_attn,
-            kv_type=kv_type, n_seq_max=EMBED_SEQUENCES, kv_unified=True, embeddings=True, pooling=pooling,
+            kv_type=kv_type, n_seq_max=EMBED_SEQUENCES, kv_unified=True, embeddings=True, pooling=pooling, **placed,
         )
     else:
         # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
@@ -76,7 +81,7 @@ def load(
         # another order, and greedy output would depend on what else is in the batch.
         options = LoadOptions(
             n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
-            flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel,
+            flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel, **placed,
         )
         if decoding.beams > 1:
             given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),

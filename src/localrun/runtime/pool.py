@@ -45,17 +45,22 @@ class LoadSpec:
     kv_type: str = "f16"
     threads: Optional[int] = None
     batch: int = 512
+    rpc: Optional[str] = None  # llama.cpp RPC workers, HOST:PORT,... (engine.rpc)
+    tensor_split: Optional[str] = None
     kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, a slot each;
     # embed: an embeddings context (its requests take turns, each batched)
 
     def check(self) -> None:
         """Refuse bad values before any model loads (the same messages loading would give)."""
         from ..engine.model import LoadOptions, parse_gpu_layers
+        from ..engine.rpc import parse_endpoints
         from .loader import check_slots
+        from .workers import parse_tensor_split
 
         parse_gpu_layers(self.gpu_layers)
         check_slots(self.batch, self.parallel)
-        LoadOptions(n_ctx=(self.ctx or 4096) * self.parallel, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type)
+        LoadOptions(n_ctx=(self.ctx or 4096) * self.parallel, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type,
+                    rpc=parse_endpoints(self.rpc), tensor_split=parse_tensor_split(self.tensor_split))
 
     def differences(self, other: "LoadSpec") -> list[str]:
         mine, theirs = asdict(self), asdict(other)
@@ -263,7 +268,11 @@ class ModelPool:
             stamp = _stamp(path)
             gpu_free = self.free_vram()  # first: it loads llama.cpp, which must come before gguf's numpy (engine.llama)
             estimate = estimate_bytes(path, spec, ref)
-            vram = int(estimate * gpu_share(path, spec.gpu_layers, gpu_free is not None))
+            if spec.rpc:  # the offloaded layers go to the workers first: only the rest counts here (in RAM)
+                estimate -= int(estimate * gpu_share(path, spec.gpu_layers, True))
+                vram = 0
+            else:
+                vram = int(estimate * gpu_share(path, spec.gpu_layers, gpu_free is not None))
             closing: list[Resident] = []
             try:
                 with self.lock:
@@ -335,6 +344,20 @@ class ModelPool:
                 resident.expires = self.clock() if resident.refs == 0 else None
             self.lock.notify_all()
             return [(r.name, r.refs > 0) for r in chosen]
+
+    def abandon(self, endpoints: list[str], message: str) -> None:
+        """RPC workers were lost mid-generation: the models split over them fail their open requests with
+        `message` and leave the pool (their memory is not freed: a thread is stuck inside llama.cpp there);
+        the other models keep serving."""
+        from ..engine.rpc import parse_endpoints
+
+        with self.lock:
+            gone = [self._remove(r) for r in list(self.residents) if set(parse_endpoints(r.spec.rpc)) & set(endpoints)]
+        for resident in gone:
+            self.notice(f"dropped {resident.name}: {message}")
+            abandon = getattr(resident.scheduler, "abandon", None)
+            if abandon is not None:
+                abandon(message)
 
     def ps(self) -> list[dict[str, Any]]:
         with self.lock:

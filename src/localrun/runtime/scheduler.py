@@ -38,7 +38,7 @@ from ..engine.kv import common_prefix
 from ..engine.model import Batch, DecodeError
 from ..engine.sampling import Sampler
 from ..engine.sequence import Sequence
-from ..errors import LocalrunError
+from ..errors import EngineError, LocalrunError
 
 
 @dataclass
@@ -154,7 +154,20 @@ class Scheduler:
             self.stopping = True
             self.cond.notify()
 
+    def abandon(self, message: str) -> None:
+        """The scheduler thread is inside llama.cpp for good (an RPC worker was lost there): end every open
+        request with `message` from this thread. The context is never freed (that thread still uses it)."""
+        with self.cond:
+            self.fatal = message
+            jobs = list(self.running) + list(self.waiting)
+            self.running.clear()
+            self.waiting.clear()
+            self.cond.notify_all()
+        self.deliver([(job, job.seq.finish("error", error=message)) for job in jobs])
+
     def stop(self) -> None:
+        if self.fatal and self.thread.is_alive():  # abandoned: nothing to wait for, nothing to free
+            return
         self.request_stop()
         if self.thread.is_alive():
             self.thread.join(timeout=30)
@@ -207,7 +220,7 @@ class Scheduler:
             self.calls.append((fn, box, done))
             self.cond.notify_all()
         while not done.wait(timeout=1.0):
-            if not self.thread.is_alive():
+            if not self.thread.is_alive() or self.fatal:
                 raise ServerStopping(self.fatal or "the localrun server is stopping: run again to start a new one")
         if "error" in box:
             raise box["error"]
@@ -401,6 +414,8 @@ class SlotSeat:
                     response = job.sink.get(timeout=0.05)
                 except queue.Empty:
                     continue
+                if response.done and response.finish_reason == "error":  # as in-process, where llama.cpp's error raises
+                    raise EngineError(response.error or "llama.cpp failed during the answer")
                 if response.done and response.finish_reason == "cancelled" and cancelled is not None and cancelled():
                     response.finish_reason = "interrupted"  # as an answer stopped in-process reads
                     if response.stats is not None:

@@ -59,6 +59,9 @@ class Service:
             on_notice=on_notice or (lambda message: None),
         )
         self.metrics.watch(self.pool)
+        from ..runtime.workers import fail_over_lost_workers
+
+        fail_over_lost_workers(self.pool)  # a lost RPC worker fails its model's requests, not the server
         self.stopping = False
         self.exit = lambda: None  # ends the HTTP server (set by `serve`)
         self.inflight = 0
@@ -92,7 +95,7 @@ class Service:
         from ..runtime.loader import load
 
         return load(ref, source=self.options.source, ctx=spec.ctx, gpu_layers=spec.gpu_layers, flash_attn=spec.flash_attn,
-                    kv_type=spec.kv_type, threads=spec.threads, batch=spec.batch,
+                    kv_type=spec.kv_type, threads=spec.threads, batch=spec.batch, rpc=spec.rpc, tensor_split=spec.tensor_split,
                     sampling=self.options.sampling if spec.kind == "batch" else None, parallel=spec.parallel,
                     embeddings=spec.kind == "embed")
 
@@ -770,6 +773,9 @@ def serve(options: ServeOptions, *, host: str, port: int, socket_path=None, on_r
         if sock is not None:
             sock.close()
         service.pool.close()
+        from ..runtime.workers import leave_if_workers_lost
+
+        leave_if_workers_lost(130 if any(interrupted) else 0)
     if any(interrupted):
         # uvicorn re-raises the SIGINT it caught, which ends in KeyboardInterrupt (exit 130) unless SIGINT
         # was ignored when we started (a background job of a script): it stopped on Ctrl-C all the same.
