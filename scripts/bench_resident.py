@@ -16,6 +16,7 @@ and the ratios cold/session and cold/prefix (goal: at least 20x). Then:
   overhead   first byte minus the server's own time to first token for that request (stats.ttft_s): what
              the client path costs (Python start, imports, the socket), median of --reps x 2 short runs
   short      whole-process wall time of `run -n 16` on a warm server vs `--keep-alive 0`
+  four       wall time of four `run -n 48` at once on the warm server (they share its slots) vs one after another
 
 Cold and session runs alternate, short runs warm and in-process alternate; medians are reported. The
 server is stopped at the end. Models: by default the two the tests use, fetched as the tests do.
@@ -39,6 +40,7 @@ from pathlib import Path
 
 LOCALRUN = str(Path(sys.executable).with_name("localrun"))
 QUESTION = "\n\nIn one word: who is the story about?"
+OTHERS = ["Name a colour.", "Why is the sky blue?", "Count to five.", "Spell cat."]  # one per slot (the server's 4)
 
 
 def first_byte(args: list[str], env: dict) -> tuple[float, float, str]:
@@ -81,7 +83,7 @@ def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
             prompt_tokens = last_event(out)["stats"]["prompt_tokens"]
             first_byte(["run", *base, "-n", "4", doc + QUESTION], env)
             rows: dict[str, list[float]] = {k: [] for k in (
-                "cold", "session", "session_disk", "prefix", "short_warm", "short_cold", "overhead")}
+                "cold", "session", "session_disk", "prefix", "short_warm", "short_cold", "overhead", "four_in_turn", "four_together")}
             cold_env = {**env, "LOCALRUN_KEEP_ALIVE": "0"}
             session = ["run", *base, "-n", "4", "--session", "big", QUESTION.strip()]
             for _ in range(reps):  # a session resumed again and again: the server still holds it
@@ -89,8 +91,9 @@ def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
                 rows["session"].append(first_byte(session, env)[0])
             for _ in range(reps):  # the same document asked about again: the prefix cache (the server holds it)
                 rows["prefix"].append(first_byte(["run", *base, "-n", "4", doc + QUESTION], env)[0])
-            for _ in range(reps):  # the session after other work replaced what the server holds: read from disk
-                first_byte(["run", *base, "-n", "1", "--no-cache", "Name a colour."], env)
+            for _ in range(reps):  # the session after other work replaced what every slot holds: read from disk
+                for other in OTHERS:  # each to the least recently used slot, so all four are displaced
+                    first_byte(["run", *base, "-n", "1", "--no-cache", other], env)
                 rows["session_disk"].append(first_byte(session, env)[0])
             for _ in range(reps):
                 rows["short_warm"].append(first_byte(["run", *base, "-n", "16", "--no-cache", "Name three colours."], env)[1])
@@ -98,6 +101,17 @@ def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
                 for _ in range(2):
                     ttfb, _, out = first_byte(["run", *base, "-n", "1", "--no-cache", "--json", "Hi."], env)
                     rows["overhead"].append(ttfb - last_event(out)["stats"]["ttft_s"])
+            for _ in range(reps):  # four runs at once share the model's slots, against the same four one after another
+                one_by_one = time.perf_counter()
+                for other in OTHERS:
+                    first_byte(["run", *base, "-n", "48", "--min-tokens", "48", "--no-cache", other], env)
+                rows["four_in_turn"].append(time.perf_counter() - one_by_one)
+                together = time.perf_counter()
+                procs = [subprocess.Popen([LOCALRUN, "run", *base, "-n", "48", "--min-tokens", "48", "--no-cache", other], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL) for other in OTHERS]
+                if any(p.wait() for p in procs):
+                    raise SystemExit("a concurrent run failed")
+                rows["four_together"].append(time.perf_counter() - together)
         finally:
             subprocess.run([LOCALRUN, "stop", "--server"], env=env, capture_output=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
@@ -106,6 +120,7 @@ def bench_model(model: Path, reps: int, target: int, threads: int) -> dict:
         "cold_over_session": med["cold"] / med["session"], "cold_over_prefix": med["cold"] / med["prefix"],
         "cold_over_session_disk": med["cold"] / med["session_disk"],
         "short_speedup": med["short_cold"] / med["short_warm"],
+        "four_speedup": med["four_in_turn"] / med["four_together"],
         "runs": {k: [round(x, 4) for x in v] for k, v in rows.items()},
     }
 
@@ -134,6 +149,8 @@ def main() -> None:
         print(f"  client overhead (first byte - server TTFT): {r['overhead_s'] * 1000:.0f} ms")
         print(f"  run -n 16 whole process: warm server {r['short_warm_s']:.3f} s | --keep-alive 0 {r['short_cold_s']:.3f} s "
               f"({r['short_speedup']:.2f}x)")
+        print(f"  4 runs of 48 tokens: one after another {r['four_in_turn_s']:.3f} s | at once {r['four_together_s']:.3f} s "
+              f"({r['four_speedup']:.2f}x: they share the model's slots)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -233,8 +233,9 @@ def test_md_output_on_stdout(cli, smollm2):
 @pytest.mark.slow
 @needs_llama_bench
 def test_compare_runs_llama_bench_with_the_same_settings(cli, smollm2):
-    """Three repetitions, each llama-bench once and then ours: the ratio is of the medians (README), not of
-    the means, and both sides' statistics are of three samples."""
+    """Three repetitions on each side, each after its own warm-up (llama-bench run once per test with -r 3):
+    the ratio is of the medians (README), not of the means, both sides' statistics are of three samples,
+    and the reference's spread is reported."""
     r = cli("bench", str(smollm2), "--pp", "32", "--tg", "8", "--reps", "3", "--threads", "1",
             "--compare", "llama-bench", "--output", "json")
     assert r.returncode == 0, r.stderr
@@ -248,11 +249,26 @@ def test_compare_runs_llama_bench_with_the_same_settings(cli, smollm2):
         # within one sample std of the mean, as for any three numbers.
         assert row["ref_mean_ts"] > 0 and row["ref_median_ts"] > 0 and row["ref_std_ts"] > 0
         assert abs(row["ref_mean_ts"] - row["ref_median_ts"]) <= row["ref_std_ts"] + ROUNDING
+        assert abs(row["ref_spread"] - row["ref_std_ts"] / row["ref_mean_ts"]) <= 1e-3
         # median / reference median, to the rounding of the three numbers in the row.
         median, ref_median = row["median_ts"], row["ref_median_ts"]
         exact = median / ref_median
         slack = 0.5e-4 + exact * (0.5e-3 / median + 0.5e-3 / ref_median) + 1e-12
         assert abs(row["ratio"] - exact) <= slack, (row["ratio"], exact, row["mean_ts"] / row["ref_mean_ts"])
+
+
+@pytest.mark.slow
+def test_a_ratio_against_a_noisy_reference_is_flagged(json_run):
+    """Over 20% spread (std / mean) in llama-bench's own repetitions, the ratio is marked and the caption
+    says why; under it, nothing is marked."""
+    rows = [r for r in json.loads(json_run.stdout) if r["kind"] != "ppl"][:2]
+    for row, spread in zip(rows, (0.25, 0.05)):
+        row.update(ref_mean_ts=100.0, ref_std_ts=100.0 * spread, ref_median_ts=100.0, ref_spread=spread, ratio=1.0)
+    _, speed, _, _ = front.tables(rows)
+    assert speed[0][-2] == "1.000 !" and speed[1][-2] == "1.000"
+    assert "spread over 20%" in front._caption(rows) and "no verdict" in front._caption(rows)
+    assert "spread over" not in front._caption(rows[1:])
+    assert "1.000 !" in front.to_markdown(rows)
 
 
 @pytest.mark.slow

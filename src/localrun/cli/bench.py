@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import EXIT_INTERRUPTED
-from ..runtime.bench import SETTINGS, CSV_FIELDS, Result, make_plan, rows_of, run
+from ..runtime.bench import REF_NOISY, SETTINGS, CSV_FIELDS, Result, make_plan, rows_of, run
 
 
 def to_json(rows: Sequence[dict]) -> str:
@@ -42,7 +42,16 @@ def _caption(rows: Sequence[dict]) -> str:
     text = _settings_label(rows[0]["settings"], fixed) if fixed else ""
     reps = sorted({r["reps"] for r in rows if r["kind"] != "ppl"})
     timing = f"; reps {','.join(map(str, reps))} (mean ± sample std)" if reps else ""
-    return f"{rows[0]['build']}; {text}{timing}"
+    warning = ""
+    if any(noisy(r) for r in rows):
+        warning = (f"\n! llama-bench's own repetitions spread over {REF_NOISY:.0%} (std / mean): that ratio is no verdict,"
+                   " measure again on a quieter machine or with more --reps")
+    return f"{rows[0]['build']}; {text}{timing}{warning}"
+
+
+def noisy(row: dict) -> bool:
+    """A compared row whose reference spread too much for its ratio to mean anything."""
+    return (row.get("ref_spread") or 0) > REF_NOISY
 
 
 def _ts(row: dict) -> str:
@@ -70,7 +79,8 @@ def tables(rows: Sequence[dict]) -> tuple[list[str], list[list[str]], list[str],
                  f"{r['median_ts']:.2f}"]
         if compared:
             ref = r.get("ref_mean_ts")
-            cells += [f"{ref:.2f} ± {r['ref_std_ts']:.2f}" if ref else "-", _opt(r.get("ratio"), ".3f")]
+            flag = " !" if noisy(r) else ""
+            cells += [f"{ref:.2f} ± {r['ref_std_ts']:.2f}" if ref else "-", _opt(r.get("ratio"), ".3f") + flag]
         cells.append(_opt(r["tpot_ms"], ".2f") if r["kind"] == "tg" else "")
         speed.append(cells)
     ttft_n = next((r["n_tokens"] for r in rows if r["kind"] == "pp"), None)

@@ -79,6 +79,7 @@ RESULT_SCHEMA: dict[str, Any] = {
                     "gpu_layers": {"type": ["integer", "string"]},
                     "flash_attn": {"enum": list(FLASH_ATTN)},
                     "decode": {"type": "string", "description": "plain, lookup, draft:MODEL or beamsN"},
+                    "rpc": {"type": "string", "description": "llama.cpp RPC workers (--rpc), when given"},
                 },
             },
             "reps": {"type": "integer", "minimum": 1},
@@ -104,6 +105,8 @@ RESULT_SCHEMA: dict[str, Any] = {
             "ref_mean_ts": {**_NULLABLE_NUMBER, "description": "llama-bench's mean tokens/s, same settings"},
             "ref_std_ts": _NULLABLE_NUMBER,
             "ref_median_ts": {**_NULLABLE_NUMBER, "description": "llama-bench's median tokens/s (the ratio's denominator)"},
+            "ref_spread": {"type": "number", "minimum": 0, "description": "llama-bench's sample std / mean: over "
+                           "0.2 the ratio is flagged as unreliable"},
             "ref_ppl": {**_NUMBER, "description": "llama-perplexity's final estimate (ppl rows)"},
             "ratio": {**_NUMBER, "description": "ours / reference: median tokens/s for pp and tg, perplexity for ppl"},
         },
@@ -112,7 +115,7 @@ RESULT_SCHEMA: dict[str, Any] = {
 
 CSV_FIELDS = [
     "model", "test", "kind", "n_tokens", "depth", *SETTINGS, "reps", "mean_ts", "std_ts", "median_ts",
-    "ref_mean_ts", "ref_std_ts", "ref_median_ts", "ratio", "ppl", "ppl_error", "ppl_ratio", "ref_ppl", "quant", "file_bytes",
+    "ref_mean_ts", "ref_std_ts", "ref_median_ts", "ref_spread", "ratio", "ppl", "ppl_error", "ppl_ratio", "ref_ppl", "quant", "file_bytes",
     "memory_bytes", "ttft_ms", "tpot_ms", "load_ms",
     "peak_rss_bytes", "kv_bytes", "device_bytes", "build", "model_path",
 ]
@@ -564,6 +567,8 @@ class Result:
                 row["ref_mean_ts"] = _r(self.ref["mean_ts"]) if self.ref else None
                 row["ref_std_ts"] = _r(self.ref["std_ts"]) if self.ref else None
                 row["ref_median_ts"] = _r(self.ref["median_ts"]) if self.ref else None
+                if self.ref:  # how far the reference's own repetitions spread: over REF_NOISY, its ratio is no verdict
+                    row["ref_spread"] = _r(self.ref["std_ts"] / self.ref["mean_ts"], 4)
             if self.ratio is not None:
                 row["ratio"] = round(self.ratio, 4)
         return row
@@ -650,15 +655,13 @@ def _speed_tests(plan: Plan, config: ConfigRun, engine, strategy, status: Status
             samples.append(ttft_seconds(engine, prompt, seed=rep + 1, strategy=strategy))
         config.ttft_ms = statistics.median(samples) * 1000
     for test in plan.tests:
-        # With a reference, each repetition runs llama-bench once and then ours once, so a burst of
-        # load from elsewhere on a shared machine hits both sides alike.
-        ref_samples: list[float] = []
-
-        def reference(rep: int) -> None:
-            if plan.llama_bench is not None:
-                status(f"{label}: {test.name}, llama-bench {rep + 1}/{plan.reps}")
-                ref_samples.append(run_llama_bench(plan.llama_bench, config, test, 1)["median_ts"])
-
+        # The reference gets what ours gets: one warm-up and --reps repetitions in one llama-bench run
+        # (`-r N`; llama-bench warms up itself). One llama-bench run per repetition (`-r 1`) loads the model
+        # each time and measures a cold first pass: on an H100 it read 17.9k t/s of pp512 where -r 5 read 48k.
+        ref = None
+        if plan.llama_bench is not None:
+            status(f"{label}: {test.name}, llama-bench ({plan.reps} reps)")
+            ref = run_llama_bench(plan.llama_bench, config, test, plan.reps)
         step = f"{label}: {test.name}"
         if test.kind == "pp":
             tokens = prompt_tokens(engine, test.n_tokens)
@@ -666,10 +669,8 @@ def _speed_tests(plan: Plan, config: ConfigRun, engine, strategy, status: Status
             prefill_seconds(engine, tokens)
             samples = []
             for rep in range(plan.reps):
-                reference(rep)
                 status(f"{step}, {rep + 1}/{plan.reps}")
                 samples.append(test.n_tokens / prefill_seconds(engine, tokens))
-            ref = _summary(ref_samples)
             yield Result(config, "pp", test.name, test.n_tokens, 0, samples, ref=ref, compared=ref is not None)
         else:
             context = prompt_tokens(engine, max(test.depth, 1))
@@ -677,11 +678,9 @@ def _speed_tests(plan: Plan, config: ConfigRun, engine, strategy, status: Status
             decode_seconds(engine, context[:1], 2, strategy=strategy)
             seconds = []
             for rep in range(plan.reps):
-                reference(rep)
                 status(f"{step}, {rep + 1}/{plan.reps}")
                 seconds.append(decode_seconds(engine, context, test.n_tokens, seed=rep + 1, strategy=strategy))
             samples = [test.n_tokens / s for s in seconds]
-            ref = _summary(ref_samples)
             tpot_ms = statistics.median(seconds) / test.n_tokens * 1000
             yield Result(config, "tg", test.name, test.n_tokens, test.depth, samples, tpot_ms=tpot_ms, ref=ref,
                          compared=ref is not None)
@@ -713,6 +712,9 @@ def _summary(samples: list[float]) -> Optional[dict[str, float]]:
         return None
     std = statistics.stdev(samples) if len(samples) > 1 else 0.0
     return {"mean_ts": statistics.fmean(samples), "std_ts": std, "median_ts": statistics.median(samples)}
+
+
+REF_NOISY = 0.20  # a reference whose repetitions spread more than this (std / mean) gives no verdict
 
 
 def run_llama_bench(exe: Path, config: ConfigRun, test: Test, reps: int) -> dict[str, float]:
