@@ -111,9 +111,10 @@ def test_a_device_that_cannot_run_the_top_k_falls_back_to_the_cpu_chain(smollm2,
 
 
 def test_off_on_a_cpu_build_unless_asked(smollm2, monkeypatch):
-    from localrun.engine import Engine, LoadOptions, llama_cpp_module
+    from localrun.engine import Engine, LoadOptions
+    from localrun.engine.llama import supports_gpu_offload
 
-    if llama_cpp_module().llama_supports_gpu_offload():
+    if supports_gpu_offload():  # a GPU (llama.cpp's own llama_supports_gpu_offload also says yes for any RPC build)
         pytest.skip("a GPU build: backend sampling is on by default there")
     for env, expected in (("auto", False), ("on", True), ("off", False)):
         monkeypatch.setenv("LOCALRUN_BACKEND_SAMPLING", env)
