@@ -11,7 +11,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Optional
 
-from ..errors import EngineError
+from ..errors import EngineError, SessionError
 from .llama import llama_cpp_module
 
 ALL_SEQUENCES = -1
@@ -45,11 +45,12 @@ def extend_tokens(known_tokens: Sequence[int], known_text: str, text: str, token
 class KVCache:
     """The tokens whose KV each sequence holds, in order, kept in step with llama.cpp's memory."""
 
-    def __init__(self, ctx, n_seq: int, sliding_window: Optional[int] = None):
+    def __init__(self, ctx, n_seq: int, sliding_window: Optional[int] = None, unified: bool = False):
         self._ll = llama_cpp_module()
         self.ctx = ctx
         self.memory = self._ll.llama_get_memory(ctx)
         self.n_seq = n_seq
+        self.n_stream = 1 if unified else n_seq  # llama.cpp's KV streams: one per sequence unless unified
         self.sliding_window = sliding_window or 0
         self.tokens: list[list[int]] = [[] for _ in range(n_seq)]
 
@@ -82,7 +83,8 @@ class KVCache:
         window = self.sliding_window
         if not window or n_keep == 0:
             return True
-        return self._ll.llama_memory_seq_pos_min(self.memory, seq) <= max(0, n_keep - window + 1)
+        first = self._ll.llama_memory_seq_pos_min(self.memory, seq)  # of the window's cells; -1: none left
+        return 0 <= first <= max(0, n_keep - window + 1)
 
     def reuse(self, seq: int, prompt: Sequence[int]) -> int:
         """Keep the longest prefix `seq` shares with `prompt` and drop the rest; returns how many tokens were
@@ -126,8 +128,9 @@ class KVCache:
     # runtime.loader), and llama.cpp's state of a sequence there names every stream (all but its own empty):
     # `_restream` rewrites that header, so a session a server slot saved resumes in-process and back.
 
-    def state_bytes(self, seq: int = 0) -> bytearray:
-        """The KV state of sequence `seq`, in the one saved format.
+    def state_bytes(self, seq: int = 0, *, raw: bool = False) -> bytearray:
+        """The KV state of sequence `seq`, in the one saved format (`raw`: as llama.cpp wrote it; `portable`
+        makes it the saved format).
 
         A single-sequence context saves the state of all its sequences (-1): llama.cpp's state of one
         sequence of several keeps only the last window of sliding-window layers, where this keeps a
@@ -140,18 +143,25 @@ class KVCache:
         written = ll.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, which)
         if written != size:
             raise EngineError(f"llama.cpp wrote {written} of {size} bytes of KV state: the state was not saved")
-        return data if self.n_seq == 1 else _restream(data, 1)
+        return data if raw else self.portable(data)
 
-    def restore(self, data: bytearray, tokens: Sequence[int], seq: int = 0) -> bool:
-        """Make sequence `seq` hold `data` (from state_bytes, of any context) holding `tokens`. On failure the
-        sequence is left empty and False is returned."""
+    def portable(self, data: bytearray) -> bytearray:
+        """A state of this context as it is saved (one KV stream). SessionError for a layout this cannot
+        rewrite (a model whose cells carry more than positions and sequence ids)."""
+        return data if self.n_stream == 1 else _rewrite(data, 1)
+
+    def for_this_context(self, data: bytearray) -> bytearray:
+        """A saved state as llama.cpp reads it into this context (its number of KV streams)."""
+        return data if self.n_stream == 1 else _rewrite(data, self.n_stream)
+
+    def restore(self, data: bytearray, tokens: Sequence[int], seq: int = 0, *, ready: bool = False) -> bool:
+        """Make sequence `seq` hold `data` (from state_bytes, of any context; `ready`: for_this_context
+        made it already) holding `tokens`. On failure the sequence is left empty and False is returned."""
         ll = self._ll
+        if not ready:
+            data = self.for_this_context(data)
         self.clear(seq if self.n_seq > 1 else None)
         if not data:
-            return False
-        try:
-            data = data if self.n_seq == 1 else _restream(data, self.n_seq)
-        except ValueError:
             return False
         read = ll.llama_state_seq_set_data(self.ctx, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), seq)
         # The cells must be exactly positions 0..len(tokens)-1, or the token list would lie about the cache.
@@ -160,6 +170,14 @@ class KVCache:
             return False
         self.tokens[seq] = list(tokens)
         return True
+
+
+def _rewrite(data: bytearray, n_stream: int) -> bytearray:
+    try:
+        return _restream(data, n_stream)
+    except ValueError as exc:
+        raise SessionError(f"this model's KV state cannot move between a server slot and a single-sequence context ({exc}):"
+                           " answer it in-process (--keep-alive 0) to use sessions and the prefix cache") from None
 
 
 def _restream(data: bytes, n_stream: int) -> bytearray:

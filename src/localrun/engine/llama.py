@@ -212,7 +212,7 @@ def device_name(dev: int) -> str:
 def supports_gpu_offload() -> bool:
     """Whether layers can go anywhere but the CPU: a GPU, or an RPC worker's device. (llama.cpp's own
     llama_supports_gpu_offload() also says yes for a build with RPC and no worker added.)"""
-    return any(kind != CPU_DEVICE for _, _, kind, _, _ in devices())
+    return any(kind in (GPU_DEVICE, IGPU_DEVICE) for _, _, kind, _, _ in devices())  # not ACCEL (BLAS, AMX): CPU-side
 
 
 def gpu_memory() -> list[tuple[str, int, int]]:

@@ -219,6 +219,7 @@ class Engine:
             if interrupted:
                 self.close()
         if not self.model:
+            self._release_workers()
             raise EngineError(f"llama.cpp could not load {self.path}: check the file with `localrun show`")
         if not self.ctx:
             self.use_raw_logits()
@@ -228,7 +229,8 @@ class Engine:
                 f"llama.cpp could not create a context of {options.n_ctx} tokens"
                 f" (kv {options.kv_type}): try a smaller --ctx"
             )
-        self.kv = KVCache(self.ctx, options.n_seq_max, self.info.sliding_window if any(self.info.swa_layers or [True]) else None)
+        self.kv = KVCache(self.ctx, options.n_seq_max, self.info.sliding_window if any(self.info.swa_layers or [True]) else None,
+                          unified=options.kv_unified)
         # llama.cpp rounds the context up (to 256); the limit the user asked for is the one we honour.
         self.n_ctx = min(options.n_ctx, ll.llama_n_ctx(self.ctx))
         self.n_batch = options.n_batch
@@ -488,6 +490,14 @@ class Engine:
             if getattr(self, "model", None):
                 ll.llama_model_free(self.model)
                 self.model = None
+                self._release_workers()
+
+    def _release_workers(self) -> None:
+        if getattr(self, "options", None) is not None and self.options.rpc and not getattr(self, "_workers_released", False):
+            from . import rpc
+
+            self._workers_released = True
+            rpc.release_workers(self.options.rpc)
 
     def __enter__(self) -> "Engine":
         return self

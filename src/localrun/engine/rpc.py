@@ -124,6 +124,7 @@ def _read(sock: socket.socket, n: int) -> bytes:
 
 _lib = None
 _added: dict[str, list[int]] = {}  # endpoint -> its devices (ggml_backend_dev_t), registered once per process
+_users: dict[str, int] = {}  # endpoint -> models loaded over it now
 _lost: set[str] = set()  # workers lost while this process used them: llama.cpp keeps their dead connection
 _lock = threading.Lock()
 
@@ -169,8 +170,9 @@ def add_workers(endpoints: tuple[str, ...]) -> list[int]:
             if endpoint in _lost:
                 raise RpcError(f"the RPC worker at {endpoint} was lost while this process used it: restart this"
                                " process (`localrun stop --server` for the background server) to use it again")
+            if endpoint not in _added or not _users.get(endpoint):
+                probe(endpoint)  # again when no model uses it: llama.cpp connects anew then, and aborts on failure
             if endpoint not in _added:
-                probe(endpoint)
                 reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
                 if not reg:
                     raise RpcError(f"llama.cpp could not add the RPC worker at {endpoint}")
@@ -179,7 +181,16 @@ def add_workers(endpoints: tuple[str, ...]) -> list[int]:
                 _added[endpoint] = [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))]
                 watch_for_lost_workers()
             devices += _added[endpoint]
+        for endpoint in endpoints:
+            _users[endpoint] = _users.get(endpoint, 0) + 1
     return devices
+
+
+def release_workers(endpoints: tuple[str, ...]) -> None:
+    """A model split over these workers was freed."""
+    with _lock:
+        for endpoint in endpoints:
+            _users[endpoint] = max(0, _users.get(endpoint, 0) - 1)
 
 
 def lost_any() -> bool:
@@ -233,7 +244,12 @@ def watch_for_lost_workers() -> None:
                              " restart it (`localrun worker`) and run again\n")
             sys.stderr.flush()
             os._exit(1)
-        on_lost(lost, text)  # a server: it leaves without llama.cpp's teardown when it stops (lost_any)
+        try:
+            on_lost(lost, text)  # a server: it leaves without llama.cpp's teardown when it stops (lost_any)
+        except Exception:  # noqa: BLE001 - returning would let llama.cpp abort the whole server
+            import traceback
+
+            traceback.print_exc()
         threading.Event().wait()  # never back into llama.cpp (it would abort)
 
     _callback = _ABORT(aborted)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Optional
 
 from ..engine import Response, SamplingOptions
-from ..engine.kv import extend_tokens
+from ..engine.kv import common_prefix, extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
 from ..engine.thinking import splitter_for, thinking_in
 from ..errors import ContextOverflow, LocalrunError
@@ -211,6 +211,9 @@ class Conversation(Messages):
             return self._save(seat, name)
 
     def _save(self, seat, name: str) -> str:
+        # What the seat holds beyond this conversation's tokens (a server slot another request used since) is
+        # not saved with its messages.
+        seat.keep(common_prefix(list(seat.tokens), self._tokens) if self._tokens else 0)
         with Sessions.open() as sessions:
             info = sessions.save(name, self.engine, self.messages, model_ref=self.ref, seat=seat)
         return f"saved session {name} ({self.turns} turn(s), {info.tokens} tokens of KV cache)"

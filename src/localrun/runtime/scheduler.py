@@ -138,21 +138,21 @@ class Scheduler:
                 return False
             self.waiting.append(job)
             self.stats.waiting = len(self.waiting)
-            self.cond.notify()
+            self.cond.notify_all()  # the scheduler thread and requests waiting for a slot share it
         return True
 
     def cancel(self, job: Job) -> None:
         """The client went away: the job leaves the batch at the next step (its sampler is freed there)."""
         with self.cond:
             job.cancelled = True
-            self.cond.notify()
+            self.cond.notify_all()  # the scheduler thread and requests waiting for a slot share it
 
     def request_stop(self) -> None:
         """Begin stopping without waiting: open requests end at once with 'the server is shutting down'
         (called from the signal handler, on the event loop that must still deliver those ends)."""
         with self.cond:
             self.stopping = True
-            self.cond.notify()
+            self.cond.notify_all()  # the scheduler thread and requests waiting for a slot share it
 
     def abandon(self, message: str) -> None:
         """The scheduler thread is inside llama.cpp for good (an RPC worker was lost there): end every open
@@ -183,7 +183,7 @@ class Scheduler:
     def held(self, tokens: Tokens[int]) -> int:
         """The longest prefix of `tokens` a slot holds (read without the lock: a glance, not a promise)."""
         kv = self.engine.kv
-        return max((common_prefix(kv.tokens[s.seq_id], tokens) for s in self.slots), default=0)
+        return max((common_prefix(list(kv.tokens[s.seq_id]), tokens) for s in self.slots), default=0)
 
     def idle_slots(self) -> int:
         return sum(1 for s in self.slots if s.job is None and not s.leased)
@@ -200,7 +200,8 @@ class Scheduler:
                     break
                 self.cond.wait(timeout=1.0)
             kv, limit = self.engine.kv, max(0, len(tokens) - 1)
-            slot = max(free, key=lambda s: (min(common_prefix(kv.tokens[s.seq_id], tokens), limit), -s.last_used))
+            # Copies: a running slot's list changes on the scheduler thread, which does not take this lock.
+            slot = max(free, key=lambda s: (min(common_prefix(list(kv.tokens[s.seq_id]), tokens), limit), -s.last_used))
             slot.leased = True
         try:
             yield SlotSeat(self, slot)
@@ -354,6 +355,8 @@ class Scheduler:
             job.slot = None
         job.sampler.close()
         self.stats.running = len(self.running)
+        with self.cond:
+            self.cond.notify_all()  # a request waiting for a slot (hold)
 
 
 class ServerStopping(LocalrunError):
@@ -377,11 +380,19 @@ class SlotSeat:
     def n_ctx(self) -> int:
         return self.scheduler.slot_ctx
 
+    # The state's rewriting between formats (engine.kv) happens here, in the request's thread: only
+    # llama.cpp's own reading and writing holds up the other slots.
     def restore(self, data: bytearray, tokens: Tokens[int]) -> bool:
-        return self.scheduler.call(lambda: self.kv.restore(data, tokens, self.slot.seq_id))
+        ready = self.kv.for_this_context(data)
+        return self.scheduler.call(lambda: self.kv.restore(ready, tokens, self.slot.seq_id, ready=True))
 
     def state_bytes(self) -> bytearray:
-        return self.scheduler.call(lambda: self.kv.state_bytes(self.slot.seq_id))
+        return self.kv.portable(self.scheduler.call(lambda: self.kv.state_bytes(self.slot.seq_id, raw=True)))
+
+    def keep(self, n: int) -> None:
+        """Hold only the first `n` tokens (what is saved as a conversation's must be only its own)."""
+        if n < len(self.tokens):
+            self.scheduler.call(lambda: self.kv.truncate(self.slot.seq_id, n))
 
     def reset(self) -> None:
         self.reuse = False  # the next job clears the slot as it takes it (nothing copied in either)
@@ -413,6 +424,8 @@ class SlotSeat:
                 try:
                     response = job.sink.get(timeout=0.05)
                 except queue.Empty:
+                    if scheduler.fatal or not scheduler.thread.is_alive():
+                        raise ServerStopping(scheduler.fatal or "the localrun server is stopping: run again to start a new one")
                     continue
                 if response.done and response.finish_reason == "error":  # as in-process, where llama.cpp's error raises
                     raise EngineError(response.error or "llama.cpp failed during the answer")

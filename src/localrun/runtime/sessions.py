@@ -42,7 +42,10 @@ def prefix_cache_applies(engine: Engine) -> bool:
     # (llama.cpp saves one sequence of several with the last window alone; engine.kv.state_bytes).
     info = engine.info
     sliding = bool(info.sliding_window) and (any(info.swa_layers) if info.swa_layers else True)  # layout unknown: assume it has
-    return not sliding or (engine.options.swa_full and engine.options.n_seq_max == 1)
+    options = engine.options
+    if options.n_seq_max > 1 and options.kv_unified:
+        return False  # beam search's hypotheses: no one sequence to store
+    return not sliding or (options.swa_full and options.n_seq_max == 1)
 
 
 class EngineSeat:
@@ -65,6 +68,10 @@ class EngineSeat:
 
     def state_bytes(self) -> bytearray:
         return self.engine.kv.state_bytes()
+
+    def keep(self, n: int) -> None:
+        """Nothing to cut: in this process the sequence holds only its own conversation (a server slot
+        may hold another request's tokens: runtime.scheduler.SlotSeat.keep)."""
 
 
 class Sessions:
