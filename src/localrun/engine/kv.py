@@ -132,23 +132,30 @@ class KVCache:
         """The KV state of sequence `seq`, in the one saved format (`raw`: as llama.cpp wrote it; `portable`
         makes it the saved format).
 
-        A single-sequence context saves the state of all its sequences (-1): llama.cpp's state of one
-        sequence of several keeps only the last window of sliding-window layers, where this keeps a
-        gemma-3's whole history (the engine keeps it with swa_full), so a restored state can also be cut
-        back to a shorter common prefix. A server slot's state is windowed that way (truncate then knows)."""
+        llama.cpp's state of one sequence keeps only the last window of a model's sliding-window layers
+        (the cells their attention masks now). Where a model has such layers this takes the state of all
+        sequences (-1), which keeps every cell (the engine keeps them with swa_full), and of it this
+        sequence's own: so a restored gemma-3 state can also be cut back to a shorter common prefix, as a
+        resumed session's last answer often is. (A windowed state, should one be restored, is never cut
+        back wrongly: truncate knows.)"""
         ll = self._ll
-        which = ALL_SEQUENCES if self.n_seq == 1 else seq
+        # One sequence of several with sliding-window layers: the state of all of them (each stream's cells,
+        # unmasked), from which `portable` takes this sequence's stream.
+        whole = self.n_seq == 1 or (self.sliding_window and self.n_stream == self.n_seq)
+        which = ALL_SEQUENCES if whole else seq
         size = ll.llama_state_seq_get_size(self.ctx, which)
         data = bytearray(size)
         written = ll.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, which)
         if written != size:
             raise EngineError(f"llama.cpp wrote {written} of {size} bytes of KV state: the state was not saved")
-        return data if raw else self.portable(data)
+        return data if raw else self.portable(data, seq)
 
-    def portable(self, data: bytearray) -> bytearray:
-        """A state of this context as it is saved (one KV stream). SessionError for a layout this cannot
-        rewrite (a model whose cells carry more than positions and sequence ids)."""
-        return data if self.n_stream == 1 else _rewrite(data, 1)
+    def portable(self, data: bytearray, seq: int = 0) -> bytearray:
+        """A state of sequence `seq` of this context (state_bytes(raw=True)) as it is saved: one KV stream.
+        SessionError for a layout this cannot rewrite (cells carrying more than positions and sequence ids)."""
+        if self.n_stream == 1:
+            return data
+        return _rewrite(data, 1, take=seq if self.sliding_window and self.n_stream == self.n_seq else None)
 
     def for_this_context(self, data: bytearray) -> bytearray:
         """A saved state as llama.cpp reads it into this context (its number of KV streams)."""
@@ -172,31 +179,32 @@ class KVCache:
         return True
 
 
-def _rewrite(data: bytearray, n_stream: int) -> bytearray:
+def _rewrite(data: bytearray, n_stream: int, take: Optional[int] = None) -> bytearray:
     try:
-        return _restream(data, n_stream)
+        return _restream(data, n_stream, take)
     except ValueError as exc:
         raise SessionError(f"this model's KV state cannot move between a server slot and a single-sequence context ({exc}):"
                            " answer it in-process (--keep-alive 0) to use sessions and the prefix cache") from None
 
 
-def _restream(data: bytes, n_stream: int) -> bytearray:
+def _restream(data: bytes, n_stream: int, take: Optional[int] = None) -> bytearray:
     """A one-sequence KV state with its header rewritten for a context of `n_stream` KV streams.
 
     llama.cpp writes a magic number and the sequence's id, then per cache (two for a model with sliding-window layers): the stream count, then per
     stream its cell count and, when not 0, the cells' positions and sequence ids and then each layer's K
     and V rows (src/llama-kv-cache.cpp, state_write). One stream holds the sequence; the rest are empty.
     Reading a sequence's state puts those cells in that sequence's stream, wherever they were written.
+    `take`: a state of all sequences, one per stream: keep stream `take` only (its sequence's cells).
     ValueError for a state this cannot read (another layout): the caller evaluates the prompt instead."""
     import struct
 
     try:
-        return _restreamed(memoryview(data), n_stream)
+        return _restreamed(memoryview(data), n_stream, take)
     except struct.error:
         raise ValueError("a torn KV state") from None
 
 
-def _restreamed(view: memoryview, n_stream: int) -> bytearray:
+def _restreamed(view: memoryview, n_stream: int, take: Optional[int]) -> bytearray:
     import struct
 
     if struct.unpack_from("<I", view, 0)[0] != _STATE_MAGIC:
@@ -209,13 +217,14 @@ def _restreamed(view: memoryview, n_stream: int) -> bytearray:
         if not 0 < streams <= 4096:
             raise ValueError("not a KV state")
         held = []
-        for _ in range(streams):
+        for index in range(streams):
             start = at
             (cells,) = struct.unpack_from("<I", view, at)
             at += 4
             if cells:
                 at = _skip_cells(view, at, cells)
-                held.append(view[start:at])
+                if take is None or index == take:
+                    held.append(view[start:at])
         if len(held) > 1:
             raise ValueError("a state of several streams")
         out += struct.pack("<I", n_stream)

@@ -387,7 +387,7 @@ class SlotSeat:
         return self.scheduler.call(lambda: self.kv.restore(ready, tokens, self.slot.seq_id, ready=True))
 
     def state_bytes(self) -> bytearray:
-        return self.kv.portable(self.scheduler.call(lambda: self.kv.state_bytes(self.slot.seq_id, raw=True)))
+        return self.kv.portable(self.scheduler.call(lambda: self.kv.state_bytes(self.slot.seq_id, raw=True)), self.slot.seq_id)
 
     def keep(self, n: int) -> None:
         """Hold only the first `n` tokens (what is saved as a conversation's must be only its own)."""
