@@ -184,6 +184,31 @@ def test_runs_of_one_model_share_its_slots(resident, smollm2, gemma):
         assert json.loads(again.stdout.splitlines()[-1])["stats"]["cached_tokens"] > 700
 
 
+def test_a_run_waits_for_a_free_slot_and_says_so(resident, smollm2):
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
+    busy = [_long_run(smollm2) for _ in range(4)]  # the server's 4 slots
+    try:
+        for proc in busy:
+            proc.stdout.read(20)
+        assert _busy_slots() == 4
+        fifth = _client([LOCALRUN, "run", str(smollm2), "--threads", "1", "--ctx", "4096", "-n", "4", "--no-cache", "Name a fruit."])
+        first_line: list = []
+        reader = threading.Thread(target=lambda: first_line.append(fifth.stderr.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout=60)
+        assert first_line and "every slot of " + smollm2.name + " on the server is busy: waiting for one" in first_line[0]
+        busy[0].send_signal(signal.SIGINT)  # a slot comes free: the waiting run takes it
+        out, err = fifth.communicate(timeout=120)
+        assert fifth.returncode == 0 and out.strip(), err
+    finally:
+        for proc in busy:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in busy:
+            proc.communicate(timeout=60)
+    wait_until(lambda: _busy_slots() == 0, what="every request to leave its slot")
+
+
 def test_server_stopped_mid_answer_is_an_error_not_a_short_answer(resident, smollm2):
     assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
     proc = _long_run(smollm2)

@@ -156,7 +156,7 @@ class Conversation(Messages):
             self.messages = messages[:-1]
             self._forget_tokens()
             on_dropped(dropped)
-        with self.place.hold(tokens) as seat:
+        with self.place.hold(tokens, cancelled=cancelled) as seat:
             return self._answer(seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed, on_thinking)
 
     def _answer(self, seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed,

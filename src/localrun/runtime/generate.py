@@ -26,8 +26,8 @@ class InProcess(EngineSeat):
         self.loaded = loaded
 
     @contextmanager
-    def hold(self, tokens: Sequence[int] = ()) -> Iterator["InProcess"]:
-        yield self
+    def hold(self, tokens: Sequence[int] = (), **waiting) -> Iterator["InProcess"]:
+        yield self  # one request at a time in this process: never waits
 
     def held(self, tokens: Sequence[int] = ()) -> int:
         """Tokens in the KV cache now."""
@@ -70,7 +70,11 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 if not has_switch(engine.chat_template):
                     on_notice(f"{loaded.name}'s chat template has no thinking switch: --{'' if request.think else 'no-'}think changes nothing")
         prompt = prompt_for(engine, request, n_ctx=place.n_ctx)
-        with place.hold(prompt.tokens) as seat:
+        def waiting() -> None:
+            if on_notice:
+                on_notice(f"every slot of {loaded.name} on the server is busy: waiting for one")
+
+        with place.hold(prompt.tokens, on_wait=waiting, cancelled=cancelled) as seat:
             if not request.use_cache and not request.session:
                 seat.reset()  # --no-cache: from an empty context, as a freshly loaded model starts
             if request.session and history:

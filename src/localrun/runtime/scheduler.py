@@ -189,16 +189,24 @@ class Scheduler:
         return sum(1 for s in self.slots if s.job is None and not s.leased)
 
     @contextmanager
-    def hold(self, tokens: Tokens[int] = ()) -> Iterator["SlotSeat"]:
-        """Hold a slot for one request (waiting for one to be free): the free slot sharing the longest
-        prefix with `tokens`, else the least recently used. Raises ServerStopping once the server stops."""
+    def hold(self, tokens: Tokens[int] = (), *, on_wait: Optional[Callable[[], None]] = None,
+             cancelled: Optional[Callable[[], bool]] = None) -> Iterator["SlotSeat"]:
+        """Hold a slot for one request (waiting for one to be free: `on_wait` hears it once, and a request
+        `cancelled` meanwhile stops waiting): the free slot sharing the longest prefix with `tokens`, else
+        the least recently used. Raises ServerStopping once the server stops."""
+        told = False
         with self.cond:
             while True:
                 self._check_running()
                 free = [s for s in self.slots if s.job is None and not s.leased]
                 if free:
                     break
-                self.cond.wait(timeout=1.0)
+                if cancelled is not None and cancelled():
+                    raise LocalrunError("the request was cancelled while it waited for a free slot")
+                if on_wait is not None and not told:
+                    told = True
+                    on_wait()
+                self.cond.wait(timeout=0.25)
             kv, limit = self.engine.kv, max(0, len(tokens) - 1)
             # Copies: a running slot's list changes on the scheduler thread, which does not take this lock.
             slot = max(free, key=lambda s: (min(common_prefix(list(kv.tokens[s.seq_id]), tokens), limit), -s.last_used))
