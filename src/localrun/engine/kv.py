@@ -187,31 +187,52 @@ def _rewrite(data: bytearray, n_stream: int, take: Optional[int] = None) -> byte
                            " answer it in-process (--keep-alive 0) to use sessions and the prefix cache") from None
 
 
-def _restream(data: bytes, n_stream: int, take: Optional[int] = None) -> bytearray:
-    """A one-sequence KV state with its header rewritten for a context of `n_stream` KV streams.
+def _restream(data: bytearray, n_stream: int, take: Optional[int] = None) -> bytearray:
+    """A one-sequence KV state with its header rewritten for a context of `n_stream` KV streams: `data`
+    itself where it can be rewritten in place (it is, then; a copy of a large state costs more than the
+    restore), else a new buffer.
 
-    llama.cpp writes a magic number and the sequence's id, then per cache (two for a model with sliding-window layers): the stream count, then per
-    stream its cell count and, when not 0, the cells' positions and sequence ids and then each layer's K
-    and V rows (src/llama-kv-cache.cpp, state_write). One stream holds the sequence; the rest are empty.
-    Reading a sequence's state puts those cells in that sequence's stream, wherever they were written.
-    `take`: a state of all sequences, one per stream: keep stream `take` only (its sequence's cells).
-    ValueError for a state this cannot read (another layout): the caller evaluates the prompt instead."""
+    llama.cpp writes a magic number and the sequence's id, then per cache (two for a model with
+    sliding-window layers): the stream count, then per stream its cell count and, when not 0, the cells'
+    positions and sequence ids and then each layer's K and V rows (src/llama-kv-cache.cpp, state_write).
+    One stream holds the sequence; the rest are empty. Reading a sequence's state puts those cells in
+    that sequence's stream, wherever they were written. `take`: a state of all sequences, one per stream:
+    keep stream `take` only (its sequence's cells). ValueError for a state this cannot read (another
+    layout): the caller evaluates the prompt instead."""
     import struct
 
     try:
-        return _restreamed(memoryview(data), n_stream, take)
+        parts = _parts(memoryview(data), take)
     except struct.error:
         raise ValueError("a torn KV state") from None
+    zero = struct.pack("<I", 0)
+    if len(parts) == 1 and parts[0][1] is not None and isinstance(data, bytearray):  # one cache: in place
+        head, (start, end), stop = parts[0]
+        del data[end:]
+        data += zero * (n_stream - 1)
+        del data[head + 4 : start]
+        data[head : head + 4] = struct.pack("<I", n_stream)
+        return data
+    view = memoryview(data)
+    out = bytearray(view[:8])
+    for _, section, _ in parts:
+        out += struct.pack("<I", n_stream)
+        out += view[section[0] : section[1]] if section else zero
+        out += zero * (n_stream - 1)
+    return out
 
 
-def _restreamed(view: memoryview, n_stream: int, take: Optional[int]) -> bytearray:
+def _parts(view: memoryview, take: Optional[int]) -> list[tuple[int, Optional[tuple[int, int]], int]]:
+    """Per cache in a state: (offset of its stream count, (start, end) of the one stream section kept or
+    None when all are empty, offset after it)."""
     import struct
 
     if struct.unpack_from("<I", view, 0)[0] != _STATE_MAGIC:
         raise ValueError("not a KV state")
-    out = bytearray(view[:8])
+    parts = []
     at = 8
     while at < len(view):
+        head = at
         (streams,) = struct.unpack_from("<I", view, at)
         at += 4
         if not 0 < streams <= 4096:
@@ -224,15 +245,13 @@ def _restreamed(view: memoryview, n_stream: int, take: Optional[int]) -> bytearr
             if cells:
                 at = _skip_cells(view, at, cells)
                 if take is None or index == take:
-                    held.append(view[start:at])
+                    held.append((start, at))
         if len(held) > 1:
             raise ValueError("a state of several streams")
-        out += struct.pack("<I", n_stream)
-        out += bytes(held[0]) if held else struct.pack("<I", 0)
-        out += struct.pack("<I", 0) * (n_stream - 1)
+        parts.append((head, held[0] if held else None, at))
     if at != len(view):
         raise ValueError("a torn KV state")
-    return out
+    return parts
 
 
 def _skip_cells(view: memoryview, at: int, cells: int) -> int:
