@@ -58,3 +58,54 @@ def test_a_build_without_rpc_is_one_line_naming_the_fix(monkeypatch):
         rpc.library()
     assert caught.value.message == rpc.NO_RPC_BUILD and "\n" not in caught.value.message
     assert "make" in caught.value.message and "GGML_RPC=ON" in caught.value.message
+
+
+def _fake_worker(reply):
+    """A loopback listener that answers each connection with `reply(conn)` (a stand-in for a worker of
+    another version, or one busy with another client)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                reply(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, f"127.0.0.1:{server.getsockname()[1]}"
+
+
+def test_a_worker_of_another_version_or_busy_is_one_line():
+    import struct
+
+    def old_version(conn):
+        conn.recv(1 + 8 + rpc._CAPS)  # the hello
+        conn.sendall(struct.pack("<Q", 4 + rpc._CAPS) + bytes([6, 1, 0, 0]) + bytes(rpc._CAPS))
+
+    server, endpoint = _fake_worker(old_version)
+    try:
+        with pytest.raises(rpc.RpcError) as caught:
+            rpc.probe(endpoint)
+        assert caught.value.message == (f"the RPC worker at {endpoint} speaks protocol 6.1.0, this localrun 7.0.0: run the"
+                                        " same localrun (llama.cpp) version on both machines")
+    finally:
+        server.close()
+
+    import threading
+
+    gate = threading.Event()
+    server, endpoint = _fake_worker(lambda conn: gate.wait(10))  # accepts, never answers: another client has it
+    try:
+        with pytest.raises(rpc.RpcError, match="serves one client at a time, and another is connected"):
+            rpc.probe(endpoint, timeout=0.5)
+    finally:
+        gate.set()
+        server.close()
