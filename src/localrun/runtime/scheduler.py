@@ -207,9 +207,7 @@ class Scheduler:
                     told = True
                     on_wait()
                 self.cond.wait(timeout=0.25)
-            kv, limit = self.engine.kv, max(0, len(tokens) - 1)
-            # Copies: a running slot's list changes on the scheduler thread, which does not take this lock.
-            slot = max(free, key=lambda s: (min(common_prefix(list(kv.tokens[s.seq_id]), tokens), limit), -s.last_used))
+            slot = self._closest(free, tokens)
             slot.leased = True
         try:
             yield SlotSeat(self, slot)
@@ -308,11 +306,17 @@ class Scheduler:
         self.stats.waiting = len(self.waiting)
         self.stats.running = len(self.running)
 
+    def _closest(self, free: list[Slot], tokens: Tokens[int]) -> Slot:
+        """The slot among `free` sharing the longest prefix with `tokens` (its last token never counts: it is
+        always evaluated, its logits sampled), else the least recently used. Token lists are copied: called
+        from a request's thread, a running slot's list changes on the scheduler thread."""
+        kv, limit = self.engine.kv, max(0, len(tokens) - 1)
+        return max(free, key=lambda s: (min(common_prefix(list(kv.tokens[s.seq_id]), tokens), limit), -s.last_used))
+
     def _assign(self, job: Job, free: list[Slot]) -> None:
         """Give `job` the free slot with the longest shared prefix (a longer one held by any slot is copied)."""
         kv, prompt = self.engine.kv, job.prompt
-        limit = len(prompt) - 1  # the last prompt token is always evaluated: its logits are sampled
-        slot = max(free, key=lambda s: (min(common_prefix(kv.tokens[s.seq_id], prompt), limit), -s.last_used))
+        slot = self._closest(free, prompt)
         if job.reuse:
             kept = kv.reuse_from(slot.seq_id, prompt, [s.seq_id for s in self.slots])
         else:

@@ -117,8 +117,9 @@ def plan(path: Path, endpoints: tuple[str, ...], *, gpu_layers: str, tensor_spli
     n_gpu = -1 if layers == "auto" else int(layers)
     if not devices:
         n_gpu = 0
-    rows = placement(read_info(path), devices, gpu_layers=n_gpu, tensor_split=split, n_ctx=ctx, kv_type=kv_type)
-    return [{"device": r.device, "layers": _ranges(r.layers, read_info(path).n_layer), "n_layers": len(r.layers),
+    info = read_info(path)
+    rows = placement(info, devices, gpu_layers=n_gpu, tensor_split=split, n_ctx=ctx, kv_type=kv_type)
+    return [{"device": r.device, "layers": _ranges(r.layers, info.n_layer), "n_layers": len(r.layers),
              "weights_bytes": r.weights, "kv_bytes": r.kv} for r in rows]
 
 
