@@ -1,24 +1,32 @@
 #!/usr/bin/env python3
-"""Measure `localrun serve` with concurrent streams, against llama.cpp's own batched decoding.
+"""Measure `localrun serve` against llama.cpp's own `llama-server`, side by side, with the same load generator.
 
-Starts `localrun serve MODEL --parallel 8` on a free loopback port, then, interleaved per repetition:
-  - ours: aggregate decode throughput of 1 stream and of 8 concurrent streams (real HTTP, SSE, the
-    server's continuous batching), via `localrun bench --serve`'s load generator;
-  - reference: llama.cpp's `llama-batched-bench` (built by scripts/build_llama_bench.sh) decoding
-    1 and 8 sequences in one process with no HTTP at all (its S_TG t/s).
-Prints the medians and the 8-vs-1 speed-up of each. With --load N it finally runs N requests at
-concurrency 16 and reports failures and TTFT percentiles.
+Both servers run at once with equal settings: the same GGUF, 8 slots of --ctx tokens each (llama-server:
+`-np 8 -c 8*ctx --no-kv-unified`, one KV stream per slot as ours), the same threads, batch and ubatch of
+512, and all layers offloaded on a GPU build (--gpu-layers). llama-server is built from the same vendored
+llama.cpp and flags by scripts/build_llama_bench.sh. Then, per model:
+  - the first request after start (TTFT of a 16-token request, before anything else ran), against the
+    median TTFT of 5 such requests once warm (each prompt new to every slot, so evaluated whole);
+  - rounds of 1, 8 and 16 concurrent streams (`localrun bench --serve`'s load generator: streaming
+    /v1/completions, `ignore_eos`, --tokens each, 2 requests per stream), the two servers alternating
+    which goes first in each round.
+Prints per model and stream count the median aggregate t/s of each, the median of the per-round ratios
+(ours / theirs, measured back to back), and TTFT p50/p95 of every request of that level (all rounds
+pooled); --json writes them.
 
-    python scripts/bench_serve.py [--model PATH] [--reps 3] [--tokens 128] [--load 1000]
+    python scripts/bench_serve.py [--model PATH ...] [--reps 3] [--streams 1,8,16] [--tokens 128] [--json F]
+    python scripts/bench_serve.py --compare llama-batched-bench   # llama.cpp's batched decode, no HTTP
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -30,30 +38,166 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from localrun.cli import loadtest  # noqa: E402
 
-DEFAULT_MODEL = Path.home() / ".cache" / "localrun-test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOOLS = Path(os.environ.get("LOCALRUN_LLAMA_BENCH_DIR", Path.home() / ".cache/localrun/llama-bench-0.3.36")) / "bin"
+SLOTS = 8
 
 
-def start_server(model: Path, parallel: int, threads: int, ctx: int, gpu_layers: str) -> tuple[subprocess.Popen, str]:
+def default_models() -> list[Path]:
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from conftest import fetch_real_model
+
+    return [fetch_real_model("SmolLM2-135M-Instruct.Q4_1.gguf"), fetch_real_model("gemma-3-270m-q4_k_m.gguf")]
+
+
+def tool(name: str) -> Path:
+    exe = TOOLS / name
+    if not exe.exists():
+        subprocess.run(["bash", str(HERE / "build_llama_bench.sh")], check=True, stdout=subprocess.DEVNULL)
+    return exe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_localrun(model: Path, args) -> tuple[subprocess.Popen, str]:
     exe = shutil.which("localrun") or str(Path(sys.executable).with_name("localrun"))
     proc = subprocess.Popen(
-        [exe, "serve", str(model), "--port", "0", "--parallel", str(parallel), "--threads", str(threads), "--ctx", str(ctx),
-         "--gpu-layers", gpu_layers],
+        [exe, "serve", str(model), "--port", "0", "--parallel", str(SLOTS), "--threads", str(args.threads),
+         "--ctx", str(args.ctx), "--gpu-layers", args.gpu_layers],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     for line in proc.stderr:
         m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
         if m:
             return proc, m.group(1)
-    raise SystemExit(f"the server did not start (exit {proc.wait()})")
+    raise SystemExit(f"localrun serve did not start (exit {proc.wait()})")
+
+
+def start_llama_server(model: Path, args) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    ngl = "99" if args.gpu_layers == "auto" else args.gpu_layers
+    proc = subprocess.Popen(
+        [str(tool("llama-server")), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(SLOTS),
+         "-c", str(args.ctx * SLOTS), "--no-kv-unified", "-t", str(args.threads), "-tb", str(args.threads),
+         "-b", "512", "-ub", "512", "-ngl", ngl, "--no-webui"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llama-server did not start (exit {proc.returncode})")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url + "/v1"
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("llama-server did not answer /health within 120 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def compare_servers(model: Path, args, streams: list[int]) -> dict:
+    prompt = loadtest.filler_prompt(24)
+    names = ("localrun", "llama-server")
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs["localrun"], url_ours = start_localrun(model, args)
+        procs["llama-server"], url_ref = start_llama_server(model, args)
+        urls = {"localrun": url_ours, "llama-server": url_ref}
+        ids = {n: loadtest.check_endpoint(u, None) for n, u in urls.items()}
+
+        def level(name: str, c: int, requests: int, tokens: int) -> loadtest.Level:
+            got = loadtest.run_level(urls[name], c, requests, prompt=prompt, max_tokens=tokens, api_key=None, model=ids[name])
+            failed = [o.error for o in got.outcomes if not o.ok]
+            if failed:
+                raise SystemExit(f"{name}: {len(failed)} requests failed: {failed[0]}")
+            return got
+
+        # TTFT of the very first request after start, then of fresh prompts (no prefix held by any slot) once
+        # warm: the same prompt evaluated whole each time, so that the ratio shows only what warming up costs.
+        first = {n: fresh_ttft(urls[n], ids[n], "first") for n in names}
+        for n in names:
+            level(n, SLOTS, SLOTS, 16)  # warm-up: every slot once
+        cold = {n: statistics.median(fresh_ttft(urls[n], ids[n], f"again {i}") for i in range(5)) for n in names}
+        speed: dict[str, dict[int, list[float]]] = {n: {c: [] for c in streams} for n in names}
+        ttft: dict[str, dict[int, list[float]]] = {n: {c: [] for c in streams} for n in names}
+        for rep in range(args.reps):
+            for c in streams:
+                for n in (names if (rep + c) % 2 == 0 else names[::-1]):
+                    got = level(n, c, 2 * c, args.tokens)
+                    speed[n][c].append(got.throughput)
+                    ttft[n][c] += [o.ttft_s for o in got.outcomes]
+            print(f"  {model.name} round {rep + 1}: " + "; ".join(
+                f"{c}: {speed['localrun'][c][-1]:.1f} vs {speed['llama-server'][c][-1]:.1f} t/s" for c in streams), file=sys.stderr)
+    finally:
+        for proc in procs.values():
+            stop(proc)
+    rows = []
+    for c in streams:
+        ours, ref = statistics.median(speed["localrun"][c]), statistics.median(speed["llama-server"][c])
+        # The ratio within each round (the two ran back to back), then its median: the machine's drift
+        # between rounds cancels out, which a ratio of the two medians would not do.
+        paired = statistics.median(a / b for a, b in zip(speed["localrun"][c], speed["llama-server"][c]))
+        rows.append({
+            "streams": c, "localrun_tps": round(ours, 1), "llama_server_tps": round(ref, 1), "ratio": round(paired, 3),
+            "localrun_tps_all": [round(x, 1) for x in speed["localrun"][c]],
+            "llama_server_tps_all": [round(x, 1) for x in speed["llama-server"][c]],
+            **{f"{key}_ttft_p{p}_s": loadtest._pct(sorted(ttft[n][c]), p)
+               for n, key in (("localrun", "localrun"), ("llama-server", "llama_server")) for p in (50, 95)},
+        })
+    return {"model": model.name, "rows": rows,
+            "first_ttft_s": {n: round(first[n], 4) for n in names},
+            "fresh_ttft_s": {n: round(cold[n], 4) for n in names}}
+
+
+def fresh_ttft(url: str, model: str, tag: str) -> float:
+    """TTFT of one 16-token request whose prompt no slot holds (it starts with `tag`)."""
+    import httpx
+
+    body = {"model": model, "prompt": f"{tag}: " + loadtest.filler_prompt(24), "max_tokens": 16, "temperature": 0,
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    with httpx.Client(timeout=httpx.Timeout(600, connect=10)) as client:
+        outcome = loadtest.stream_once(client, url.rstrip("/") + "/completions", body, {})
+    if not outcome.ok:
+        raise SystemExit(f"{url}: {outcome.error}")
+    return outcome.ttft_s
+
+
+def print_comparison(result: dict) -> None:
+    print(f"\n{result['model']}: localrun serve vs llama-server, {SLOTS} slots each (medians; ratio: median of the "
+          "rounds' ratios; TTFT over every request)")
+    print("| streams | localrun t/s | llama-server t/s | ratio | TTFT p50 ours / theirs | TTFT p95 ours / theirs |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in result["rows"]:
+        print(f"| {r['streams']} | {r['localrun_tps']} | {r['llama_server_tps']} | **{r['ratio']:.2f}x** | "
+              f"{r['localrun_ttft_p50_s'] * 1000:.0f} / {r['llama_server_ttft_p50_s'] * 1000:.0f} ms | "
+              f"{r['localrun_ttft_p95_s'] * 1000:.0f} / {r['llama_server_ttft_p95_s'] * 1000:.0f} ms |")
+    f, s = result["first_ttft_s"], result["fresh_ttft_s"]
+    print("first request after start vs a fresh prompt once warm (TTFT, whole prompt evaluated both times): " + ", ".join(
+        f"{n} {f[n] * 1000:.0f} vs {s[n] * 1000:.0f} ms ({f[n] / s[n]:.2f}x)" for n in ("localrun", "llama-server")))
 
 
 def batched_bench(model: Path, threads: int, tokens: int, prompt: int, gpu_layers: str) -> dict[int, float]:
-    exe = Path(os.environ.get("LLAMA_BATCHED_BENCH", Path.home() / ".cache/localrun/llama-bench-0.3.36/bin/llama-batched-bench"))
-    if not exe.exists():
-        return {}
     out = subprocess.run(
-        [str(exe), "-m", str(model), "-c", "4096", "-b", "512", "-ub", "512", "-npp", str(prompt), "-ntg", str(tokens),
-         "-npl", "1,8", "-t", str(threads), "-ngl", "99" if gpu_layers == "auto" else gpu_layers], capture_output=True, text=True, check=True,
+        [str(tool("llama-batched-bench")), "-m", str(model), "-c", "4096", "-b", "512", "-ub", "512", "-npp", str(prompt),
+         "-ntg", str(tokens), "-npl", "1,8", "-t", str(threads), "-ngl", "99" if gpu_layers == "auto" else gpu_layers],
+        capture_output=True, text=True, check=True,
     ).stdout
     speeds = {}
     for line in out.splitlines():
@@ -63,51 +207,53 @@ def batched_bench(model: Path, threads: int, tokens: int, prompt: int, gpu_layer
     return speeds
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--load", type=int, default=0, help="then N requests at concurrency 16")
-    ap.add_argument("--gpu-layers", default="auto", help="N, auto (all, on a GPU build) or 0")
-    args = ap.parse_args()
-
-    proc, url = start_server(args.model, 8, args.threads, 1024, args.gpu_layers)
+def compare_batched(model: Path, args) -> None:
+    """Ours over HTTP at 1 and 8 streams against llama-batched-bench's 1 and 8 sequences in one process."""
+    proc, url = start_localrun(model, args)
     prompt = loadtest.filler_prompt(24)
     ours: dict[int, list[float]] = {1: [], 8: []}
     ref: dict[int, list[float]] = {1: [], 8: []}
     try:
-        model = loadtest.check_endpoint(url, None)
-        loadtest.run_level(url, 8, 8, prompt=prompt, max_tokens=16, api_key=None, model=model)  # warm-up
-        for rep in range(args.reps):
+        name = loadtest.check_endpoint(url, None)
+        loadtest.run_level(url, 8, 8, prompt=prompt, max_tokens=16, api_key=None, model=name)  # warm-up
+        for _ in range(args.reps):
             for c in (1, 8):
-                level = loadtest.run_level(url, c, c * 2, prompt=prompt, max_tokens=args.tokens, api_key=None, model=model)
-                assert not [o for o in level.outcomes if not o.ok], [o.error for o in level.outcomes]
-                ours[c].append(level.throughput)
-            for c, speed in batched_bench(args.model, args.threads, args.tokens, 32, args.gpu_layers).items():
-                ref[c].append(speed)
-            print(f"rep {rep + 1}: ours 1={ours[1][-1]:.1f} 8={ours[8][-1]:.1f} t/s; "
-                  f"llama-batched-bench 1={ref[1][-1] if ref[1] else float('nan'):.1f} 8={ref[8][-1] if ref[8] else float('nan'):.1f} t/s",
-                  file=sys.stderr)
-        med = {k: statistics.median(v) for k, v in ours.items()}
-        print(f"localrun serve (HTTP, SSE, openai-style streams): 1 stream {med[1]:.1f} t/s, 8 streams {med[8]:.1f} t/s "
-              f"-> {med[8] / med[1]:.2f}x")
-        if ref[1]:
-            rmed = {k: statistics.median(v) for k, v in ref.items()}
-            print(f"llama-batched-bench (no HTTP, S_TG):               1 seq    {rmed[1]:.1f} t/s, 8 seqs    {rmed[8]:.1f} t/s "
-                  f"-> {rmed[8] / rmed[1]:.2f}x")
-            print(f"ours / llama.cpp: 1 stream {med[1] / rmed[1]:.2f}, 8 streams {med[8] / rmed[8]:.2f}")
-        if args.load:
-            t0 = time.perf_counter()
-            level = loadtest.run_level(url, 16, args.load, prompt=prompt, max_tokens=32, api_key=None, model=model)
-            row = level.row(None)
-            print(f"{args.load} requests at concurrency 16 (32 tokens each): {row['failed']} failed, "
-                  f"{row['requests_per_s']} req/s, {row['tokens_per_s']} t/s, TTFT p50 {row['ttft_p50_s']} s, "
-                  f"p95 {row['ttft_p95_s']} s, TPOT p50 {row['tpot_p50_s']} s, in {time.perf_counter() - t0:.0f} s")
+                ours[c].append(loadtest.run_level(url, c, c * 2, prompt=prompt, max_tokens=args.tokens, api_key=None, model=name).throughput)
+            for c, s in batched_bench(model, args.threads, args.tokens, 32, args.gpu_layers).items():
+                ref[c].append(s)
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        stop(proc)
+    med = {k: statistics.median(v) for k, v in ours.items()}
+    rmed = {k: statistics.median(v) for k, v in ref.items()}
+    print(f"{model.name}: localrun serve 1 stream {med[1]:.1f} t/s, 8 streams {med[8]:.1f} t/s ({med[8] / med[1]:.2f}x); "
+          f"llama-batched-bench 1 seq {rmed[1]:.1f}, 8 seqs {rmed[8]:.1f} ({rmed[8] / rmed[1]:.2f}x); "
+          f"ours / llama.cpp: {med[1] / rmed[1]:.2f} and {med[8] / rmed[8]:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compare", choices=("llama-server", "llama-batched-bench"), default="llama-server")
+    ap.add_argument("--model", type=Path, action="append")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--streams", default="1,8,16")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=1024, help="tokens per slot")
+    ap.add_argument("--gpu-layers", default="auto", help="N, auto (all, on a GPU build) or 0")
+    ap.add_argument("--json", type=Path, help="write the results here too")
+    args = ap.parse_args()
+    models = args.model or default_models()
+    if args.compare == "llama-batched-bench":
+        for m in models:
+            compare_batched(m, args)
+        return
+    streams = sorted({int(s) for s in args.streams.split(",")})
+    results = []
+    for m in models:
+        results.append(compare_servers(m, args, streams))
+        print_comparison(results[-1])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -208,6 +208,7 @@ class Engine:
         self.backend_sampling = self._resolve_backend_sampling(ll, options) and not options.embeddings
         self.pooling = pooling_for(self.info, options.pooling) if options.embeddings else None
         self._prefilter, self._prefilter_k = None, 0  # the top-k chain attached to sequence 0, and its k
+        self._rows: dict[int, object] = {}  # logits_row's numpy views, by address
         self.ctx = None
         self._batch: Optional[Batch] = None
         with deferred_interrupt() as interrupted:  # Ctrl-C here: freed below, KeyboardInterrupt on leaving
@@ -301,6 +302,25 @@ class Engine:
         ptr = llama_cpp_module().llama_get_logits_ith(self.ctx, row)
         shape = (self.n_vocab,) if n_rows == 1 else (n_rows, self.n_vocab)
         return np.ctypeslib.as_array(ptr, shape=shape)
+
+    @property
+    def raw_logits(self) -> bool:
+        """Whether batch rows hold the whole vocabulary's logits: no backend top-k is attached to the context."""
+        return self._prefilter is None
+
+    def logits_row(self, row: int):
+        """The logits of one batch row as a float32 numpy view, for every token of every step (the sampler's
+        greedy path): the view of each address llama.cpp's output buffer has had is kept, not rebuilt."""
+        ll = llama_cpp_module()
+        address = ctypes.cast(ll.llama_get_logits_ith(self.ctx, row), ctypes.c_void_p).value
+        view = self._rows.get(address)
+        if view is None:
+            import numpy as np
+
+            if len(self._rows) > 4 * max(1, self.options.n_seq_max):  # the buffer moved: old views are stale
+                self._rows.clear()
+            view = self._rows[address] = np.frombuffer((ctypes.c_float * self.n_vocab).from_address(address), dtype=np.float32)
+        return view
 
     def synchronize(self) -> None:
         llama_cpp_module().llama_synchronize(self.ctx)  # a GPU backend may still be running when decode returns
@@ -543,6 +563,20 @@ class Engine:
 
     def is_eog(self, token: int) -> bool:
         return bool(self._ll.llama_vocab_is_eog(self.vocab, token))
+
+    def warm_up(self) -> None:
+        """Pay at load what the first request would (llama-server warms up the same way): one decode, so that
+        llama.cpp builds and allocates its graph (on a GPU: loads its kernels), leaving the cache empty. Call
+        it from the thread that decodes afterwards: llama.cpp's CPU threads (OpenMP) belong to the thread that
+        starts them, and a second team, warmed from another thread, slowed decoding by ~10% here."""
+        batch = Batch(1)
+        try:
+            bos = self.bos_token
+            batch.add(bos if 0 <= bos < self.n_vocab else 0, 0, 0, True)
+            self.decode(batch)
+        finally:
+            batch.close()
+            self.kv.clear(0)
 
     def eog_tokens(self) -> list[int]:
         if self._eog is None:  # a walk over the whole vocabulary (262k for gemma): once per model

@@ -130,6 +130,12 @@ class Sampler:
         # Both see every accepted token, so penalty and grammar state stay in step.
         self.early = self._build(engine, options, grammar, ban_eog=True) if options.min_tokens > 0 else None
         self.prefilter = self._prefilter(engine, options, grammar)
+        # Plain greedy (no bias, penalties, grammar): the chain is a stateless argmax, taken here with numpy over
+        # the logits row instead: llama_sampler_sample first copies the whole vocabulary into candidates
+        # (0.44 ms a token for gemma's 262k, 0.03 ms for numpy). The EOG ban of min_tokens is kept exactly.
+        self._argmax = options.greedy and grammar is None and not self._penalties and not options.logit_bias
+        self._engine = engine
+        self._banned = frozenset(engine.eog_tokens()) if self._argmax and self.early is not None else frozenset()
 
     def _prefilter(self, engine, o: SamplingOptions, grammar: Optional[str]) -> Optional[int]:
         """How many of the highest logits the chain needs to see to pick exactly the token it would pick
@@ -218,6 +224,8 @@ class Sampler:
     def sample(self, ctx, n_generated: int, idx: int = -1) -> int:
         """Pick the next token from the logits of batch position `idx` (-1: the last one)."""
         ll = self._ll
+        if self._argmax and self._engine.raw_logits:
+            return self._greedy(self._engine.logits_row(idx), n_generated < self.options.min_tokens)
         if self.early is not None and n_generated < self.options.min_tokens:
             tok = ll.llama_sampler_sample(self.early, ctx, idx)
             ll.llama_sampler_accept(self.chain, tok)
@@ -225,6 +233,18 @@ class Sampler:
         tok = ll.llama_sampler_sample(self.chain, ctx, idx)
         if self.early is not None:
             ll.llama_sampler_accept(self.early, tok)
+        return tok
+
+    def _greedy(self, row, ban: bool) -> int:
+        """The first highest logit (llama.cpp's greedy sampler picks the first of equals), end-of-generation
+        tokens excluded while `ban` (min_tokens), as the chain's -inf bias excludes them."""
+        import numpy as np
+
+        tok = int(row.argmax())
+        if ban and tok in self._banned:
+            row = row.copy()
+            row[list(self._banned)] = -np.inf
+            tok = int(row.argmax())
         return tok
 
     def close(self) -> None:

@@ -257,11 +257,11 @@ class ModelPool:
         """The resident model for `ref` with these load options, loading (and evicting) as needed, with a
         reference taken; and whether this call loaded it. Blocks for a load. Raises ModelNotFound,
         ModelTooBig, PoolBusy or the load's own error; a failure touches no other model."""
-        resident = self._take(ref, spec)
+        resident = self.take(ref, spec)
         if resident is not None:
             return resident, False
         with self.loading:
-            resident = self._take(ref, spec)  # loaded by a request that held the lock before us
+            resident = self.take(ref, spec)  # loaded by a request that held the lock before us
             if resident is not None:
                 return resident, False
             path = self._path(ref)
@@ -385,7 +385,9 @@ class ModelPool:
 
     # -- inside -------------------------------------------------------------------------------------
 
-    def _take(self, ref: str, spec: LoadSpec) -> Optional[Resident]:
+    def take(self, ref: str, spec: LoadSpec) -> Optional[Resident]:
+        """The model for `ref` with these options, with a reference taken, if it is loaded; else None. Never
+        waits for a load (the lock guards only the list): the event loop asks it before `acquire`."""
         wanted = ref.casefold()
         with self.lock:
             for resident in self.residents:
