@@ -10,7 +10,8 @@ llama.cpp and flags by scripts/build_llama_bench.sh. Then, per model:
   - rounds of 1, 8 and 16 concurrent streams (`localrun bench --serve`'s load generator: streaming
     /v1/completions, `ignore_eos`, --tokens each, 2 requests per stream), the two servers alternating
     which goes first in each round.
-Prints per model and stream count the median aggregate t/s of each, the median of the per-round ratios
+Each round also times one request alone, not streamed, as each server times its own decode loop (ms per
+token). Prints per model and stream count the median aggregate t/s of each, the median of the per-round ratios
 (ours / theirs, measured back to back), and TTFT p50/p95 of every request of that level (all rounds
 pooled); --json writes them.
 
@@ -137,12 +138,15 @@ def compare_servers(model: Path, args, streams: list[int]) -> dict:
         cold = {n: statistics.median(fresh_ttft(urls[n], ids[n], f"again {i}") for i in range(5)) for n in names}
         speed: dict[str, dict[int, list[float]]] = {n: {c: [] for c in streams} for n in names}
         ttft: dict[str, dict[int, list[float]]] = {n: {c: [] for c in streams} for n in names}
+        tpot: dict[str, list[float]] = {n: [] for n in names}
         for rep in range(args.reps):
             for c in streams:
                 for n in (names if (rep + c) % 2 == 0 else names[::-1]):
                     got = level(n, c, 2 * c, args.tokens)
                     speed[n][c].append(got.throughput)
                     ttft[n][c] += [o.ttft_s for o in got.outcomes]
+            for n in (names if rep % 2 == 0 else names[::-1]):
+                tpot[n].append(server_tpot_ms(n, urls[n], ids[n], prompt, args.tokens))
             print(f"  {model.name} round {rep + 1}: " + "; ".join(
                 f"{c}: {speed['localrun'][c][-1]:.1f} vs {speed['llama-server'][c][-1]:.1f} t/s" for c in streams), file=sys.stderr)
     finally:
@@ -162,8 +166,21 @@ def compare_servers(model: Path, args, streams: list[int]) -> dict:
                for n, key in (("localrun", "localrun"), ("llama-server", "llama_server")) for p in (50, 95)},
         })
     return {"model": model.name, "rows": rows,
+            "server_ms_per_token": {n: round(statistics.median(tpot[n]), 3) for n in names},
+            "server_ms_per_token_ratio": round(statistics.median(a / b for a, b in zip(tpot["localrun"], tpot["llama-server"])), 3),
             "first_ttft_s": {n: round(first[n], 4) for n in names},
             "fresh_ttft_s": {n: round(cold[n], 4) for n in names}}
+
+
+def server_tpot_ms(name: str, url: str, model: str, prompt: str, tokens: int) -> float:
+    """Milliseconds per generated token of one request not streamed, as the server itself times it
+    (localrun: timings.tpot_s; llama-server: timings.predicted_per_token_ms): the decode loop alone,
+    without the streaming, the client, or the network."""
+    import httpx
+
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    timings = httpx.post(url.rstrip("/") + "/completions", json=body, timeout=600).json()["timings"]
+    return timings["tpot_s"] * 1000 if name == "localrun" else timings["predicted_per_token_ms"]
 
 
 def fresh_ttft(url: str, model: str, tag: str) -> float:
@@ -188,6 +205,10 @@ def print_comparison(result: dict) -> None:
         print(f"| {r['streams']} | {r['localrun_tps']} | {r['llama_server_tps']} | **{r['ratio']:.2f}x** | "
               f"{r['localrun_ttft_p50_s'] * 1000:.0f} / {r['llama_server_ttft_p50_s'] * 1000:.0f} ms | "
               f"{r['localrun_ttft_p95_s'] * 1000:.0f} / {r['llama_server_ttft_p95_s'] * 1000:.0f} ms |")
+    t = result["server_ms_per_token"]
+    print(f"time per token inside each server (one request of --tokens at a time, not streamed; median of a request per "
+          f"round): localrun {t['localrun']:.2f} ms, llama-server {t['llama-server']:.2f} ms "
+          f"(ours / theirs {result['server_ms_per_token_ratio']:.3f})")
     f, s = result["first_ttft_s"], result["fresh_ttft_s"]
     print("first request after start vs a fresh prompt once warm (TTFT, whole prompt evaluated both times): " + ", ".join(
         f"{n} {f[n] * 1000:.0f} vs {s[n] * 1000:.0f} ms ({f[n] / s[n]:.2f}x)" for n in ("localrun", "llama-server")))
