@@ -208,7 +208,7 @@ class Engine:
         self.backend_sampling = self._resolve_backend_sampling(ll, options) and not options.embeddings
         self.pooling = pooling_for(self.info, options.pooling) if options.embeddings else None
         self._prefilter, self._prefilter_k = None, 0  # the top-k chain attached to sequence 0, and its k
-        self._rows: dict[int, object] = {}  # logits_row's numpy views, by address
+        self._rows: dict[int, object] = {}  # logits()' one-row numpy views, by address
         self.ctx = None
         self._batch: Optional[Batch] = None
         with deferred_interrupt() as interrupted:  # Ctrl-C here: freed below, KeyboardInterrupt on leaving
@@ -296,31 +296,26 @@ class Engine:
             tokens[seq].append(tok)
 
     def logits(self, row: int, n_rows: int = 1):
-        """The logits of batch row `row` (and the output rows after it) as a float32 numpy view."""
+        """The logits of batch row `row` (and the output rows after it) as a float32 numpy view. One row is
+        read for every token (the sampler's greedy path, logprobs): its view of each address llama.cpp's
+        output buffer has had is kept, not rebuilt."""
         import numpy as np
 
         ptr = llama_cpp_module().llama_get_logits_ith(self.ctx, row)
-        shape = (self.n_vocab,) if n_rows == 1 else (n_rows, self.n_vocab)
-        return np.ctypeslib.as_array(ptr, shape=shape)
+        if n_rows != 1:
+            return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        view = self._rows.get(address)
+        if view is None:
+            if len(self._rows) > 4 * max(1, self.options.n_seq_max):  # the buffer moved: old views are stale
+                self._rows.clear()
+            view = self._rows[address] = np.frombuffer((ctypes.c_float * self.n_vocab).from_address(address), dtype=np.float32)
+        return view
 
     @property
     def raw_logits(self) -> bool:
         """Whether batch rows hold the whole vocabulary's logits: no backend top-k is attached to the context."""
         return self._prefilter is None
-
-    def logits_row(self, row: int):
-        """The logits of one batch row as a float32 numpy view, for every token of every step (the sampler's
-        greedy path): the view of each address llama.cpp's output buffer has had is kept, not rebuilt."""
-        ll = llama_cpp_module()
-        address = ctypes.cast(ll.llama_get_logits_ith(self.ctx, row), ctypes.c_void_p).value
-        view = self._rows.get(address)
-        if view is None:
-            import numpy as np
-
-            if len(self._rows) > 4 * max(1, self.options.n_seq_max):  # the buffer moved: old views are stale
-                self._rows.clear()
-            view = self._rows[address] = np.frombuffer((ctypes.c_float * self.n_vocab).from_address(address), dtype=np.float32)
-        return view
 
     def synchronize(self) -> None:
         llama_cpp_module().llama_synchronize(self.ctx)  # a GPU backend may still be running when decode returns

@@ -225,7 +225,7 @@ class Sampler:
         """Pick the next token from the logits of batch position `idx` (-1: the last one)."""
         ll = self._ll
         if self._argmax and self._engine.raw_logits:
-            return self._greedy(self._engine.logits_row(idx), n_generated < self.options.min_tokens)
+            return self._greedy(self._engine.logits(idx), n_generated < self.options.min_tokens)
         if self.early is not None and n_generated < self.options.min_tokens:
             tok = ll.llama_sampler_sample(self.early, ctx, idx)
             ll.llama_sampler_accept(self.chain, tok)
