@@ -446,6 +446,21 @@ def test_prefix_is_copied_from_a_busy_slot(server):
     assert evaluated == 203 + 2 + 1
 
 
+def test_a_prompt_sharing_only_a_first_token_keeps_off_another_prompts_slot(server):
+    """Two prompts that share only their first token (as every prompt shares <bos> on models that add it)
+    take two slots, so each asked again reuses all of itself. Taking the first one's slot for the second
+    would throw away 59 cached tokens to keep 1."""
+    assert wait_idle(server) == IDLE
+    first = [44000] + [44100 + i for i in range(59)]  # token ids: no other request's prefix
+    second = [44000] + [44300 + i for i in range(59)]
+    for prompt, cached in ((first, 0), (second, 1)):  # the second copies the one token it shares
+        answer = post(server, prompt=prompt, max_tokens=2, temperature=0, ignore_eos=True)
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+    for prompt in (first, second):
+        answer = post(server, prompt=prompt, max_tokens=2, temperature=0, ignore_eos=True)
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 59
+
+
 def _buckets(text: str, name: str) -> dict[float, float]:
     out = {}
     for line in text.splitlines():
@@ -611,7 +626,10 @@ def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path,
         prompts = ["The tallest mountain in Europe is", "A recipe for bread needs flour, water,"]
         for p in prompts:  # warm: solo and together then both reuse the prompt but its last token
             complete(client, p, gemma.name, max_tokens=1)
-        solo = [complete(client, p, gemma.name, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+        # Each prompt keeps its own slot (they share only <bos>): every step after this decodes one token per
+        # sequence, whether the two requests arrive in the same step or not.
+        solo = [complete(client, p, gemma.name, max_tokens=24, extra_body={"ignore_eos": True}) for p in prompts]
+        assert [s.usage.prompt_tokens_details.cached_tokens for s in solo] == [s.usage.prompt_tokens - 1 for s in solo]
         together = [None, None]
         threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, complete(
             client, prompts[i], gemma.name, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text)) for i in range(2)]
@@ -619,7 +637,7 @@ def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path,
             t.start()
         for t in threads:
             t.join(timeout=120)
-        assert together == solo
+        assert together == [s.choices[0].text for s in solo]
         shared = "Facts about the planets of the solar system, one per line. " * 12
         first = complete(client, shared + "Mars:", gemma.name, max_tokens=12)
         again = complete(client, shared + "Mars:", gemma.name, max_tokens=12)  # the whole prompt but its last token is reused

@@ -8,7 +8,8 @@ tokens, a full slot, or its client gone) leaves the batch at once and its slot t
 request at the following step.
 
 Slots keep the tokens left in their KV sequence after a request, and a new request goes to the free slot
-sharing the longest prefix with it; a longer prefix held by any other slot (the same system prompt, a
+sharing the longest prefix with it (where that is more than the slot would throw away; else the least
+recently used); a longer prefix held by any other slot (the same system prompt, a
 document asked about again) is copied into it (engine.kv.reuse_from), so only the new tokens are evaluated.
 
 `run` and `chat` on a resident server take a slot for a whole request (`hold`): the slot with the longest
@@ -308,10 +309,19 @@ class Scheduler:
 
     def _closest(self, free: list[Slot], tokens: Tokens[int]) -> Slot:
         """The slot among `free` sharing the longest prefix with `tokens` (its last token never counts: it is
-        always evaluated, its logits sampled), else the least recently used. Token lists are copied: called
-        from a request's thread, a running slot's list changes on the scheduler thread."""
+        always evaluated, its logits sampled), else the least recently used (an empty one first). A slot's
+        prefix counts only where it is longer than what taking the slot throws away: a prompt that shares
+        only `<bos>` or a first word with a slot takes another, and the prefix held there stays for its own
+        next request. Token lists are copied: called from a request's thread, a running slot's list changes
+        on the scheduler thread."""
         kv, limit = self.engine.kv, max(0, len(tokens) - 1)
-        return max(free, key=lambda s: (min(common_prefix(list(kv.tokens[s.seq_id]), tokens), limit), -s.last_used))
+
+        def key(slot: Slot) -> tuple[int, float]:
+            held = list(kv.tokens[slot.seq_id])
+            shared = common_prefix(held, tokens)
+            return (min(shared, limit) if shared > len(held) - shared else 0), -slot.last_used
+
+        return max(free, key=key)
 
     def _assign(self, job: Job, free: list[Slot]) -> None:
         """Give `job` the free slot with the longest shared prefix (a longer one held by any slot is copied)."""
