@@ -34,6 +34,10 @@ class LoadOptions:
     kv_type: str = "f16"
     swa_full: bool = True  # keep the whole cache for sliding-window layers: prefix reuse and session restore need it
     n_seq_max: int = 1
+    # The most rows one batch asks logits for (0: n_batch, llama.cpp's default). llama.cpp reserves the
+    # output layer's compute buffer for that many rows of the vocabulary: 512 MiB for gemma-3's 262k at 512.
+    # Sampling asks for one row per sequence per step; perplexity and embeddings need every row.
+    n_outputs: int = 0
     # One KV pool for all sequences: beam search forks hypotheses cheaply there. The server keeps a stream
     # per sequence instead, so that a request's output does not depend on what else is in the batch.
     kv_unified: bool = False
@@ -120,12 +124,14 @@ class Batch:
         raw = self.raw  # the arrays, looked up once: add() runs for every token
         self._token, self._pos, self._n_seq_id, self._seq_id, self._logits = raw.token, raw.pos, raw.n_seq_id, raw.seq_id, raw.logits
         self.n = 0
+        self.outputs = 0  # rows whose logits are asked for
         self._ones = (ctypes.c_int32 * capacity)(*([1] * capacity))
         self.seqs: list[int] = []  # the sequence of each row, to keep the KV token lists in step
         self.tokens: list[int] = []
 
     def clear(self) -> None:
         self.n = 0
+        self.outputs = 0
         self.seqs.clear()
         self.tokens.clear()
 
@@ -140,6 +146,7 @@ class Batch:
         self._n_seq_id[i] = 1
         self._seq_id[i][0] = seq
         self._logits[i] = output
+        self.outputs += output
         self.seqs.append(seq)
         self.tokens.append(token)
         self.n = i + 1
@@ -164,6 +171,7 @@ class Batch:
         self.n = i + n
 
     def want_output(self, row: int) -> None:
+        self.outputs += not self._logits[row]
         self._logits[row] = 1
 
     def close(self) -> None:
@@ -248,6 +256,7 @@ class Engine:
         cparams.n_batch = options.n_batch
         cparams.n_ubatch = min(options.n_ubatch, options.n_batch)
         cparams.n_seq_max = options.n_seq_max
+        cparams.n_outputs_max = self.max_outputs = max(options.n_outputs, options.n_seq_max) if options.n_outputs else options.n_batch
         threads = options.n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
@@ -285,6 +294,9 @@ class Engine:
     def decode(self, batch: Batch) -> None:
         """Evaluate a batch. On success the KV token lists record its tokens; on failure nothing changes."""
         ll = self._ll
+        if batch.outputs > self.max_outputs:  # llama.cpp would abort the process (an assertion)
+            raise DecodeError(f"a batch asked for {batch.outputs} rows of logits; this context was loaded for "
+                              f"{self.max_outputs}", -1)
         batch.raw.n_tokens = batch.n
         rc = ll.llama_decode(self.ctx, batch.raw)
         if rc != 0:

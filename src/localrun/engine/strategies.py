@@ -533,7 +533,9 @@ def context_options(decoding: DecodeOptions, options: LoadOptions, answer_room: 
     if decoding.beams > 1:
         # The prompt in sequence 0, the beams in two banks of N; one KV pool, so a fork shares cells.
         return replace(options, n_ctx=options.n_ctx + decoding.beams * answer_room,
-                       n_seq_max=2 * decoding.beams + 1, kv_unified=True)
+                       n_seq_max=2 * decoding.beams + 1, n_outputs=2 * decoding.beams + 1, kv_unified=True)
+    if decoding.draft and options.n_outputs:  # a verified draft asks for the logits after each of its tokens
+        options = replace(options, n_outputs=options.n_seq_max * (decoding.draft_max + 1))
     if decoding.draft and options.flash_attn is None and options.kv_type == "f16":
         # llama.cpp's CPU flash-attention kernel rounds differently for one query than for several, so
         # with it a verified draft (several queries) can come out a different greedy token than one-

@@ -78,10 +78,11 @@ def load(
     else:
         # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
         # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
-        # another order, and greedy output would depend on what else is in the batch.
+        # another order, and greedy output would depend on what else is in the batch. A step asks for one
+        # row of logits per sequence (a strategy asks for more: context_options).
         options = LoadOptions(
             n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
-            flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel, **placed,
+            flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel, n_outputs=parallel, **placed,
         )
         if decoding.beams > 1:
             given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),

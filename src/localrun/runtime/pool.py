@@ -99,8 +99,9 @@ def parse_keep_alive(value: Any) -> float:
 
 def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int:
     """What a model takes loaded with `spec`: weights plus KV for every slot at its context (gguf_info, as
-    `show` reports), plus llama.cpp's logits buffer (vocabulary x batch floats, which that estimate leaves
-    out and which dominates for gemma-3's 262k vocabulary)."""
+    `show` reports), plus llama.cpp's logits (a vocabulary of floats for each row a batch may ask for: one
+    per slot, held twice, as the output layer's result and as the copy handed out; every row of an
+    embeddings batch), which that estimate leaves out and which dominate for gemma-3's 262k vocabulary."""
     from .. import hub
     from ..engine.gguf_info import memory_estimate, read_info
 
@@ -108,7 +109,7 @@ def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int
     entry = hub.entry_for(ref or str(path))  # the catalogue's context, when `ref` is an alias
     ctx = spec.ctx or (entry.context if entry else 4096)
     total = memory_estimate(info, ctx * spec.parallel, spec.kv_type)["total_bytes"]
-    return total + (info.vocab_size or 0) * 4 * spec.batch
+    return total + (info.vocab_size or 0) * 4 * (spec.batch if spec.kind == "embed" else 2 * spec.parallel)
 
 
 def pull_if_needed(ref: str, source: str, on_progress: Optional[Callable[[str, Optional[int], int], None]] = None) -> None:

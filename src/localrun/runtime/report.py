@@ -65,7 +65,7 @@ def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
     from ..engine.llama import captured_llama_log
 
     with captured_llama_log() as lines:
-        engine = Engine(path, LoadOptions(n_ctx=n_ctx, kv_type=kv_type))  # as `run` loads it
+        engine = Engine(path, LoadOptions(n_ctx=n_ctx, kv_type=kv_type, n_outputs=1))  # as `run` loads it
         engine.close()
     sizes = {"model": 0.0, "KV": 0.0, "compute": 0.0, "output": 0.0}
     for line in "".join(lines).splitlines():
