@@ -13,7 +13,8 @@ llama.cpp and flags by scripts/build_llama_bench.sh. Then, per model:
 Each round also times one request alone, not streamed, as each server times its own decode loop (ms per
 token). Prints per model and stream count the median aggregate t/s of each, the median of the per-round ratios
 (ours / theirs, measured back to back), and TTFT p50/p95 of every request of that level (all rounds
-pooled); --json writes them.
+pooled); then each server's peak resident memory and, where nvidia-smi runs, its GPU memory; --json
+writes them.
 
     python scripts/bench_serve.py [--model PATH ...] [--reps 3] [--streams 1,8,16] [--tokens 128] [--json F]
     python scripts/bench_serve.py --compare llama-batched-bench   # llama.cpp's batched decode, no HTTP
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
@@ -149,6 +151,7 @@ def compare_servers(model: Path, args, streams: list[int]) -> dict:
                 tpot[n].append(server_tpot_ms(n, urls[n], ids[n], prompt, args.tokens))
             print(f"  {model.name} round {rep + 1}: " + "; ".join(
                 f"{c}: {speed['localrun'][c][-1]:.1f} vs {speed['llama-server'][c][-1]:.1f} t/s" for c in streams), file=sys.stderr)
+        memory = {n: memory_of(procs[n].pid) for n in names}
     finally:
         for proc in procs.values():
             stop(proc)
@@ -169,6 +172,7 @@ def compare_servers(model: Path, args, streams: list[int]) -> dict:
             "server_ms_per_token": {n: round(statistics.median(tpot[n]), 3) for n in names},
             "server_ms_per_token_ratio": round(statistics.median(a / b for a, b in zip(tpot["localrun"], tpot["llama-server"])), 3),
             "first_ttft_s": {n: round(first[n], 4) for n in names},
+            "memory_mib": memory,
             "fresh_ttft_s": {n: round(cold[n], 4) for n in names}}
 
 
@@ -181,6 +185,22 @@ def server_tpot_ms(name: str, url: str, model: str, prompt: str, tokens: int) ->
     body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     timings = httpx.post(url.rstrip("/") + "/completions", json=body, timeout=600).json()["timings"]
     return timings["tpot_s"] * 1000 if name == "localrun" else timings["predicted_per_token_ms"]
+
+
+def memory_of(pid: int) -> dict[str, Optional[float]]:
+    """A server's peak resident memory (VmHWM) and, on a GPU machine, its GPU memory as nvidia-smi reports
+    it per process, in MiB, after every round ran."""
+    rss = None
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            rss = round(int(line.split()[1]) / 1024, 1)
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True).stdout
+        used = [float(m) for p, m in (line.split(",") for line in out.splitlines() if "," in line) if int(p) == pid]
+        gpu = sum(used) if used else None
+    return {"rss_peak": rss, "gpu": gpu}
 
 
 def fresh_ttft(url: str, model: str, tag: str) -> float:
@@ -209,6 +229,11 @@ def print_comparison(result: dict) -> None:
     print(f"time per token inside each server (one request of --tokens at a time, not streamed; median of a request per "
           f"round): localrun {t['localrun']:.2f} ms, llama-server {t['llama-server']:.2f} ms "
           f"(ours / theirs {result['server_ms_per_token_ratio']:.3f})")
+    mem = result["memory_mib"]
+    for key, what in (("rss_peak", "peak resident memory"), ("gpu", "GPU memory (nvidia-smi)")):
+        ours, theirs = mem["localrun"][key], mem["llama-server"][key]
+        if ours is not None and theirs is not None:
+            print(f"{what}: localrun {ours:.0f} MiB, llama-server {theirs:.0f} MiB (ours / theirs {ours / theirs:.2f})")
     f, s = result["first_ttft_s"], result["fresh_ttft_s"]
     print("first request after start vs a fresh prompt once warm (TTFT, whole prompt evaluated both times): " + ", ".join(
         f"{n} {f[n] * 1000:.0f} vs {s[n] * 1000:.0f} ms ({f[n] / s[n]:.2f}x)" for n in ("localrun", "llama-server")))
