@@ -76,6 +76,7 @@ def test_stdout_carries_only_the_answer_and_stats_go_to_stderr(smollm2, cli):
     assert "time to first token:" in r.stderr
     assert re.search(r"^prompt eval count:\s+(\d+) token\(s\)$", r.stderr, re.M).group(1) == str(stats["prompt_tokens"])
     assert re.search(r"^eval count:\s+(\d+) token\(s\)$", r.stderr, re.M).group(1) == str(len(done["tokens"]))
+    assert stats["generated_tokens"] == len(done["tokens"]) == stats["eval_tokens"] + 1  # --json says both counts
     assert re.search(r"^finish reason:\s+(\w+)$", r.stderr, re.M).group(1) == stats["finish_reason"]
 
 

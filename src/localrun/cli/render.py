@@ -136,7 +136,7 @@ def stats(s) -> None:
         ("prompt eval count", f"{s.prompt_eval_tokens} token(s)" + (f" ({s.cached_tokens} cached)" if s.cached_tokens else "")),
         ("prompt eval duration", f"{s.prompt_eval_s * 1000:.1f} ms"),
         ("prompt eval rate", f"{s.prompt_rate:.2f} tokens/s"),
-        ("eval count", f"{s.eval_tokens + (1 if s.eval_tokens or s.ttft_s else 0)} token(s)"),
+        ("eval count", f"{s.generated_tokens} token(s)"),  # Ollama's: the answer's tokens (the rate: after the first)
         ("eval duration", f"{s.eval_s * 1000:.1f} ms"),
         ("eval rate", f"{s.eval_rate:.2f} tokens/s"),
         ("time to first token", f"{s.ttft_s * 1000:.1f} ms"),

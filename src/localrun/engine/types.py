@@ -56,6 +56,7 @@ class Stats:
             "prompt_eval_tokens": self.prompt_eval_tokens,
             "prompt_eval_s": round(self.prompt_eval_s, 6),
             "prompt_tokens_per_s": round(self.prompt_rate, 3),
+            "generated_tokens": self.generated_tokens,
             "eval_tokens": self.eval_tokens,
             "eval_s": round(self.eval_s, 6),
             "eval_tokens_per_s": round(self.eval_rate, 3),
