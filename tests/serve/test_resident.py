@@ -234,4 +234,12 @@ def test_bad_requests_leave_the_server_as_it_was(server_factory, smollm2, tmp_pa
     assert [a.status_code for a in answers] == [404, 404]
     assert [a.json()["error"]["message"].split("'")[2] for a in answers] == [answers[0].json()["error"]["message"].split("'")[2]] * 2
     assert "secret" not in answers[0].text
+    # A .gguf file that is no model (cut short): 400 naming it once, in both dialects, as /api/show answers.
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smollm2.read_bytes()[: 1 << 20])
+    for url, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 2}), ("/api/generate", {"prompt": "hi", "stream": False}),
+                      ("/api/show", {})):
+        r = httpx.post(srv.url + url, json={"model": str(cut), **body}, timeout=60)
+        message = r.json()["error"] if url.startswith("/api") else r.json()["error"]["message"]
+        assert r.status_code == 400 and "truncated GGUF file" in message and message.count(str(cut)) == 1, (url, r.text)
     assert [m["name"] for m in ps(srv)] == [smollm2.name] and ask(srv, smollm2).status_code == 200

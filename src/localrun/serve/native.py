@@ -13,7 +13,7 @@ import os
 import threading
 import traceback
 
-from ..errors import LocalrunError, ModelNotFound, UsageError
+from ..errors import InvalidModelFile, LocalrunError, ModelNotFound, UsageError
 from ..runtime.identity import build_identity
 from ..runtime.pool import LOAD_FIELDS, LoadSpec, ModelTooBig, PoolBusy, parse_keep_alive
 from ..runtime.failures import message_for
@@ -31,6 +31,8 @@ def load_failure(exc: LocalrunError, ref: str) -> tuple[int, str, str]:
         return 503, exc.message, "models_busy"
     if isinstance(exc, UsageError):
         return 400, exc.message, "invalid_options"
+    if isinstance(exc, InvalidModelFile):  # the file named is no model (its message names it): as /api/show says
+        return 400, exc.message, "invalid_model_file"
     return 500, f"cannot load {ref}: {exc.message}", "load_failed"
 
 
