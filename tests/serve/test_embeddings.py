@@ -87,8 +87,11 @@ def test_openai_embeddings(server, smollm2):
     # Token ids are input too (as LangChain's OpenAI embeddings send them).
     ids = client.embeddings.create(model=str(smollm2), input=[[1, 504, 2365], [1, 504]], encoding_format="float")
     assert len(ids.data) == 2
-    # The chat model is still served beside its embeddings context.
+    # The chat model is still served beside its embeddings context, and listed once, with both contexts.
     assert client.completions.create(model=str(smollm2), prompt="Hi", max_tokens=2).choices[0].text is not None
+    [listed] = [m for m in httpx.get(server.url + "/api/ps").json()["models"] if m["path"] == str(smollm2)]
+    assert sorted(c["kind"] for c in listed["contexts"]) == ["batch", "embed"]
+    assert listed["size"] == sum(c["size"] for c in listed["contexts"]) and listed["load"]["kind"] == "batch"
 
     for body, param in (({"input": "word " * 1100}, "input"), ({"input": "x", "dimensions": 7}, "dimensions"), ({"input": []}, "input"), ({"input": [""]}, "input"),
                         ({"input": [[10**9]]}, "input"), ({"input": "x", "encoding_format": "hex"}, "encoding_format")):

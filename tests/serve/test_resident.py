@@ -170,7 +170,7 @@ def test_a_model_that_fails_to_load_fails_only_its_request(server_factory, smoll
     broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)  # a header that lies
     srv = server_factory("--parallel", "1", "--ctx", "256", model=smollm2)
     r = ask(srv, broken)
-    assert r.status_code == 500, r.text
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_model_file", r.text  # the request's file is no model
     assert "broken.gguf" in r.json()["error"]["message"] and r.json()["error"]["param"] == "model"
     missing = ask(srv, "no-such-model")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"

@@ -212,6 +212,10 @@ class Resident:
         }
 
 
+_PER_CONTEXT = ("size", "size_vram", "processor", "context_length", "slots", "slots_busy", "requests", "expires_at",
+                "keep_alive", "load")
+
+
 def _processor(on_gpu: float) -> str:
     if on_gpu <= 0:
         return "100% CPU"
@@ -361,8 +365,24 @@ class ModelPool:
                 abandon(message)
 
     def ps(self) -> list[dict[str, Any]]:
+        """Each loaded model once, as Ollama lists it, most recently used first. A model loaded for chat and
+        for embeddings (or for run) holds a llama.cpp context for each: its size, slots and requests are
+        their sums, the rest is the most recently used one's, and `contexts` lists each."""
         with self.lock:
-            return [r.describe() for r in sorted(self.residents, key=lambda r: -r.last_used)]
+            rows = [r.describe() for r in sorted(self.residents, key=lambda r: -r.last_used)]
+        models: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            context = {"kind": row["load"]["kind"], **{k: row[k] for k in _PER_CONTEXT}}
+            model = models.get(row["path"])
+            if model is None:
+                models[row["path"]] = {**row, "contexts": [context]}
+                continue
+            model["contexts"].append(context)
+            for key in ("size", "size_vram", "slots", "slots_busy", "requests"):
+                model[key] += row[key]
+            for key in ("expires_at", "keep_alive"):  # the latest (None: never)
+                model[key] = None if None in (model[key], row[key]) else max(model[key], row[key])
+        return list(models.values())
 
     def close(self) -> None:
         with self.lock:
