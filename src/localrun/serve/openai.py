@@ -213,9 +213,23 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def _union_tag(part: Any) -> bool:
+    """Whether a part of pydantic's error location names a branch of a union (`str`, `list[_Part]`, a model's
+    class name), not a field: the client never wrote it."""
+    return isinstance(part, str) and (part[:1].isupper() or part.startswith("_") or any(c in part for c in "[(-")
+                                      or part in ("str", "int", "float", "bool", "none", "bytes", "dict", "list"))
+
+
 def validation_error(exc: ValidationError) -> ApiError:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
+    """400 for the first field that failed, as the client wrote its path. Where that field is a union (a
+    message's content: text or a list of parts), the branch that got furthest says what is wrong."""
+    errors = exc.errors()
+    first = errors[0]
+    tag = next((i for i, part in enumerate(first["loc"]) if _union_tag(part)), None)
+    if tag is not None:
+        same = [e for e in errors if e["loc"][:tag] == first["loc"][:tag]]
+        first = max(same, key=lambda e: len(e["loc"]))  # the first of the deepest
+    where = ".".join(str(p) for p in first["loc"] if not _union_tag(p))
     if first["type"] == "extra_forbidden":
         return ApiError(400, f"unknown or unsupported field {where!r}", param=where)
     if first["type"] == "missing":
