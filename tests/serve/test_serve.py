@@ -253,6 +253,7 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     (json.dumps({"prompt": "hi", "top_logprobs": 2}).encode(), "top_logprobs is a chat field"),
     (json.dumps({"prompt": "hi", "echo": True}).encode(), "echo"),
     (json.dumps({"prompt": "hi", "n": 2}).encode(), "'n'"),
+    (json.dumps({"prompt": "hi", "Stream": True}).encode(), "unknown or unsupported field 'Stream'"),  # named as written
     (b'{"prompt": "hi", "logit_bias": {"5": Infinity}}', "large bias"),
     (b'{"prompt": "hi", "logit_bias": {"5": NaN}}', "large bias"),
     (json.dumps({"prompt": "hi", "logit_bias": {"99999999": -100}}).encode(), "logit-bias token"),

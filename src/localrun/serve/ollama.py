@@ -115,10 +115,11 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             fields["messages"] = messages
             kind = ChatBody
+    given = {k: v for k, v in fields.items() if v is not None}
     try:
-        return kind.model_validate({k: v for k, v in fields.items() if v is not None}), extra
+        return kind.model_validate(given), extra
     except ValidationError as exc:
-        raise ollama_names(validation_error(exc)) from None
+        raise ollama_names(validation_error(exc, given)) from None
 
 
 def _message(m: dict) -> dict:

@@ -213,23 +213,35 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def _union_tag(part: Any) -> bool:
-    """Whether a part of pydantic's error location names a branch of a union (`str`, `list[_Part]`, a model's
-    class name), not a field: the client never wrote it."""
-    return isinstance(part, str) and (part[:1].isupper() or part.startswith("_") or any(c in part for c in "[(-")
-                                      or part in ("str", "int", "float", "bool", "none", "bytes", "dict", "list"))
+def _written(error: dict, data: Any) -> list[bool]:
+    """For each part of pydantic's error location, whether the client wrote it: a key or an index into the
+    body, or the required field it left out. The rest are the names pydantic gives a union's branches
+    (`str`, `list[_Part]`), found by walking the body itself (a heuristic on the names took a client's
+    capitalised key for one)."""
+    node, written = data, []
+    for i, part in enumerate(error["loc"]):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and type(part) is int and 0 <= part < len(node):
+            node = node[part]
+        elif not (error["type"] == "missing" and i == len(error["loc"]) - 1):
+            written.append(False)
+            continue
+        written.append(True)
+    return written
 
 
-def validation_error(exc: ValidationError) -> ApiError:
-    """400 for the first field that failed, as the client wrote its path. Where that field is a union (a
-    message's content: text or a list of parts), the branch that got furthest says what is wrong."""
+def validation_error(exc: ValidationError, data: Any) -> ApiError:
+    """400 for the first field of `data` (the body validated) that failed, named as the client wrote its
+    path. Where that field is a union (a message's content: text or a list of parts), the branch that got
+    furthest says what is wrong."""
     errors = exc.errors()
     first = errors[0]
-    tag = next((i for i, part in enumerate(first["loc"]) if _union_tag(part)), None)
-    if tag is not None:
-        same = [e for e in errors if e["loc"][:tag] == first["loc"][:tag]]
+    branch = next((i for i, ok in enumerate(_written(first, data)) if not ok), None)
+    if branch is not None:
+        same = [e for e in errors if e["loc"][:branch] == first["loc"][:branch]]
         first = max(same, key=lambda e: len(e["loc"]))  # the first of the deepest
-    where = ".".join(str(p) for p in first["loc"] if not _union_tag(p))
+    where = ".".join(str(p) for p, ok in zip(first["loc"], _written(first, data)) if ok)
     if first["type"] == "extra_forbidden":
         return ApiError(400, f"unknown or unsupported field {where!r}", param=where)
     if first["type"] == "missing":
@@ -247,7 +259,7 @@ def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
     try:
         return kind.model_validate(data)
     except ValidationError as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc, data) from None
 
 
 # -- a body becomes a job --------------------------------------------------------------------------
