@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,8 @@ from ..errors import LocalrunError
 from .http1 import Connection, Response
 
 START_TIMEOUT_S = 60.0
+# A server silent this long before the answer starts gets one line on stderr saying what is being waited for.
+PATIENCE_S = 5.0
 
 
 def idle_exit_s() -> float:
@@ -83,12 +86,14 @@ class Client:
             raise LocalrunError(f"the server at {self.address} answered {response.status}: {message or raw[:200]!r}")
         return response.status, data
 
-    def send(self, conn: Connection, method: str, path: str, body: Optional[dict]) -> Response:
+    def send(self, conn: Connection, method: str, path: str, body: Optional[dict], *, wait: bool = False) -> Response:
+        """Send a request and read its answer's headers; `wait`: for as long as the server works on it (see
+        Connection.request), where a small request times out."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         try:
-            return conn.request(method, path, None if body is None else json.dumps(body).encode(), headers)
+            return conn.request(method, path, None if body is None else json.dumps(body).encode(), headers, wait=wait)
         except (ConnectionRefusedError, FileNotFoundError):
             raise NoServer(f"no localrun server at {self.address}: start one with `localrun serve`") from None
         except OSError as exc:
@@ -137,6 +142,22 @@ def resident_stream(path: str, model: str, *, load: dict, request: dict, keep_al
     return _items(conn, response, on_notice)
 
 
+class _Patience:
+    """While the client waits on a silent server (loading a model, evaluating a long prompt): after
+    PATIENCE_S, one line through `notice` says what for, so that a long wait reads as work, not a hang. The
+    wait itself has no limit: only a server that is gone (its socket closed) ends it."""
+
+    def __init__(self, notice: Callable[[str], None], message: str):
+        self.over = threading.Event()
+        self.thread = threading.Thread(target=lambda: self.over.wait(PATIENCE_S) or notice(message), daemon=True)
+        self.thread.start()
+
+    def end(self) -> None:
+        """Before anything else is shown: a line being written is finished first."""
+        self.over.set()
+        self.thread.join()
+
+
 def _open(path: str, model: str, load: dict, request: dict, keep_alive: float, source: str,
           on_notice: Callable[[str], None]) -> tuple[Connection, Response]:
     from .identity import build_identity
@@ -146,12 +167,18 @@ def _open(path: str, model: str, load: dict, request: dict, keep_alive: float, s
     pulled = restarted = False
     for _ in range(5):  # a server that is stopping, or that went away between connecting and answering
         conn = _connect_or_start(client, keep_alive, on_notice)
+        patience = _Patience(on_notice, f"waiting for the background server to load {os.path.basename(model)}; Ctrl-C stops")
         try:
-            response = client.send(conn, "POST", path, body)
+            response = client.send(conn, "POST", path, body, wait=True)  # as long as the load takes
         except (NoServer, LocalrunError):
             conn.close()
             _wait_gone(client)
             continue
+        except BaseException:  # Ctrl-C: the server sees the request's end now, not at this process's
+            conn.close()
+            raise
+        finally:
+            patience.end()
         if response.status == 200:
             return conn, response
         try:
@@ -190,12 +217,23 @@ def _log_path() -> Path:
 
 
 def _items(conn: Connection, response: Response, notice: Callable[[str], None]) -> Iterator[dict]:
+    """The streamed items, waiting as long as the server takes for each (a long prompt is evaluated before
+    the first one comes); a closed connection before the end is a server that went away."""
+    patience: Optional[_Patience] = None
+    started = False  # an answer item came: no more waiting notices
     try:
         while True:
+            if patience is None and not started:
+                patience = _Patience(notice, "waiting for the first token: the server is evaluating the prompt "
+                                             "(a long one takes a while on a CPU); Ctrl-C stops")
             try:
                 line = response.readline()
             except OSError:  # ProtocolError too: the server went away
                 line = b""
+            finally:
+                if patience is not None:
+                    patience.end()
+                    patience = None
             if not line:
                 break
             item = json.loads(line)
@@ -203,6 +241,7 @@ def _items(conn: Connection, response: Response, notice: Callable[[str], None]) 
                 notice(item.pop("notice"))
                 if not item:
                     continue
+            started = True
             if "error" in item:
                 raise RemoteError(item["error"], int(item.get("exit") or 1))
             if item.get("end"):

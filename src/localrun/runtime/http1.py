@@ -17,7 +17,8 @@ class ProtocolError(OSError):
 
 
 class Connection:
-    """One request to (host, port) or to a Unix socket `path`."""
+    """One request to (host, port) or to a Unix socket `path`. `timeout` bounds connecting, sending and (unless
+    the request says `wait`) each read of the answer."""
 
     def __init__(self, host: str = "localhost", port: int = 80, *, path: Optional[str] = None, timeout: Optional[float] = None):
         self.host, self.port, self.path, self.timeout = host, port, path, timeout
@@ -38,12 +39,18 @@ class Connection:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         self.sock = sock
 
-    def request(self, method: str, target: str, body: Optional[bytes], headers: dict[str, str]) -> "Response":
+    def request(self, method: str, target: str, body: Optional[bytes], headers: dict[str, str], *,
+                wait: bool = False) -> "Response":
+        """Send the request and read the answer's headers. `wait`: the answer may take as long as the server
+        needs (a model loading, a long prompt evaluated before the first token), so no read times out; a
+        server that goes away still ends the wait, as its end of the socket closes."""
         self.connect()
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host}", "Connection: close",
                  *(f"{k}: {v}" for k, v in headers.items())]
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
+        if wait:
+            self.sock.settimeout(None)
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
         return Response(self.sock.makefile("rb"))
 
