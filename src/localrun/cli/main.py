@@ -122,11 +122,35 @@ def quantize(
 
 @app.command()
 def rm(model: ModelArg) -> None:
-    """Delete a pulled model's files."""
+    """Delete a pulled model's files (and unload it from the background server, where it is loaded)."""
     from .. import hub
 
-    for path in hub.remove(model):
+    removed = hub.remove(model)
+    for path in removed:
         err.print(f"removed {path}", markup=False)
+    _unload_removed([model, *map(str, removed)])
+
+
+def _unload_removed(names: list[str]) -> None:
+    """A removed model the background server holds leaves it now, as Ollama's rm does: `ps` no longer lists
+    it, and its memory is free (once a request it is answering ends). The server knows a model by the name a
+    request used or by its file, so the name given and each removed file are tried."""
+    from ..runtime.client import NoServer, resident
+
+    server = resident()
+    for name in names:
+        try:
+            status, answer = server.call("POST", "/api/stop", {"model": name}, check=False)
+        except NoServer:  # no background server: nothing is loaded
+            return
+        except LocalrunError as exc:  # the files are gone already; the server keeps it until its keep-alive ends
+            notice(f"could not unload it from the background server ({exc.message}): `localrun stop` does")
+            return
+        if status == 200:
+            for stopped in answer.get("stopped", []):
+                busy = stopped in answer.get("busy", [])
+                err.print(f"{stopped} unloads when its current request ends" if busy else f"unloaded {stopped}", markup=False)
+            return
 
 
 @app.command()
