@@ -14,7 +14,21 @@ import typer
 ModelArg = Annotated[str, typer.Argument(help="alias from models.yaml, owner/repo[:QUANT], or a path to a .gguf file")]
 
 _M = "Model and hardware"
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context window (tokens); default from models.yaml", rich_help_panel=_M)]
+
+
+def _context_size(value: Optional[int]) -> Optional[int]:
+    """--ctx checked as it is read, before anything loads or the background server is asked (a 0 there
+    reloaded the model the server held, then failed; 10 passed there as 4 slots' 40). The floor is the
+    engine's (engine.model.LoadOptions), for one slot."""
+    if value is not None and value < 16:
+        from ..errors import UsageError
+
+        raise UsageError(f"invalid --ctx {value}: the context must hold at least 16 tokens")
+    return value
+
+
+CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context window (tokens, per slot on a server; at least 16); default from models.yaml",
+                                               rich_help_panel=_M, callback=_context_size)]
 GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", help="layers to offload to the GPU: N, auto (all, on a GPU build) or 0", rich_help_panel=_M)]
 FlashAttnOpt = Annotated[Optional[bool], typer.Option("--flash-attn/--no-flash-attn", help="default: llama.cpp decides", rich_help_panel=_M)]
 KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache type: f16, q8_0 or q4_0", rich_help_panel=_M)]
