@@ -169,6 +169,7 @@ class Chat:
                 " ('User: ...' / 'Assistant: ...'), each answer ending at the next 'User:'"
             )
         if self.session:
+            self.conv.hold_session(self.session)  # refused here while another chat has it (store.writers)
             if session_exists(self.session):
                 notice(self.conv.load(self.session))
                 if self.system_flag is not None and self.system_flag != self.conv.system:

@@ -7,6 +7,10 @@ are evaluated. If the template renders the history differently from the last pro
 new system prompt), the whole conversation is tokenised again and the engine still reuses whatever prefix
 matches. When the conversation no longer fits the context, the oldest turns after the system prompt are
 dropped, down to half the context so that it does not happen again on the next turn.
+
+A conversation answered in this process is this process's chat: it holds the writer lock of every session it
+opens, loads or saves until it ends (store.writers), so no other chat or run can write them meanwhile. One the
+background server keeps for a chat client (`place` given) takes none: its client holds them (runtime.remote).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from ..engine.kv import common_prefix, extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
 from ..engine.thinking import splitter_for, thinking_in
 from ..errors import ContextOverflow, LocalrunError
+from ..store.writers import SessionClaims
 from .loader import Loaded
 from .messages import Messages
 from .request import with_stops
@@ -34,6 +39,7 @@ class Conversation(Messages):
         self.loaded = loaded
         self.engine = loaded.engine
         self.place = place or InProcess(loaded)  # where its turns are answered (a resident server's slots)
+        self.claims = SessionClaims() if place is None else None  # None: the chat client holds them
         self.templated = self.engine.chat_template is not None
         self.messages: list[dict] = []
         # The tokens of the last prompt plus its answer, and the text they spell: the next prompt extends them.
@@ -92,6 +98,11 @@ class Conversation(Messages):
     def default_system(self) -> Optional[str]:
         return self.loaded.system
 
+    def hold_session(self, name: str) -> None:
+        """Hold session `name` for this chat from now on (SessionInUse when another chat has it)."""
+        if self.claims is not None:
+            self.claims.hold(name)
+
     # -- prompt --------------------------------------------------------------------------------
 
     def prompt(self, messages: list[dict]) -> tuple[list[int], str]:
@@ -148,6 +159,8 @@ class Conversation(Messages):
         many old turns made room, first. `save_as`: then save the conversation as that session (a failure
         to save is reported to `on_save_failed`, the answer stands). A reasoning model's thinking goes to
         `on_thinking` and stays out of the conversation (its template leaves it out of earlier turns)."""
+        if save_as:
+            self.hold_session(save_as)  # before answering: refused, the question is not lost in an answer never saved
         sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
         reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.n_ctx // 4
         reserve = min(reserve, self.n_ctx // 2)
@@ -207,6 +220,7 @@ class Conversation(Messages):
 
     def save(self, name: str) -> str:
         """Save messages and KV cache in the session store; return a one-line description."""
+        self.hold_session(name)
         with self.place.hold(self._tokens) as seat:
             return self._save(seat, name)
 
@@ -220,6 +234,7 @@ class Conversation(Messages):
 
     def load(self, name: str) -> str:
         """Continue session `name`: its messages, and its KV cache restored into the engine."""
+        self.hold_session(name)
         with Sessions.open() as sessions, self.place.hold() as seat:
             self.replace(sessions.load(name, self.engine, seat))
             held = len(seat.tokens)

@@ -53,7 +53,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
     sessions = None
     if request.session:
         check_name(request.session)
-        sessions = Sessions.open()
+        sessions = Sessions.open(writing=request.session, on_wait=on_notice, cancelled=cancelled)  # held until closed
     elif request.use_cache and request.tokens is None:
         sessions = optional_cache(Sessions.open, on_notice)
     try:

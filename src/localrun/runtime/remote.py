@@ -6,6 +6,9 @@ has from them. The first Ctrl-C asks the server to stop the answer at its next t
 answer ends as 'interrupted' and what was shown stays in the conversation, as in-process); a second one
 closes the connection, which stops it too, and the message is dropped here (the server's copy is replaced
 by these messages on the next request).
+
+The sessions it opens, loads or saves are held for writing here, in the chat's own process (store.writers):
+the server saves them for this chat, and refuses any other writer of them while this process lives.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+from ..store.writers import SessionClaims
 from .client import resident, resident_stream
 from .messages import Messages
 
@@ -30,6 +34,7 @@ class RemoteConversation(Messages):
         self.key = uuid.uuid4().hex
         self.model, self.load_options, self.keep_alive, self.source = model, load, keep_alive, source
         self.on_notice = on_notice
+        self.claims = SessionClaims(on_wait=on_notice)
         self.messages: list[dict] = []
         info = self._one("info", sampling=sampling)["info"]
         self.name: str = info["name"]
@@ -74,10 +79,15 @@ class RemoteConversation(Messages):
             self._one("info")
         return self._context_used[1]
 
+    def hold_session(self, name: str) -> None:
+        self.claims.hold(name)
+
     def save(self, name: str) -> str:
+        self.claims.hold(name)
         return self._one("save", name=name)["said"]
 
     def load(self, name: str) -> str:
+        self.claims.hold(name)
         return self._one("load", name=name)["said"]
 
     def send(self, text: str, sampling, on_piece: Callable[[str], None], cancelled: Callable[[], bool] = lambda: False,
@@ -85,6 +95,8 @@ class RemoteConversation(Messages):
              on_save_failed: Callable[[str], None] = lambda message: None, on_thinking: Callable[[str], None] = lambda t: None):
         from . import Response, Stats
 
+        if save_as:
+            self.claims.hold(save_as)
         items = self._stream("send", text=text, sampling=sampling.model_dump(mode="json"), session=save_as)
         answered = threading.Event()
         threading.Thread(target=self._cancel_when, args=(cancelled, answered), daemon=True).start()

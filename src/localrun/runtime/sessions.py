@@ -13,6 +13,7 @@ from ..engine import Engine
 from ..engine.kv import common_prefix
 from ..engine.llama import build_id, build_system_info
 from ..store.sessions import MIN_PREFIX_TOKENS, CorruptState, Identity, SessionInfo, SessionStore, cache_max_bytes
+from ..store.writers import RUN
 
 _identities: "weakref.WeakKeyDictionary[Engine, Identity]" = weakref.WeakKeyDictionary()
 
@@ -78,21 +79,42 @@ class Sessions:
     """A session store used with engines: save and load sessions, look up and fill the prefix cache. What
     needs no engine (list, show, remove, prune, total_bytes ...) is the store's own."""
 
-    def __init__(self, store: SessionStore):
+    def __init__(self, store: SessionStore, writer=None):
         self.store = store
+        self.held_writer = writer
 
     @classmethod
-    def open(cls, root: Optional[Path] = None) -> "Sessions":
-        return cls(SessionStore.open(root))
+    def open(cls, root: Optional[Path] = None, *, writing: Optional[str] = None,
+             on_wait: Optional[Callable[[str], None]] = None, cancelled: Optional[Callable[[], bool]] = None) -> "Sessions":
+        """The store under `root`. `writing`: a run's session, held for writing (store.writers) from now until
+        `close`, so that what the run reads of it is still what it holds when it saves (a second run of it
+        waits, then appends; one a chat holds is refused). `on_wait` hears that it waits; `cancelled()` ends
+        the wait."""
+        store = SessionStore.open(root)
+        writer = None
+        if writing:
+            try:
+                writer = store.writer(writing, RUN, on_wait=on_wait, cancelled=cancelled)
+            except BaseException:
+                store.close()
+                raise
+        return cls(store, writer)
 
     def __getattr__(self, name: str):
         return getattr(self.store, name)
+
+    def close(self) -> None:
+        try:
+            self.store.close()
+        finally:
+            if self.held_writer is not None:
+                self.held_writer.release()
 
     def __enter__(self) -> "Sessions":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.store.close()
+        self.close()
 
     def save(self, name: str, engine: Engine, messages: list[dict], *, model_ref: str, seat=None) -> SessionInfo:
         """Save what the engine's KV cache holds (`seat`: that sequence of it) and `messages` as session `name`."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
+
+from ..errors import SessionError
 
 CHUNK = 1 << 20
 
@@ -72,3 +75,73 @@ def hash_file(path: Path | str, git: bool = False, on_chunk: Optional[Callable[[
 def sha256_file(path: Path | str, chunk: int = CHUNK) -> str:
     """Hex sha256 of a file."""
     return hash_file(path, chunk=chunk)[0]
+
+
+# -- when the disk says no ------------------------------------------------------------------------------
+
+
+class StoreFull(SessionError):
+    """The file system holding `path` (under LOCALRUN_HOME) has no space left: nothing stored was lost."""
+
+    def __init__(self, path: Path):
+        super().__init__(
+            f"the disk holding {path} is full: free some space and try again (nothing saved before was lost)"
+        )
+        self.path = path
+
+
+class StoreReadOnly(SessionError):
+    """The file system holding `path` (LOCALRUN_HOME's, as a rule) is read-only: reading works, writing cannot."""
+
+    def __init__(self, path: Path | str):
+        from .paths import home
+
+        where = home()
+        if Path(path).is_relative_to(where):
+            message = (f"LOCALRUN_HOME ({where}) is on a read-only file system, so {path} cannot be written: "
+                       "remount it read-write, or set LOCALRUN_HOME to a writable folder")
+        else:
+            message = f"{path} is on a read-only file system: remount it read-write, or use a writable folder"
+        super().__init__(message)
+        self.path = path
+
+
+FULL_BELOW = 64 * 1024  # free bytes under which a failed write is taken for a full disk
+
+
+def read_only(path: Path) -> bool:
+    """Whether the file system holding `path` (or its nearest existing parent) is mounted read-only."""
+    st = _statvfs(path)
+    return st is not None and bool(st.f_flag & os.ST_RDONLY)
+
+
+def disk_problem(path: Path, exc: Optional[BaseException] = None) -> Optional[SessionError]:
+    """StoreFull or StoreReadOnly when `exc` (an OSError, or SQLite's error) came of a full or read-only file
+    system under `path`, else None. SQLite does not always say SQLITE_FULL for a full disk (a write of its
+    shared-memory or WAL file fails as a 'disk I/O error'), so the file system is asked too."""
+    err = getattr(exc, "errno", None)
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if err == errno.ENOSPC or err == errno.EDQUOT or name.startswith("SQLITE_FULL"):
+        return StoreFull(path)
+    if err == errno.EROFS or read_only(path):
+        return StoreReadOnly(path)
+    if exc is None or err is not None or name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY")):
+        st = _statvfs(path)
+        if st is not None and st.f_bavail * st.f_frsize < FULL_BELOW:
+            return StoreFull(path)
+    return None
+
+
+def store_write_error(exc: OSError, path: Path) -> BaseException:
+    """What to raise for an OSError writing under `path`: StoreFull or StoreReadOnly, else `exc` itself."""
+    return disk_problem(path, exc) or exc
+
+
+def _statvfs(path: Path):
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        try:
+            return os.statvfs(candidate)
+        except OSError:
+            continue
+    return None

@@ -8,6 +8,7 @@ Layout under the root (default `<home>/sessions`):
                       swa_full, flash attention, llama.cpp build), its tokens, messages, checksum, times
     states/<id>.kv    the llama.cpp KV state of one entry, written once, never modified
     locks/*.lock      cross-process locks: one per session name, one for the prefix cache
+    locks/*.writer    a session's writer lock, held by the run or chat writing it (store/writers.py)
 
 Two kinds of entry:
   * a session has a name, is saved and loaded on request, and is never evicted unless asked
@@ -18,8 +19,16 @@ Two kinds of entry:
 
 Crash safety: a state goes to a temporary file that is fsynced and renamed into place, then one SQLite
 transaction points the entry at it, then the previous file is deleted. A process killed at any moment
-leaves the old entry or the new one, and at worst an unreferenced file that `prune` sweeps once it is
-old. A state file whose size or CRC-32 does not match its row is reported, and its entry removed.
+leaves the old entry or the new one, and at worst a file no entry names (a `.kv.tmp`, or a `.kv` written but
+not committed). The writer holds an flock on its new file until its entry is committed, so whoever opens
+the store next can tell a file still being saved (locked) from one a dead process left (unlocked) and
+deletes the latter: nothing is left on disk that the index does not name, and `total_bytes` counts what is
+on disk. A state file whose size or CRC-32 does not match its row is reported, and its entry removed.
+
+Full and read-only disks: a write that fails for want of space raises StoreFull ("nothing saved before was
+lost": SQLite's transaction and the rename leave every saved session whole), never "the index is damaged".
+On a read-only file system the store opens read-only (listing and showing work) and a write raises
+StoreReadOnly.
 
 The store knows nothing of llama.cpp: it keeps bytes, token ids and the identity of what made them
 (runtime/sessions.py takes them from the engine and gives them back, and picks the longest prefix).
@@ -27,6 +36,8 @@ The store knows nothing of llama.cpp: it keeps bytes, token ids and the identity
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -45,12 +56,11 @@ from typing import Optional
 from filelock import FileLock, Timeout
 
 from ..errors import SessionError, UsageError
-from .files import fsync_dir, sha256_file
+from .files import StoreReadOnly, disk_problem, fsync_dir, read_only, sha256_file, store_write_error
 from .names import DEFAULT_CACHE_MAX, cache_max_bytes, check_name  # noqa: F401 - part of this module's API
 
 MIN_PREFIX_TOKENS = 64  # restoring fewer tokens than this saves too little to be worth a disk read
 LOCK_TIMEOUT_S = 30.0
-ORPHAN_AGE_S = 600.0  # an unreferenced state file younger than this may be a save about to commit
 
 
 
@@ -169,9 +179,13 @@ def default_root() -> Path:
 
 
 def damaged_index(exc: Exception, index: Optional[Path] = None) -> SessionError:
-    """The one message for an index SQLite cannot read: a damaged header (found on opening) or a damaged
-    page deeper in (found by whichever query reaches it)."""
+    """The one message for an index SQLite cannot use: a damaged header (found on opening) or a damaged
+    page deeper in (found by whichever query reaches it). A full or read-only disk is not a damaged index
+    (moving the index aside would throw every session away): StoreFull or StoreReadOnly then."""
     index = index if index is not None else default_root() / INDEX
+    problem = disk_problem(index.parent, exc)
+    if problem is not None:
+        return problem
     return SessionError(f"the session index {index} is unusable ({exc}): move it aside to start afresh")
 
 
@@ -244,17 +258,25 @@ class SessionStore:
     """Sessions and prefix-cache entries under one root. Not shared across threads; open one per process
     (or thread). Processes coordinate through file locks and SQLite's own locking."""
 
-    def __init__(self, root: Path, db: sqlite3.Connection):
+    def __init__(self, root: Path, db: sqlite3.Connection, *, read_only: bool = False):
         self.root = root
         self.states = root / "states"
         self.locks = root / "locks"
         self.db = db
+        self.read_only = read_only
 
     @classmethod
     def open(cls, root: Path | None = None) -> "SessionStore":
+        """Open (creating) the store under `root`, and delete the state files a killed save left behind.
+        On a read-only file system: opened read-only (see `read_only`)."""
         root = Path(root) if root is not None else default_root()
-        for folder in (root, root / "states", root / "locks"):
-            folder.mkdir(parents=True, exist_ok=True)
+        if read_only(root):
+            return cls._open_read_only(root)
+        try:
+            for folder in (root, root / "states", root / "locks"):
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise store_write_error(exc, root) from None
         index = root / INDEX
         try:
             db = sqlite3.connect(index, timeout=LOCK_TIMEOUT_S, isolation_level=None)
@@ -275,7 +297,41 @@ class SessionStore:
                     time.sleep(0.05)
         except sqlite3.DatabaseError as exc:
             raise damaged_index(exc, index) from None
-        return cls(root, db)
+        store = cls(root, db)
+        store._sweep_orphans()
+        return store
+
+    @classmethod
+    def _open_read_only(cls, root: Path) -> "SessionStore":
+        """What a read-only file system holds, for reading: SQLite cannot open a WAL index there the usual way
+        (it would make its shared-memory file), and nothing can change it, so it is opened immutable. No
+        index at all: an empty store."""
+        index = root / INDEX
+        try:
+            if index.exists():
+                db = sqlite3.connect(f"{index.resolve().as_uri()}?immutable=1", uri=True, isolation_level=None)
+                db.row_factory = sqlite3.Row
+                applied = {row[0] for row in db.execute("SELECT name FROM _migrations")}
+                if any(name not in applied for name, _ in MIGRATIONS):
+                    raise StoreReadOnly(index)  # an older index this version would migrate first
+            else:
+                db = sqlite3.connect(":memory:", isolation_level=None)
+                db.row_factory = sqlite3.Row
+                migrate(db)
+        except sqlite3.DatabaseError as exc:
+            raise damaged_index(exc, index) from None
+        return cls(root, db, read_only=True)
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreReadOnly(self.root)
+
+    def writer(self, name: str, holder: str, *, on_wait=None, cancelled=None):
+        """Session `name`'s writer lock (store/writers.py), to hold while reading, answering and saving it."""
+        from .writers import hold_writer
+
+        self._writable()
+        return hold_writer(name, holder, locks=self.locks, on_wait=on_wait, cancelled=cancelled)
 
     def close(self) -> None:
         self.db.close()
@@ -294,22 +350,19 @@ class SessionStore:
         as session `name`, replacing any session of that name. Atomic: a crash leaves the previous save or
         this one."""
         check_name(name)
+        self._writable()
         blob = pack_tokens(tokens)
         text = json.dumps(messages, ensure_ascii=False)
         with self._locked(name, f"session {name!r}"):
             data = state()
-            state_file, checksum = self._write_state(data)
-            now = time.time()
-            try:
+            with self._new_state(data) as (state_file, checksum):
+                now = time.time()
                 with self._transaction():
                     old = self.db.execute("SELECT state_file, created FROM entries WHERE name = ?", (name,)).fetchone()
                     if old is not None:
                         self.db.execute("DELETE FROM entries WHERE name = ?", (name,))
                     self._insert(name, "session", model_ref, ident, n_ctx, tokens, blob, text, state_file, len(data),
                                  checksum, created=old["created"] if old else now, now=now)
-            except BaseException:
-                self._unlink(state_file)
-                raise
             if old is not None:
                 self._unlink(old["state_file"])
             return self.show(name)
@@ -371,8 +424,12 @@ class SessionStore:
         return _info(self._row(name))
 
     def remove(self, name: str) -> SessionInfo:
+        """Delete session `name`: after a run writing it has saved; refused while a chat holds it (it would
+        save it again after its next answer)."""
+        from .writers import RUN
+
         check_name(name)
-        with self._locked(name, f"session {name!r}"):
+        with self.writer(name, RUN), self._locked(name, f"session {name!r}"):
             row = self.db.execute("SELECT * FROM entries WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise SessionError(f"no session named {name!r}: see `localrun sessions list`")
@@ -380,17 +437,26 @@ class SessionStore:
         return _info(row)
 
     def total_bytes(self, kind: Optional[str] = None) -> int:
+        """Bytes the state files take on disk (every file under states/, named by the index or still being
+        saved); `kind` ("session" or "prefix"): what the index records for the entries of that kind."""
         if kind is None:
-            return self.db.execute("SELECT COALESCE(SUM(state_size), 0) FROM entries").fetchone()[0]
+            total = 0
+            for path in self._state_dir_entries():
+                try:
+                    total += path.stat().st_size
+                except FileNotFoundError:
+                    pass
+            return total
         return self.db.execute("SELECT COALESCE(SUM(state_size), 0) FROM entries WHERE kind = ?", (kind,)).fetchone()[0]
 
     def prune(self, max_bytes: int, *, named: bool = False) -> list[SessionInfo]:
         """Evict least-recently-used entries until all states together take at most `max_bytes`.
         Prefix entries go first; named sessions only when `named` is True (one that another process
-        holds is skipped). Also deletes state files no entry refers to, once they are ORPHAN_AGE_S old.
+        holds is skipped). Also deletes state files no entry refers to that no save is writing.
         Returns what was removed."""
         if max_bytes < 0:
             raise UsageError(f"invalid size {max_bytes}: use 0 or more bytes")
+        self._writable()
         self._sweep_orphans()
         removed: list[SessionInfo] = []
         with self._locked(".prefix-cache", "the prefix cache"):
@@ -439,20 +505,17 @@ class SessionStore:
                    model_file: str, n_ctx: int, cap: int) -> Optional[SessionInfo]:
         """Store a prefix entry (under prefix_locked), replacing the entries it extends, then evict least
         recently used entries down to `cap` bytes. None when the state alone is over the cap."""
+        self._writable()
         if len(data) > cap:  # this one can never fit; the cap still holds for what is stored
             self._evict_prefixes(cap)
             return None
-        state_file, checksum = self._write_state(data)
-        now = time.time()
-        try:
+        with self._new_state(data) as (state_file, checksum):
+            now = time.time()
             with self._transaction():
                 for entry in replaces:
                     self.db.execute("DELETE FROM entries WHERE id = ?", (entry.id,))
                 new_id = self._insert(None, "prefix", model_file, ident, n_ctx, tokens, pack_tokens(tokens), "[]",
                                       state_file, len(data), checksum, created=now, now=now)
-        except BaseException:
-            self._unlink(state_file)
-            raise
         for entry in replaces:
             self._unlink(entry.state_file)
         self._evict_prefixes(cap)
@@ -462,6 +525,7 @@ class SessionStore:
 
     def trim_prefixes(self, cap: int) -> None:
         """Evict least-recently-used prefix entries until they use at most `cap` bytes."""
+        self._writable()
         with self._locked(".prefix-cache", "the prefix cache"):
             self._evict_prefixes(cap)
 
@@ -469,6 +533,9 @@ class SessionStore:
 
     @contextmanager
     def _locked(self, key: str, what: str) -> Iterator[None]:
+        if self.read_only:  # nothing can change a read-only store: nothing to wait for (nor a lock file to make)
+            yield
+            return
         lock = FileLock(self.locks / f"{key}.lock", timeout=LOCK_TIMEOUT_S)
         try:
             lock.acquire()
@@ -476,6 +543,8 @@ class SessionStore:
             raise SessionError(
                 f"{what} is in use by another localrun process (waited {LOCK_TIMEOUT_S:.0f} s): try again when it finishes"
             ) from None
+        except OSError as exc:
+            raise store_write_error(exc, self.locks) from None
         try:
             yield
         finally:
@@ -486,13 +555,17 @@ class SessionStore:
         try:
             self.db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise SessionError(f"the session index is busy ({exc}): try again") from None
+            raise disk_problem(self.root, exc) or SessionError(f"the session index is busy ({exc}): try again") from None
         try:
             yield
-        except BaseException:
-            self.db.execute("ROLLBACK")
+            self.db.execute("COMMIT")
+        except BaseException as exc:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            problem = disk_problem(self.root, exc) if isinstance(exc, (sqlite3.Error, OSError)) else None
+            if problem is not None:
+                raise problem from None
             raise
-        self.db.execute("COMMIT")
 
     def model_sha256(self, shards: Sequence[Path]) -> str:
         """sha256 of a model file (of its shards' hashes, for a split model), cached by path, size and mtime."""
@@ -508,6 +581,8 @@ class SessionStore:
         if row is not None and row["size"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns:
             return row["sha256"]
         digest = sha256_file(path)
+        if self.read_only:
+            return digest
         with self._transaction():
             self.db.execute(
                 "INSERT OR REPLACE INTO file_hashes (path, size, mtime_ns, sha256) VALUES (?, ?, ?, ?)",
@@ -546,6 +621,8 @@ class SessionStore:
 
     def _touch(self, entry_id: int) -> None:
         # Only the LRU order rides on this: losing it to a power cut is harmless, so skip the fsync.
+        if self.read_only:
+            return
         self.db.execute("PRAGMA synchronous=NORMAL")
         try:
             with self._transaction():
@@ -553,22 +630,47 @@ class SessionStore:
         finally:
             self.db.execute("PRAGMA synchronous=FULL")
 
-    def _write_state(self, data: bytearray) -> tuple[str, str]:
-        """Write a new state file (temp name, fsync, rename, fsync the folder). Returns (file name, checksum)."""
-        name = f"{uuid.uuid4().hex}.kv"
-        tmp = self.states / f"{name}.tmp"
+    @contextmanager
+    def _new_state(self, data: bytearray) -> Iterator[tuple[str, str]]:
+        """Write a new state file (temp name, fsync, rename, fsync the folder) and yield (file name, checksum)
+        while its entry is committed; the file is deleted if that fails. It stays flocked until then, so
+        that `_sweep_orphans` in another process leaves it alone."""
+        while True:
+            name = f"{uuid.uuid4().hex}.kv"
+            tmp = self.states / f"{name}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise store_write_error(exc, self.states) from None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # swept between its creation and the lock (it looked abandoned): take another name
         try:
-            with open(tmp, "wb", buffering=0) as f:
-                view = memoryview(data)
-                while view:
-                    view = view[f.write(view):]
-                os.fsync(f.fileno())
-            os.replace(tmp, self.states / name)
-            fsync_dir(self.states)
-        except BaseException:
-            self._unlink(tmp.name)
-            raise
-        return name, _checksum(data)
+            try:
+                with open(fd, "wb", buffering=0, closefd=False) as f:
+                    view = memoryview(data)
+                    while view:
+                        view = view[f.write(view):]
+                    os.fsync(fd)
+                os.replace(tmp, self.states / name)
+                fsync_dir(self.states)
+            except OSError as exc:
+                self._unlink(tmp.name)
+                raise store_write_error(exc, self.states) from None
+            except BaseException:
+                self._unlink(tmp.name)
+                raise
+            try:
+                yield name, _checksum(data)
+            except BaseException:
+                self._unlink(name)
+                raise
+        finally:
+            os.close(fd)
 
     def _read_state(self, row) -> bytearray:
         """`row`: an index row or a StoredState."""
@@ -606,6 +708,10 @@ class SessionStore:
             self._unlink(state_file)
 
     def _remove_if_free(self, row: sqlite3.Row) -> bool:
+        from .writers import holder_of
+
+        if holder_of(row["name"], locks=self.locks) is not None:
+            return False  # a run or chat is writing it
         lock = FileLock(self.locks / f"{row['name']}.lock", timeout=0)
         try:
             lock.acquire()
@@ -632,18 +738,44 @@ class SessionStore:
             total -= row["state_size"]
         self._delete_rows(victims)
 
-    def _sweep_orphans(self, min_age_s: float = ORPHAN_AGE_S) -> None:
-        """Delete state files no entry refers to (left by a crash between write and commit, or commit and delete)."""
+    def _state_dir_entries(self) -> list[Path]:
+        try:
+            return [p for p in self.states.iterdir() if p.name.endswith((".kv", ".kv.tmp"))]
+        except FileNotFoundError:
+            return []
+
+    def _sweep_orphans(self) -> None:
+        """Delete state files no entry refers to that no save is writing: left by a process killed between
+        write and commit (a `.kv.tmp`, or a `.kv` not yet named by the index), or between commit and delete.
+        A save holds an flock on its file until its entry is committed: a file this takes the lock of is
+        abandoned, once the index (read again under the lock) does not name it."""
+        if self.read_only:
+            return
         known = {row[0] for row in self.db.execute("SELECT state_file FROM entries")}
-        cutoff = time.time() - min_age_s
-        for path in self.states.iterdir():
+        for path in self._state_dir_entries():
             if path.name in known:
                 continue
             try:
-                if path.stat().st_mtime < cutoff:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        continue  # a save is writing it, or committing it right now
+                    raise
+                if self.db.execute("SELECT 1 FROM entries WHERE state_file = ?", (path.name,)).fetchone():
+                    continue  # committed since `known` was read
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
                     path.unlink()
             except FileNotFoundError:
                 pass
+            except OSError:
+                return  # (a file system that will not delete: it stays, counted by total_bytes)
+            finally:
+                os.close(fd)
 
     def _unlink(self, file_name: str) -> None:
         try:
