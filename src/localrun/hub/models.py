@@ -117,6 +117,14 @@ def parse_ref(ref: str) -> ModelRef:
     looks_like_path = text.lower().endswith(".gguf") or "/" in text or os.sep in text
     if looks_like_path and path.is_file():
         return ModelRef(kind="path", name=text, path=path.resolve())
+    # A folder: named as a file (x.gguf) or as no repository could be (./models, /data/models/): said so, with
+    # what it holds. owner/name stays a repository even where a folder of that name is here.
+    if looks_like_path and path.is_dir() and (text.lower().endswith(".gguf") or text.startswith((".", "/", "~"))
+                                              or not _REPO_RE.match(text)):
+        inside = sorted(p.name for p in path.glob("*.gguf"))
+        raise UsageError(f"{text} is a folder, not a .gguf file: "
+                         + (f"name a file in it, e.g. {os.path.join(text, inside[0])}" if inside
+                            else "give the path of the model's .gguf file (it holds none)"))
     if text.lower().endswith(".gguf"):
         raise ModelNotFound(f"no such file: {text}: check the path, or use an alias or owner/repo[:QUANT]")
 
