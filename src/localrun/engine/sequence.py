@@ -76,7 +76,10 @@ class Sequence:
         """The last response: what the decoder, the thinking splitter and the stop matcher still held, the
         finish reason (a stop found in the held text makes it 'stop') and the stats."""
         if self.matcher.stopped is None:
-            rest = self._utf8.decode(b"", final=True)
+            # Bytes still held are the start of a character the answer ended inside (cut by --max-tokens, a
+            # full context, Ctrl-C): dropped, as llama.cpp's server does, never shown as U+FFFD.
+            self._utf8.reset()
+            rest = ""
             if self.thinking is not None:
                 more, rest = _split(self.thinking.feed(rest) + self.thinking.flush())
                 thinking += more
