@@ -107,6 +107,9 @@ def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_think
         if as_json:  # a JSON Lines reader still gets its last event (then exit 130 as usual)
             out.write(json.dumps({"type": "done", "text": "".join(shown), "stats": {"finish_reason": "interrupted"}}) + "\n")
             out.flush()
+        elif wrote_any and not "".join(shown).endswith("\n"):  # ended as a whole answer is: the shell's prompt on a line of its own
+            out.write("\n")
+            out.flush()
         raise
     thinking.end()
     if final is not None and thought and not "".join(shown).strip() and final.finish_reason in ("length", "eos"):
