@@ -1,0 +1,121 @@
+"""The client of the background server waits for work, not for a clock, and asks nothing of the server that a
+bad flag would spoil: a server that says nothing for longer than any fixed timeout (a long prompt evaluated
+before the first token, simulated by stopping the process with SIGSTOP) is waited for with one line on stderr
+saying what for; a bad --ctx is refused before the server is asked (it used to unload the model the server
+held); `rm` of a model the server holds unloads it there, as Ollama's does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import BACKGROUND_CLIENTS, LOCALRUN, run_cli, wait_until
+from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
+
+pytestmark = pytest.mark.slow
+
+# The socket client used to give every read of the answer 30 s: a silence past that was taken for a dead server.
+PAST_THE_OLD_TIMEOUT_S = 35
+
+
+def _client(args: list[str]) -> subprocess.Popen:
+    proc = subprocess.Popen([LOCALRUN, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    BACKGROUND_CLIENTS.append(proc)
+    return proc
+
+
+def _busy_slots() -> int:
+    from localrun.runtime.client import resident
+
+    return sum(m["slots_busy"] for m in resident().get("/api/ps")["models"])
+
+
+def _loaded() -> list[str]:
+    return [m["name"] for m in json.loads(run_cli("ps", "--json").stdout)]
+
+
+def test_a_server_silent_past_any_timeout_is_waited_for(resident, smollm2):
+    assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0  # started and loaded
+    server = resident()
+
+    # Silent before the first token (a long prompt on a slow CPU): one line says what is awaited, then the answer.
+    long_prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 150
+    first = _client(["run", str(smollm2), "--threads", "1", "-t", "0", "-n", "8", "--no-cache", long_prompt])
+    wait_until(lambda: _busy_slots() == 1, what="the request to reach the server")
+    os.kill(server, signal.SIGSTOP)
+    try:
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.append(first.stderr.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout=60)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert said and "waiting for " in said[0] and "Ctrl-C stops" in said[0], said
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0 and out.strip(), err
+
+    # Silent in the middle of the answer for longer than the old 30 s: still the whole answer, exit 0.
+    second = _client(["run", str(smollm2), "--raw", "--threads", "1", "-t", "0", "-n", "400", "--min-tokens", "400",
+                      "--ctx", "1024", "--no-cache", "Once upon a time"])
+    second.stdout.read(20)  # it is streaming
+    os.kill(server, signal.SIGSTOP)
+    try:
+        time.sleep(PAST_THE_OLD_TIMEOUT_S)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    assert "stopped in the middle" not in err and "Traceback" not in err
+    assert json.loads(run_cli("ps", "--json").stdout)[0]["slots_busy"] == 0
+
+
+def test_a_gone_server_is_still_reported_at_once(resident, smollm2):
+    """No timeout on the answer: a server killed while the client waits for the first token ends the wait."""
+    assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
+    server = resident()
+    long_prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 150
+    proc = _client(["run", str(smollm2), "--threads", "1", "-t", "0", "-n", "8", "--no-cache", long_prompt])
+    wait_until(lambda: _busy_slots() == 1, what="the request to reach the server")
+    os.kill(server, signal.SIGSTOP)  # before its first token, whatever the machine's speed
+    os.kill(server, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "the localrun server stopped in the middle of the answer" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("ctx", ["0", "10"])
+def test_a_bad_ctx_is_refused_before_the_server_is_asked(resident, smollm2, ctx):
+    """--ctx 0 reloaded the model the server held (then failed); --ctx 10 passed there (4 slots: 40 tokens)."""
+    assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
+    assert _loaded() == [smollm2.name]
+    r = run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "--ctx", ctx, "hi")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == f"error: invalid --ctx {ctx}: the context must hold at least 16 tokens", r.stderr
+    assert _loaded() == [smollm2.name]  # still there, never reloaded
+    chat = run_cli("chat", str(smollm2), "--ctx", ctx, input="hi\n")
+    assert chat.returncode == 2 and f"invalid --ctx {ctx}" in chat.stderr
+    assert _loaded() == [smollm2.name]
+
+
+def test_rm_unloads_the_model_from_the_server(resident, hub_stub, smollm2):  # noqa: F811
+    hub_stub.stub.add_repo("test/SmolLM2-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
+    ref = "test/SmolLM2-GGUF:Q4_1"
+    assert run_cli("pull", ref).returncode == 0
+    ran = run_cli("run", ref, "--threads", "1", "-n", "1", "hi")
+    assert ran.returncode == 0, ran.stderr
+    assert len(_loaded()) == 1
+    removed = run_cli("rm", ref)
+    assert removed.returncode == 0, removed.stderr
+    assert "removed " in removed.stderr and "unloaded " in removed.stderr
+    wait_until(lambda: _loaded() == [], what="the removed model to leave the server")
+    # No server running: rm says nothing about one.
+    assert run_cli("pull", ref).returncode == 0 and run_cli("stop", "--server").returncode == 0
+    again = run_cli("rm", ref)
+    assert again.returncode == 0 and "unloaded" not in again.stderr and "server" not in again.stderr
