@@ -4,13 +4,12 @@ merged, and the llama.cpp C sampler chain built from them."""
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from ..errors import UsageError
+from ..errors import EngineError, UsageError
 from .llama import llama_cpp_module
 from .options import SAMPLING, Option
 
@@ -123,7 +122,8 @@ class Sampler:
         self.options = options
         self._penalties = []  # (sampler, tokens it looks back on): handles owned by the chains, fed the prompt too
         grammar = options.grammar
-        if options.json_schema is not None:
+        self._from_schema = options.json_schema is not None
+        if self._from_schema:
             grammar = json_schema_grammar(options.json_schema)
         self.chain = self._build(engine, options, grammar, ban_eog=False)
         # min_tokens: a second chain with end-of-generation banned, used until min_tokens is reached.
@@ -188,6 +188,9 @@ class Sampler:
             g = ll.llama_sampler_init_grammar(engine.vocab, grammar.encode("utf-8"), b"root")
             if not g:
                 ll.llama_sampler_free(chain)
+                if self._from_schema:  # the user wrote a schema, not this grammar: the converter is at fault
+                    raise EngineError("llama.cpp refuses the grammar made from the JSON schema (a localrun bug): "
+                                      "report the schema, or give a --grammar instead")
                 raise UsageError("the grammar does not parse (GBNF): check it with llama.cpp's gbnf-validator")
             add(g)
         seed = o.seed if o.seed is not None else 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
@@ -269,9 +272,8 @@ def json_grammar() -> str:
 
 
 def json_schema_grammar(schema: dict[str, Any]) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    """The GBNF grammar for `schema`, by llama.cpp's converter's rules (json_schema.py); a schema it cannot
+    express raises SchemaError, which names the keyword and where it is in the schema."""
+    from .json_schema import json_schema_to_gbnf
 
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # the converter raises assorted errors on schemas it cannot express
-        raise UsageError(f"cannot turn the JSON schema into a grammar: {exc}") from None
+    return json_schema_to_gbnf(schema)
