@@ -41,6 +41,7 @@ BLOCK = '"""'
 
 HELP = """\
 /set PARAM VALUE   change a sampling option (/set alone lists them), e.g. /set temperature 0
+                   (Ollama's /set parameter NAME VALUE, /set system TEXT, /set verbose|quiet work too)
 /show              model, options, context used and left, session
 /system TEXT       set the system prompt (/system alone shows it)
 /clear             forget the conversation (the system prompt stays)
@@ -280,6 +281,14 @@ class Chat:
         err.print("system prompt set", markup=False)
 
     def cmd_set(self, args: str) -> None:
+        word, _, rest = args.partition(" ")
+        ollama = _OLLAMA_SET.get(word.lower())
+        if ollama is not None:  # Ollama's REPL spelling
+            return ollama(self, rest.strip())
+        self.set_option(args)
+
+    def set_option(self, args: str) -> None:
+        """/set NAME VALUE (Ollama's /set parameter NAME VALUE); alone, the list."""
         from ..runtime.options import OptionError, SamplingOptions, merge_options, text_value
 
         fields = SamplingOptions.model_fields
@@ -290,6 +299,10 @@ class Chat:
             return
         param, _, value = args.partition(" ")
         param, value = param.strip().lower().replace("-", "_"), value.strip()
+        param = _OLLAMA_PARAMETERS.get(param, param)
+        if param in _OLLAMA_LOAD:
+            err.print(f"{param} is fixed when the model loads: restart the chat with {_OLLAMA_LOAD[param]}", markup=False, highlight=False)
+            return
         if param not in fields:
             err.print(f"unknown parameter {param!r}: one of {', '.join(fields)}", markup=False, highlight=False)
             return
@@ -309,6 +322,10 @@ class Chat:
             err.print(f"invalid {param} {value!r}: {exc}", markup=False, highlight=False)
             return
         err.print(f"{param} = {_short(getattr(self.sampling, param))}", markup=False, highlight=False)
+
+    def set_verbose(self, on: bool) -> None:
+        self.verbose = on
+        err.print("timing stats after each answer" if on else "no timing stats", markup=False)
 
     def cmd_show(self, _: str) -> None:
         used = self.conv.context_used()
@@ -355,11 +372,20 @@ class Chat:
             return
         notice(self.conv.load(name))
         self.last = None
-        if self.session and self.session != name:
-            # Answers were saved to the --session; from now on they extend the conversation just loaded,
-            # so they go to it (saving them to the old name replaced that session with this one).
+        if self.session != name:
+            # From now on answers extend the conversation just loaded, so they are saved to it, as with
+            # --session NAME (saving them to a --session given at start replaced that session with this one).
             self.session = name
             notice(f"answers are now saved to session {name}")
+
+
+# Ollama's REPL: /set parameter NAME VALUE, /set system TEXT, /set verbose, /set quiet.
+_OLLAMA_SET: dict[str, Callable[[Chat, str], None]] = {
+    "parameter": Chat.set_option, "system": Chat.cmd_system,
+    "verbose": lambda chat, _: chat.set_verbose(True), "quiet": lambda chat, _: chat.set_verbose(False),
+}
+_OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}  # Ollama's names that are not localrun's
+_OLLAMA_LOAD = {"num_ctx": "--ctx", "num_gpu": "--gpu-layers", "num_thread": "--threads", "num_batch": "--batch"}
 
 
 def _short(value, width: int = 40) -> str:
