@@ -219,19 +219,20 @@ def test_a_second_chat_or_a_run_of_a_chats_session_is_refused_naming_the_chat(sm
 def test_through_the_background_server_the_same_holds(smollm2, cli, resident):
     """The server saves a chat's session from its slots, and answers runs there: the chat's own process
     holds the session, the server's runs take the lock as in-process runs do."""
-    from conftest import BACKGROUND_CLIENTS
-
     assert cli(*run_args(smollm2, "warm", "Warm up.")[1:]).returncode == 0
     server = resident()
     chat = start_chat(smollm2, "cdup")
-    BACKGROUND_CLIENTS.append(chat)
-    check_second_writers_refused(smollm2, cli, chat, chat.pid)
-    procs = [subprocess.Popen(run_args(smollm2, "rdup", f"Writer {w}: name a fruit."), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in "ABC"]
-    BACKGROUND_CLIENTS.extend(procs)
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
+    procs: list[subprocess.Popen] = []
+    try:
+        check_second_writers_refused(smollm2, cli, chat, chat.pid)
+        procs = [subprocess.Popen(run_args(smollm2, "rdup", f"Writer {w}: name a fruit."), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in "ABC"]
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in [chat, *procs]:
+            stop(proc)
     assert sorted(user_turns(cli, "rdup")) == [f"Writer {w}: name a fruit." for w in "ABC"]
     assert resident() == server  # all of it on the one server
 

@@ -14,6 +14,11 @@ def message_for(exc: BaseException) -> tuple[str, int]:
         return "interrupted", EXIT_INTERRUPTED
     if isinstance(exc, MemoryError):
         return "out of memory: try a smaller --ctx or a smaller quant", EXIT_RUNTIME
+    if isinstance(exc, OSError) and exc.errno == 30:  # EROFS: the store's own writes say so already; the server's files too
+        from ..store.files import StoreReadOnly
+
+        error = StoreReadOnly(exc.filename or "LOCALRUN_HOME")
+        return error.message, error.exit_code
     if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
         return f"no space left on device ({exc.filename or 'disk'}): free some space or set LOCALRUN_HOME/HF_HOME elsewhere", EXIT_RUNTIME
     if type(exc).__module__ == "sqlite3" and type(exc).__name__ in ("DatabaseError", "IntegrityError", "DataError"):

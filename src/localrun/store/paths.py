@@ -38,11 +38,10 @@ def parse_size(text: str, label: str) -> int:
 
 
 def run_dir() -> Path:
-    """The resident server's folder (its socket, start lock and identity), private to this user (0700)."""
-    path = home() / "run"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
+    """The resident server's folder (its socket, start lock and identity), private to this user (0700). On a
+    read-only LOCALRUN_HOME it is left as it is: a command that only asks the server (ps) still can, and one
+    that would start a server fails when it writes there (StoreReadOnly's message, runtime.failures)."""
+    return _private_folder(home() / "run")
 
 
 def server_socket() -> Path:
@@ -75,6 +74,19 @@ def _check_private(folder: Path) -> None:
 
 def logs_dir() -> Path:
     """The background server's log (it may quote prompts): private to this user, as its socket is."""
-    path = home() / "logs"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return _private_folder(home() / "logs", chmod=False)
+
+
+def _private_folder(path: Path, chmod: bool = True) -> Path:
+    import stat
+
+    from .files import read_only
+
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if chmod and stat.S_IMODE(path.stat().st_mode) != 0o700:
+            os.chmod(path, 0o700)
+    except OSError:
+        if not read_only(path):
+            raise
     return path

@@ -56,7 +56,7 @@ from typing import Optional
 from filelock import FileLock, Timeout
 
 from ..errors import SessionError, UsageError
-from .files import StoreReadOnly, disk_problem, fsync_dir, read_only, sha256_file, store_write_error
+from .files import StoreFull, StoreReadOnly, disk_problem, fsync_dir, read_only, sha256_file, store_write_error
 from .names import DEFAULT_CACHE_MAX, cache_max_bytes, check_name  # noqa: F401 - part of this module's API
 
 MIN_PREFIX_TOKENS = 64  # restoring fewer tokens than this saves too little to be worth a disk read
@@ -258,20 +258,25 @@ class SessionStore:
     """Sessions and prefix-cache entries under one root. Not shared across threads; open one per process
     (or thread). Processes coordinate through file locks and SQLite's own locking."""
 
-    def __init__(self, root: Path, db: sqlite3.Connection, *, read_only: bool = False):
+    def __init__(self, root: Path, db: sqlite3.Connection, *, unwritable: Optional[SessionError] = None):
         self.root = root
         self.states = root / "states"
         self.locks = root / "locks"
         self.db = db
-        self.read_only = read_only
+        self.unwritable = unwritable  # why this store was opened for reading only (StoreReadOnly, StoreFull)
+
+    @property
+    def read_only(self) -> bool:
+        return self.unwritable is not None
 
     @classmethod
     def open(cls, root: Path | None = None) -> "SessionStore":
         """Open (creating) the store under `root`, and delete the state files a killed save left behind.
-        On a read-only file system: opened read-only (see `read_only`)."""
+        On a read-only file system, or a full one where SQLite cannot make its shared-memory file: opened for
+        reading only (listing and showing work; a write raises StoreReadOnly or StoreFull)."""
         root = Path(root) if root is not None else default_root()
         if read_only(root):
-            return cls._open_read_only(root)
+            return cls._open_read_only(root, StoreReadOnly(root))
         try:
             for folder in (root, root / "states", root / "locks"):
                 folder.mkdir(parents=True, exist_ok=True)
@@ -296,35 +301,48 @@ class SessionStore:
                         raise
                     time.sleep(0.05)
         except sqlite3.DatabaseError as exc:
-            raise damaged_index(exc, index) from None
+            problem = damaged_index(exc, index)
+            if isinstance(problem, StoreFull):
+                try:
+                    return cls._open_read_only(root, problem)
+                except SessionError:
+                    pass
+            raise problem from None
         store = cls(root, db)
         store._sweep_orphans()
         return store
 
     @classmethod
-    def _open_read_only(cls, root: Path) -> "SessionStore":
-        """What a read-only file system holds, for reading: SQLite cannot open a WAL index there the usual way
-        (it would make its shared-memory file), and nothing can change it, so it is opened immutable. No
-        index at all: an empty store."""
+    def _open_read_only(cls, root: Path, why: SessionError) -> "SessionStore":
+        """The store for reading only, where it cannot be written (`why`). SQLite opens a WAL index read-only
+        when its shared-memory and WAL files exist (a process has it open); otherwise it could only make them,
+        so the index is opened immutable (nothing can write it meanwhile). No index at all: an empty store."""
         index = root / INDEX
+        db = None
         try:
             if index.exists():
-                db = sqlite3.connect(f"{index.resolve().as_uri()}?immutable=1", uri=True, isolation_level=None)
-                db.row_factory = sqlite3.Row
-                applied = {row[0] for row in db.execute("SELECT name FROM _migrations")}
+                for mode in ("mode=ro", "immutable=1"):
+                    db = sqlite3.connect(f"{index.resolve().as_uri()}?{mode}", uri=True, isolation_level=None)
+                    try:
+                        applied = {row[0] for row in db.execute("SELECT name FROM _migrations")}
+                        break
+                    except sqlite3.OperationalError:
+                        db.close()
+                        if mode == "immutable=1":
+                            raise
                 if any(name not in applied for name, _ in MIGRATIONS):
-                    raise StoreReadOnly(index)  # an older index this version would migrate first
+                    raise why  # an older index, which this version would migrate first
             else:
                 db = sqlite3.connect(":memory:", isolation_level=None)
-                db.row_factory = sqlite3.Row
                 migrate(db)
         except sqlite3.DatabaseError as exc:
             raise damaged_index(exc, index) from None
-        return cls(root, db, read_only=True)
+        db.row_factory = sqlite3.Row
+        return cls(root, db, unwritable=why)
 
     def _writable(self) -> None:
-        if self.read_only:
-            raise StoreReadOnly(self.root)
+        if self.unwritable is not None:
+            raise self.unwritable
 
     def writer(self, name: str, holder: str, *, on_wait=None, cancelled=None):
         """Session `name`'s writer lock (store/writers.py), to hold while reading, answering and saving it."""
