@@ -219,13 +219,11 @@ def _log_path() -> Path:
 def _items(conn: Connection, response: Response, notice: Callable[[str], None]) -> Iterator[dict]:
     """The streamed items, waiting as long as the server takes for each (a long prompt is evaluated before
     the first one comes); a closed connection before the end is a server that went away."""
-    patience: Optional[_Patience] = None
-    started = False  # an answer item came: no more waiting notices
+    # Until the server says anything (a notice, such as a wait for a slot, says what it is doing itself).
+    patience: Optional[_Patience] = _Patience(notice, "waiting for the first token: the server is evaluating the prompt "
+                                                      "(a long one takes a while on a CPU); Ctrl-C stops")
     try:
         while True:
-            if patience is None and not started:
-                patience = _Patience(notice, "waiting for the first token: the server is evaluating the prompt "
-                                             "(a long one takes a while on a CPU); Ctrl-C stops")
             try:
                 line = response.readline()
             except OSError:  # ProtocolError too: the server went away
@@ -241,7 +239,6 @@ def _items(conn: Connection, response: Response, notice: Callable[[str], None]) 
                 notice(item.pop("notice"))
                 if not item:
                     continue
-            started = True
             if "error" in item:
                 raise RemoteError(item["error"], int(item.get("exit") or 1))
             if item.get("end"):
