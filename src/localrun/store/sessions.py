@@ -676,11 +676,11 @@ class SessionStore:
                     os.fsync(fd)
                 os.replace(tmp, self.states / name)
                 fsync_dir(self.states)
-            except OSError as exc:
+            except BaseException as exc:
                 self._unlink(tmp.name)
-                raise store_write_error(exc, self.states) from None
-            except BaseException:
-                self._unlink(tmp.name)
+                self._unlink(name)  # (renamed already, when the folder's fsync failed)
+                if isinstance(exc, OSError):
+                    raise store_write_error(exc, self.states) from None
                 raise
             try:
                 yield name, _checksum(data)
