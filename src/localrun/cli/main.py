@@ -92,7 +92,7 @@ def show(
     from . import render
 
     local = hub.resolve_local(model, verify=verify)
-    details = describe(local, ctx, kv_type, measure and not rpc, verified=verify)
+    details = describe(local, ctx, kv_type, measure and not rpc, verified=verify, rpc=bool(rpc))
     if rpc:
         from ..runtime.workers import parse_endpoints, plan
 

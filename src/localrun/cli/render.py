@@ -184,12 +184,12 @@ def loaded_models(models: list[dict], as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    for col in ("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS BUSY", "UNTIL"):
+    for col in ("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS BUSY", "UNTIL", "SIZE IS"):
         table.add_column(col)
     for m in models:
         until = "in use" if m["requests"] else (m["expires_at"] or "forever")
         table.add_row(m["name"], human_size(m["size"]), m["processor"], str(m["context_length"]),
-                      f"{m['slots_busy']}/{m['slots']}", until)
+                      f"{m['slots_busy']}/{m['slots']}", until, memory_parts(m.get("memory") or {}))
     _print_table(table)
 
 
@@ -228,17 +228,27 @@ def model_details(details: dict, as_json: bool) -> None:
                                         " (from the pull; size and mtime unchanged since: --verify hashes it)")),
         ("source", details["source"]),
         ("path", details["path"]),
-        (f"memory at ctx {est['n_ctx']} ({est['kv_type']})",
-         f"weights {human_size(est['weights_bytes'])} + KV {human_size(est['kv_bytes'])} = {human_size(est['total_bytes'])} (estimate)"),
+        (f"memory at ctx {est['n_ctx']} ({est['kv_type']})", f"{memory_breakdown(est)} (estimate)"),
     ]
     if "memory_allocated" in details:
-        a = details["memory_allocated"]
-        rows.append(("llama.cpp allocated", f"weights {human_size(a['weights_bytes'])} + KV {human_size(a['kv_bytes'])}"
-                     f" + compute {human_size(a['compute_bytes'])} = {human_size(a['total_bytes'])}"))
+        rows.append(("llama.cpp allocated", memory_breakdown(details["memory_allocated"])))
     for place in details.get("placement", []):
         rows.append((f"on {place['device']}", f"{place['n_layers']} layer(s) ({place['layers']}): weights {human_size(place['weights_bytes'])}"
                      f" + KV {human_size(place['kv_bytes'])}"))
     _kv_rows(rows)
+
+
+def memory_parts(m: dict) -> str:
+    """'weights 1.1 GB + repacked copy 626 MB + KV 117 MB + compute 72 MB': what a memory figure is made of (the
+    repacked copy: the weights llama.cpp's CPU backend lays out again for its kernels, beside the mapped file)."""
+    parts = [("weights", "weights_bytes"), ("repacked copy", "repacked_bytes"), ("KV", "kv_bytes"), ("compute", "compute_bytes")]
+    return " + ".join(f"{label} {human_size(m[key])}" for label, key in parts
+                      if m.get(key) or (key in ("weights_bytes", "kv_bytes") and key in m))
+
+
+def memory_breakdown(m: dict) -> str:
+    """memory_parts(m) = the total."""
+    return f"{memory_parts(m)} = {human_size(m['total_bytes'])}"
 
 
 def doctor(report: dict, as_json: bool) -> None:

@@ -98,18 +98,30 @@ def parse_keep_alive(value: Any) -> float:
 
 
 def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int:
-    """What a model takes loaded with `spec`: weights plus KV for every slot at its context (gguf_info, as
-    `show` reports), plus llama.cpp's logits (a vocabulary of floats for each row a batch may ask for: one
-    per slot, held twice, as the output layer's result and as the copy handed out; every row of an
-    embeddings batch), which that estimate leaves out and which dominate for gemma-3's 262k vocabulary."""
+    """What a model takes loaded with `spec`, in all (see estimate_breakdown)."""
+    return estimate_breakdown(path, spec, ref)["total_bytes"]
+
+
+def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, repack: Optional[bool] = None) -> dict[str, int]:
+    """What a model takes loaded with `spec`, by what holds it (engine.footprint): the weights (the mapped
+    file), llama.cpp's repacked copy of them (CPU_REPACK: 597 MiB for Qwen2.5 1.5B Q4_K_M, where the CPU is
+    the only device), KV for every slot at its context, and the compute buffers for a micro-batch of
+    `batch` tokens with llama.cpp's logits (a vocabulary of floats for each row a batch may ask for: one per
+    slot, held twice, as the output layer's result and as the copy handed out; every row of an embeddings
+    batch, which dominate for gemma-3's 262k vocabulary). Mirrors how runtime.loader loads each kind.
+    `repack`: whether llama.cpp repacks here (None: no GPU and no RPC worker, engine.footprint.repacks_here)."""
     from .. import hub
-    from ..engine.gguf_info import memory_estimate, read_info
+    from ..engine.footprint import footprint, repacks_here
+    from ..engine.gguf_info import read_info
 
     info = read_info(path)
     entry = hub.entry_for(ref or str(path))  # the catalogue's context, when `ref` is an alias
     ctx = spec.ctx or (entry.context if entry else 4096)
-    total = memory_estimate(info, ctx * spec.parallel, spec.kv_type)["total_bytes"]
-    return total + (info.vocab_size or 0) * 4 * (spec.batch if spec.kind == "embed" else 2 * spec.parallel)
+    repack = repacks_here(bool(spec.rpc)) if repack is None else repack
+    if spec.kind == "embed":  # one micro-batch holds a whole context; a vocabulary row for each of a batch's rows
+        return footprint(info, ctx, spec.kv_type, n_ubatch=ctx, n_outputs=max(1, spec.batch // 2), repack=repack)
+    return footprint(info, ctx * spec.parallel, spec.kv_type, n_ubatch=spec.batch, n_outputs=spec.parallel,
+                     n_seq=spec.parallel, repack=repack)
 
 
 def pull_if_needed(ref: str, source: str, on_progress: Optional[Callable[[str, Optional[int], int], None]] = None) -> None:
@@ -166,13 +178,14 @@ class Resident:
     """One loaded model: its engine (via `loaded`), its scheduler, and how long it stays."""
 
     def __init__(self, loaded, scheduler, spec: LoadSpec, *, path: Path, estimate: int, slot_ctx: int, pinned: bool,
-                 vram: int = 0):
+                 vram: int = 0, memory: Optional[dict[str, int]] = None):
         self.loaded = loaded
         self.engine = loaded.engine
         self.scheduler = scheduler
         self.spec = spec
         self.path = path
         self.estimate = estimate
+        self.memory = memory or {"total_bytes": estimate}  # the estimate by what holds it (estimate_breakdown)
         self.vram = vram  # of the estimate, what its layers on a GPU take there
         self.slot_ctx = slot_ctx
         self.pinned = pinned  # named on `serve`'s command line: no expiry
@@ -208,12 +221,12 @@ class Resident:
             "context_length": self.slot_ctx, "slots": len(self.scheduler.slots),
             "slots_busy": len(self.scheduler.slots) - self.scheduler.idle_slots(), "requests": self.refs,
             "expires_at": expires, "keep_alive": None if self.keep_alive < 0 else self.keep_alive,
-            "load": asdict(self.spec),
+            "load": asdict(self.spec), "memory": dict(self.memory),
         }
 
 
 _PER_CONTEXT = ("size", "size_vram", "processor", "context_length", "slots", "slots_busy", "requests", "expires_at",
-                "keep_alive", "load")
+                "keep_alive", "load", "memory")
 
 
 def _processor(on_gpu: float) -> str:
@@ -272,7 +285,8 @@ class ModelPool:
             path = self._path(ref)
             stamp = _stamp(path)
             gpu_free = self.free_vram()  # first: it loads llama.cpp, which must come before gguf's numpy (engine.llama)
-            estimate = estimate_bytes(path, spec, ref)
+            memory = estimate_breakdown(path, spec, ref)
+            estimate = memory["total_bytes"]
             if spec.rpc:  # the offloaded layers go to the workers first: only the rest counts here (in RAM)
                 estimate -= int(estimate * gpu_share(path, spec.gpu_layers, True))
                 vram = 0
@@ -313,7 +327,8 @@ class ModelPool:
             except BaseException:
                 loaded.close()
                 raise
-            resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned, vram=vram)
+            resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned, vram=vram,
+                                memory=memory)
             resident.stamp = stamp
             resident.names.add(ref.casefold())
             with self.lock:
@@ -380,6 +395,7 @@ class ModelPool:
             model["contexts"].append(context)
             for key in ("size", "size_vram", "slots", "slots_busy", "requests"):
                 model[key] += row[key]
+            model["memory"] = {k: model["memory"].get(k, 0) + v for k, v in row["memory"].items()}  # each context loads its own
             for key in ("expires_at", "keep_alive"):  # the latest (None: never)
                 model[key] = None if None in (model[key], row[key]) else max(model[key], row[key])
         return list(models.values())

@@ -13,17 +13,20 @@ from typing import Any, Optional
 from .. import __version__
 
 
-def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: bool = False) -> dict[str, Any]:
+def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: bool = False, rpc: bool = False) -> dict[str, Any]:
     """What `show` prints. `verified`: the files were hashed just now (show --verify), not only checked by size
-    and mtime against the pull's record."""
+    and mtime against the pull's record. The memory estimate is for the load `run` makes (one sequence, the
+    repacked copy where llama.cpp makes one here; none beside `rpc` workers)."""
     from ..hub import entry_for
     from ..store.files import sha256_file
 
-    if measure:  # llama.cpp loads the model below: it must come before gguf/numpy (see llama_cpp_module())
-        from ..engine import llama_cpp_module
+    # llama.cpp may load the model below (and tells which CPU features repack): it must come before gguf/numpy
+    # (see llama_cpp_module())
+    from ..engine import llama_cpp_module
 
-        llama_cpp_module()
-    from ..engine.gguf_info import memory_estimate, read_info
+    llama_cpp_module()
+    from ..engine.footprint import footprint, repacks_here
+    from ..engine.gguf_info import read_info
 
     info = read_info(local.path)
     entry = entry_for(local.name)
@@ -31,7 +34,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     from ..engine import LoadOptions
 
     LoadOptions(n_ctx=n_ctx, kv_type=kv_type)  # run's checks and messages: --ctx 0 was taken as the default
-    estimate = memory_estimate(info, n_ctx, kv_type)
+    estimate = footprint(info, n_ctx, kv_type, repack=repacks_here(rpc))
     out: dict[str, Any] = {
         "name": local.ref,
         "path": str(local.path),
@@ -60,27 +63,30 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     return out
 
 
-_SIZE = re.compile(r"(model|KV|compute|output) buffer size\s*=\s*([\d.]+) MiB")
+_SIZE = re.compile(r"(\w+)\s+(model|KV|compute|output) buffer size\s*=\s*([\d.]+) MiB")
 
 
 def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
-    """Load the model with this context and read the buffer sizes llama.cpp reports allocating."""
+    """Load the model with this context and read the buffer sizes llama.cpp reports allocating: the weights
+    (CPU_Mapped, or a device's), the repacked copy (CPU_REPACK), KV, compute (with the output buffer)."""
     from ..engine import Engine, LoadOptions
     from ..engine.llama import captured_llama_log
 
     with captured_llama_log() as lines:
         engine = Engine(path, LoadOptions(n_ctx=n_ctx, kv_type=kv_type, n_outputs=1))  # as `run` loads it
         engine.close()
-    sizes = {"model": 0.0, "KV": 0.0, "compute": 0.0, "output": 0.0}
+    sizes = {"model": 0.0, "repacked": 0.0, "KV": 0.0, "compute": 0.0, "output": 0.0}
     for line in "".join(lines).splitlines():
         if line.startswith("~"):
             continue  # the destructor repeats the compute buffer size
         m = _SIZE.search(line)
         if m:
-            sizes[m.group(1)] += float(m.group(2))
+            kind = "repacked" if m.group(2) == "model" and m.group(1).endswith("REPACK") else m.group(2)
+            sizes[kind] += float(m.group(3))
     mib = 1024 * 1024
     result = {
         "weights_bytes": int(sizes["model"] * mib),
+        "repacked_bytes": int(sizes["repacked"] * mib),
         "kv_bytes": int(sizes["KV"] * mib),
         "compute_bytes": int((sizes["compute"] + sizes["output"]) * mib),
     }
