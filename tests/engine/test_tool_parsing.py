@@ -1,5 +1,7 @@
-"""Tool-call parsing per template family (engine/tools.py): what a model writes in its family's format
-comes back as the same calls, whatever the arguments; text that is not a well-formed call stays text."""
+"""Tool-call parsing (engine/tools.py): what a model writes, in its family's format or in the forms real
+models slip into (a fenced block, a bare object, doubled braces, several calls with text around them),
+comes back as the same calls, whole or streamed in any pieces; text that is not a call stays text, and
+streams out as it was written."""
 
 from __future__ import annotations
 
@@ -9,45 +11,101 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localrun.engine.tools import call_schema, may_be_call, parse_tool_calls, supports_tools, template_family
+from localrun.engine.tools import CallStream, call_schema, parse_tool_calls, supports_tools, template_family
 
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True)
 values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
 arguments = st.dictionaries(st.text(min_size=1, max_size=10), values, max_size=4)
 calls = st.lists(st.fixed_dictionaries({"name": names, "arguments": arguments}), min_size=1, max_size=3)
+prose = st.text(st.characters(blacklist_characters="{}[]<`", blacklist_categories=("Cs",)), max_size=30)
+
+FORMS = ["hermes", "mistral", "mistral-args", "llama3", "generic", "fenced", "fenced-bare", "bare-in-a-row", "doubled", "hermes-fenced"]
 
 
-def written(family: str, cs: list[dict]) -> str:
-    """Calls as a model of that family writes them."""
-    if family == "hermes":
+def written(form: str, cs: list[dict]) -> str:
+    """Calls as a model writes them in one of the forms."""
+    if form == "hermes":
         return "\n".join(f"<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in cs)
-    if family == "mistral":
+    if form == "hermes-fenced":
+        return "\n".join(f"<tool_call>\n```json\n{json.dumps(c)}\n```\n</tool_call>" for c in cs)
+    if form == "mistral":
         return "[TOOL_CALLS] " + json.dumps(cs)
-    if family == "llama3":
+    if form == "mistral-args":
+        return "".join(f"[TOOL_CALLS]{c['name']}[ARGS]{json.dumps(c['arguments'])}" for c in cs)
+    if form == "llama3":
         return "<|python_tag|>" + json.dumps({"name": cs[0]["name"], "parameters": cs[0]["arguments"]})
+    if form == "fenced":
+        return "\n".join(f"```json\n{json.dumps(c, indent=2)}\n```" for c in cs)
+    if form == "fenced-bare":
+        return "\n\n".join(f"```\n{json.dumps(c)}\n```" for c in cs)
+    if form == "bare-in-a-row":
+        return "\n".join(json.dumps(c) for c in cs)
+    if form == "doubled":  # Qwen's template prints its example call with doubled braces, and models copy it
+        return "\n".join("{" + json.dumps(c) + "}" for c in cs)
     return json.dumps(cs if len(cs) > 1 else cs[0])
 
 
-@settings(max_examples=150, deadline=None)
-@given(family=st.sampled_from(["hermes", "mistral", "llama3", "generic"]), cs=calls)
-def test_calls_come_back_as_written(family, cs):
-    expected = cs[:1] if family == "llama3" else cs
-    content, parsed = parse_tool_calls(written(family, expected), family)
-    assert parsed == expected and content == ""
-    assert may_be_call(written(family, expected)[:5], family)
+def streamed(text: str, cuts: list[int], offered) -> tuple[str, str, list[dict]]:
+    """(what went out as content while streaming, the content at the end, the calls) for `text` fed in pieces."""
+    stream, out, last = CallStream(offered), [], 0
+    for cut in sorted(set(c % (len(text) + 1) for c in cuts)) + [len(text)]:
+        out.append(stream.feed(text[last:cut]))
+        last = cut
+    rest, found = stream.finish()
+    return "".join(out), rest, found
 
 
-def test_text_around_and_broken_calls():
-    assert parse_tool_calls('Let me check.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>', "hermes") == (
-        "Let me check.", [{"name": "f", "arguments": {"x": 1}}])
+@settings(max_examples=300, deadline=None)
+@given(form=st.sampled_from(FORMS), cs=calls, before=prose, after=prose, cuts=st.lists(st.integers(0, 10_000), max_size=8))
+def test_calls_come_back_as_written_whole_and_streamed(form, cs, before, after, cuts):
+    expected = cs[:1] if form == "llama3" else cs
+    around = form not in ("llama3", "mistral", "mistral-args")  # those markers run to the end of the answer
+    text = (before + "\n" + written(form, expected) + "\n" + after) if around else written(form, expected)
+    offered = {c["name"] for c in expected}
+    content, parsed = parse_tool_calls(text, "hermes", offered)
+    assert parsed == expected
+    if around:
+        assert content == "\n".join(p for p in (before.strip(), after.strip()) if p)
+    sent, rest, found = streamed(text, cuts, offered)
+    assert found == expected
+    if around:
+        assert (sent + rest).split() == (before + "\n" + after).split()
+        assert sent.strip().startswith(before.strip())  # text before a call is not held back
+    else:
+        assert (sent + rest).strip() == ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=60), cuts=st.lists(st.integers(0, 10_000), max_size=8))
+def test_text_that_is_no_call_stays_text_and_streams_whole(text, cuts):
+    assert parse_tool_calls(text, "hermes", {"get_weather"})[1] == [] or "get_weather" in text
+    if "get_weather" not in text and "<tool_call>" not in text and "[TOOL_CALLS]" not in text and "<|python_tag|>" not in text:
+        sent, rest, found = streamed(text, cuts, {"get_weather"})
+        assert found == [] and sent + rest == text
+
+
+def test_json_that_names_no_offered_tool_and_code_stay_text():
+    offered = {"get_weather"}
+    for text in ['{"name": "Bob", "arguments": {}}', '{"answer": 4}', 'Use {"name": "x"} here',
+                 '```python\nd = {"name": "get_weather", "arguments": {}}\n```', "The answer is {x} and [1].", "[1, 2]"]:
+        assert parse_tool_calls(text, "hermes", offered) == (text, []), text
+        sent, rest, found = streamed(text, [3, 9, 17], offered)
+        assert found == [] and sent + rest == text
+    # code around a call is kept as content
+    content, found = parse_tool_calls('Here:\n```json\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n```\nDone.', "generic", offered)
+    assert found == [{"name": "get_weather", "arguments": {"city": "Rome"}}] and content == "Here:\nDone."
+
+
+def test_broken_calls_after_a_marker_stay_text():
     broken = '<tool_call>\n{"name": "f", "arguments": {"x": 1}\n</tool_call>'
     assert parse_tool_calls(broken, "hermes") == (broken, [])
-    assert parse_tool_calls("The answer is 4.", "hermes") == ("The answer is 4.", [])
-    assert parse_tool_calls('{"name": "f", "arguments": "{\\"x\\": 2}"}', "generic") == ("", [{"name": "f", "arguments": {"x": 2}}])
-    assert parse_tool_calls('{"answer": 4}', "generic") == ('{"answer": 4}', [])  # JSON, but no call
     assert parse_tool_calls("Sure [TOOL_CALLS] not json", "mistral")[1] == []
-    assert not may_be_call("The weather", "hermes") and may_be_call("  <tool_", "hermes") and may_be_call("", "generic")
+    assert parse_tool_calls('{"name": "f", "arguments": "{\\"x\\": 2}"}', "generic") == ("", [{"name": "f", "arguments": {"x": 2}}])
+    assert parse_tool_calls('{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}', "generic") == (
+        "", [{"name": "f", "arguments": {"x": 1}}])
+    sent, rest, found = streamed(broken, [5, 20], None)
+    assert found == [] and sent + rest == broken
 
 
 def test_families_and_support_from_the_template():
@@ -65,7 +123,12 @@ def test_call_schema_names_the_function_and_takes_its_parameters():
     assert one["properties"]["name"] == {"const": "a"} and one["properties"]["arguments"]["properties"]["x"]["type"] == "integer"
     either = call_schema(tools)
     assert [o["properties"]["name"]["const"] for o in either["anyOf"]] == ["a", "b"]
+    several = call_schema(tools, parallel=True)
+    assert several["type"] == "array" and several["minItems"] == 1 and several["items"] == either
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate({"name": "b", "arguments": {}}, either)
+    jsonschema.validate([{"name": "b", "arguments": {}}, {"name": "a", "arguments": {"x": 1}}], several)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "c", "arguments": {}}, either)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([], several)

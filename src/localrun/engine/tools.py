@@ -1,13 +1,20 @@
 """Tool calls in a model's own format: which format a chat template uses, finding the calls in what the
-model wrote, and the JSON schema that forces a call (tool_choice "required" or a named function).
+model wrote (whole, or while it streams), and the JSON schema that forces a call (tool_choice "required" or
+a named function).
 
 Formats, told apart by the template's text (as llama.cpp's chat parsers are chosen):
   hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one block per call (Hermes, Qwen 2.5/3,
            SmolLM3 and most recent templates)
-  mistral  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
+  mistral  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...] (or [TOOL_CALLS]name[ARGS]{...})
   llama3   {"name": ..., "parameters": {...}} (after <|python_tag|> or alone), Llama 3.1-3.3
   generic  a JSON object {"name", "arguments"} (or a list of them) as the whole answer: any other
            template, and the form a forced call is generated in
+
+Real models do not always write their own format. Qwen2.5-Coder writes a call as a fenced block
+(```json\\n{"name": ..., "arguments": ...}\\n```), as a bare object, several in a row, with text around them,
+and sometimes with the doubled braces its template prints ({{"name": ...}}). Whatever the family, every one
+of those forms is read as a call when it names one of the tools offered (so JSON that merely looks like a
+call, about something else, stays text); any family's own marker is read as a call whatever it names.
 Pure functions: no llama.cpp here.
 """
 
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from typing import Any, Optional
 
 FAMILIES = ("hermes", "mistral", "llama3", "generic")
@@ -36,79 +44,301 @@ def supports_tools(template: Optional[str]) -> bool:
     return bool(template) and re.search(r"\btools\b", template) is not None
 
 
-_OPENERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>", "{"), "generic": ("{", "[")}
+Call = dict[str, Any]  # {"name": str, "arguments": dict}
+
+_MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
+_FENCE = "```"
+_FENCE_LANGS = ("", "json", "json5", "jsonc", "tool_call", "tool_code", "tool", "javascript", "js")
+_CALL_KEYS = ("name", "arguments", "parameters", "type", "function")  # what a call object may begin with
+_ARGS_KEYS = ("arguments", "parameters")
 
 
-def may_be_call(text: str, family: str) -> bool:
-    """While an answer streams: could it still turn out to be a tool call? (Its start, blanks aside, is the
-    start of one of the family's openers, or an opener is there.) Text that cannot is streamed as content."""
-    head = text.lstrip()
-    if not head:
-        return True
-    for opener in _OPENERS[family] + _OPENERS["generic"]:
-        if head.startswith(opener) or opener.startswith(head):
-            return True
-    return False
+# -- one JSON value at a position ----------------------------------------------------------------------
 
 
-def parse_tool_calls(text: str, family: str) -> tuple[str, list[dict[str, Any]]]:
-    """(the content left, the calls) in what the model wrote; each call {"name", "arguments": dict}. Text
-    that is not a well-formed call stays content: a model that meant to call and wrote broken JSON gets its
-    text back rather than a call with made-up arguments."""
-    if family == "hermes":
-        calls, rest = [], text
-        for m in re.finditer(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S):
-            call = _call(_json(m.group(1)))
-            if call is None:
-                return text, []
-            calls.append(call)
-        if calls:
-            rest = re.sub(r"<tool_call>.*?(?:</tool_call>|$)", "", text, flags=re.S).strip()
-            return rest, calls
-    elif family == "mistral" and "[TOOL_CALLS]" in text:
-        before, _, after = text.partition("[TOOL_CALLS]")
-        calls = _calls(_json(after.strip()))
-        if calls:
-            return before.strip(), calls
-        return text, []
-    elif family == "llama3":
-        body = text.split("<|python_tag|>", 1)[1] if "<|python_tag|>" in text else text
-        calls = _calls(_json(body.strip()), args_keys=("parameters", "arguments"))
-        if calls:
-            return "", calls
-    calls = _calls(_json(text.strip()), args_keys=("arguments", "parameters"))  # the generic form, in any family
-    return ("", calls) if calls else (text, [])
+def _balanced_end(text: str, start: int) -> Optional[int]:
+    """The end (exclusive) of the bracketed JSON-ish value opening at text[start] ('{' or '['), strings
+    respected; None while it is still open."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
 
 
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
+def _loads(text: str) -> Any:
+    """JSON, or the same with the doubled braces of a template's example undone (the outer pair, or every
+    pair); None if none parses."""
+    text = text.strip()
+    candidates = [text]
+    if text.startswith("{{") and text.endswith("}}"):
+        candidates += [text[1:-1], text.replace("{{", "{").replace("}}", "}")]
+    for candidate in candidates:
+        try:
+            return json.loads(candidate)
+        except ValueError:
+            continue
+    return None
 
 
-def _call(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> Optional[dict[str, Any]]:
+def _call(obj: Any) -> Optional[Call]:
+    if isinstance(obj, dict) and isinstance(obj.get("function"), dict) and "name" not in obj:
+        obj = obj["function"]  # OpenAI's own shape, {"type": "function", "function": {...}}
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    args = next((obj[k] for k in args_keys if k in obj), {})
+    args = next((obj[k] for k in _ARGS_KEYS if k in obj), {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
-        args = _json(args)
+        args = _loads(args) if args.strip() else {}
     if not isinstance(args, dict):
         return None
     return {"name": obj["name"], "arguments": args}
 
 
-def _calls(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> list[dict[str, Any]]:
+def _calls(obj: Any, names: Optional[Collection[str]] = None) -> list[Call]:
+    """The calls a JSON value is (an object or a list of them), each naming one of `names` when given; []
+    when it is anything else."""
     items = obj if isinstance(obj, list) else [obj]
-    calls = [_call(item, args_keys) for item in items]
-    return calls if calls and all(c is not None for c in calls) else []
+    calls = [_call(item) for item in items]
+    if not calls or any(c is None for c in calls):
+        return []
+    if names is not None and any(c["name"] not in names for c in calls):
+        return []
+    return calls
 
 
-def call_schema(tools: list[dict[str, Any]], name: Optional[str] = None) -> dict[str, Any]:
+# -- finding calls in text -----------------------------------------------------------------------------
+
+# What a candidate at a position turned out to be: a call (its end), text, or not decided yet (open).
+_OPEN, _TEXT = "open", "text"
+
+
+def _fence_body(text: str, start: int) -> tuple[str, Optional[int], Optional[int]]:
+    """For a fence opening at `start`: (state, where its JSON body starts, where the fence ends). state is
+    _OPEN (language line or body not complete), _TEXT (a language other than JSON's, or a body that is
+    not JSON), or "body" (the language line is done and the body begins at the returned index)."""
+    i = start + len(_FENCE)
+    newline = text.find("\n", i)
+    line = text[i:] if newline < 0 else text[i:newline]
+    lang = line.strip().lower()
+    if newline < 0:
+        if lang.startswith(("{", "[")):  # ```{"name": ...}``` on one line
+            return "body", i + len(line) - len(line.lstrip()), None
+        return (_OPEN, None, None) if any(k.startswith(lang) for k in _FENCE_LANGS) else (_TEXT, None, None)
+    if lang.startswith(("{", "[")):
+        return "body", i + len(line) - len(line.lstrip()), None
+    if lang not in _FENCE_LANGS:
+        return _TEXT, None, None
+    return "body", newline + 1, None
+
+
+_HEAD = re.compile(r'(?:\[\s*)?\{\s*(?:\{\s*)?(?:"([A-Za-z_]*)(")?)?')
+
+
+def _json_at(text: str, start: int, names: Optional[Collection[str]]) -> tuple[str, int, list[Call]]:
+    """The call(s) written as a JSON value at text[start] (after blanks): ("call", end, calls), (_OPEN, ...)
+    while it may still become one, or (_TEXT, ...) when it cannot."""
+    i = start
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    if i == len(text):
+        return _OPEN, i, []
+    if text[i] not in "{[":
+        return _TEXT, i, []
+    # The first key must be one a call begins with: prose in braces, or JSON about something else, is text.
+    head = _HEAD.match(text, i)
+    if head is None:  # '[' without an object after it
+        return (_OPEN if not text[i + 1:].strip() else _TEXT), i, []
+    key, closed, at_end = head.group(1), head.group(2), head.end() == len(text)
+    if key is None:
+        return (_OPEN if at_end else _TEXT), i, []
+    if not closed:
+        return (_OPEN if at_end and any(k.startswith(key) for k in _CALL_KEYS) else _TEXT), i, []
+    if key not in _CALL_KEYS:
+        return _TEXT, i, []
+    end = _balanced_end(text, i)
+    if end is None:
+        return _OPEN, i, []
+    calls = _calls(_loads(text[i:end]), names)
+    return ("call", end, calls) if calls else (_TEXT, i, [])
+
+
+def _marker_at(text: str, start: int) -> Optional[str]:
+    for m in _MARKERS:
+        if text.startswith(m, start):
+            return m
+    return None
+
+
+def _marked(text: str, start: int, marker: str) -> tuple[str, int, list[Call]]:
+    """The call(s) after a family's marker: ("call", end, calls), (_OPEN, ...) or ("broken", ...)."""
+    body_start = start + len(marker)
+    if marker == "<tool_call>":
+        close = text.find("</tool_call>", body_start)
+        body = text[body_start:] if close < 0 else text[body_start:close]
+        end = len(text) if close < 0 else close + len("</tool_call>")
+        calls = _calls(_loads(_unfenced(body)))
+        if close < 0 and not calls:
+            return _OPEN, start, []
+        return ("call", end, calls) if calls else ("broken", start, [])
+    if marker == "[TOOL_CALLS]":
+        rest = text[body_start:]
+        named = re.match(r"\s*([A-Za-z0-9_.-]+)\[ARGS\]", rest)  # Mistral's newer [TOOL_CALLS]name[ARGS]{...}
+        if named:
+            args_at = body_start + named.end()
+            end = _balanced_end(text, args_at) if text[args_at:args_at + 1] == "{" else None
+            if end is None:
+                return _OPEN, start, []
+            args = _loads(text[args_at:end])
+            return ("call", end, [{"name": named.group(1), "arguments": args}]) if isinstance(args, dict) else ("broken", start, [])
+    state, end, calls = _json_at(text, body_start, None)
+    if state == "call":
+        return state, end, calls
+    return (_OPEN, start, []) if state == _OPEN else ("broken", start, [])
+
+
+def _unfenced(body: str) -> str:
+    m = re.fullmatch(r"\s*```[A-Za-z_]*\s*(.*?)\s*(?:```)?\s*", body, re.S)
+    return m.group(1) if m else body
+
+
+_SPECIAL = re.compile(r"[<\[{`]")
+
+
+def _scan(text: str, names: Optional[Collection[str]], final: bool):
+    """Walk `text` for calls: yields (start, end, calls) for each call found, and (start, None, None) for
+    the first place still open (only when not `final`: more text may come). A marker whose call is broken
+    yields (start, -1, None)."""
+    i = 0
+    while True:
+        found = _SPECIAL.search(text, i)
+        if found is None:
+            return
+        i = found.start()
+        marker = _marker_at(text, i)
+        if marker is not None:
+            state, end, calls = _marked(text, i, marker)
+            if state == "call":
+                yield i, end, calls
+                i = end
+                continue
+            if state == _OPEN and not final:
+                yield i, None, None
+                return
+            yield i, -1, None
+            return
+        if not final and len(text) - i < 14 and any(m.startswith(text[i:]) for m in _MARKERS + (_FENCE,)):
+            yield i, None, None  # a marker may be arriving
+            return
+        if text.startswith(_FENCE, i):
+            state, body, _ = _fence_body(text, i)
+            if state == "body":
+                jstate, jend, calls = _json_at(text, body, names)
+                while jstate == "call":  # several calls in one fence, one after another
+                    more_state, more_end, more = _json_at(text, jend + len(re.match(r"[\s,]*", text[jend:]).group(0)), names)
+                    if more_state != "call":
+                        break
+                    jend, calls = more_end, calls + more
+                if jstate == "call":
+                    close = re.match(r"\s*```", text[jend:])
+                    if close:
+                        yield i, jend + close.end(), calls
+                        i = jend + close.end()
+                        continue
+                    if final or re.fullmatch(r"\s*`{0,2}", text[jend:]) is None:
+                        yield i, jend, calls  # an unclosed fence: the call is what counts
+                        i = jend
+                        continue
+                    yield i, None, None
+                    return
+                state = jstate
+            if state == _OPEN and not final:
+                yield i, None, None
+                return
+            # Not a call: the fenced block is code or text, passed over whole (a call-shaped dict in code is code).
+            close = text.find("\n```", i + len(_FENCE))
+            if close < 0:
+                return
+            i = close + 1 + len(_FENCE)
+            continue
+        if text[i] in "{[":
+            state, end, calls = _json_at(text, i, names)
+            if state == "call":
+                yield i, end, calls
+                i = end
+                continue
+            if state == _OPEN and not final:
+                yield i, None, None
+                return
+        i += 1
+
+
+def parse_tool_calls(text: str, family: str = "generic", names: Optional[Collection[str]] = None) -> tuple[str, list[Call]]:
+    """(the content left, the calls) in what the model wrote; each call {"name", "arguments": dict}.
+    `names`: the tools offered (a call written without a family's marker must name one). Text that is not
+    a well-formed call stays content: a model that meant to call and wrote broken JSON after a marker gets
+    its text back rather than a call with made-up arguments."""
+    del family  # every family's forms are read (see the module's docstring)
+    calls: list[Call] = []
+    kept, last = [], 0
+    for start, end, found in _scan(text, names, final=True):
+        if end == -1:
+            return text, []
+        kept.append(text[last:start])
+        calls += found
+        last = end
+    if not calls:
+        return text, []
+    kept.append(text[last:])
+    return "\n".join(part.strip() for part in kept if part.strip()), calls
+
+
+class CallStream:
+    """Tool calls found while an answer streams: `feed` returns the text that can no longer be part of a
+    call (to send as content at once), `finish` the rest as (content, calls). Text is held from the first
+    place a call may begin (a marker, a fence, a call-shaped object) until it is a call or cannot be one.
+    The whole answer is scanned again at each piece (a fence opened earlier decides what follows)."""
+
+    def __init__(self, names: Optional[Collection[str]] = None):
+        self.names = names
+        self.text = ""
+        self.sent = 0  # how much of the text feed has returned
+
+    def feed(self, text: str) -> str:
+        self.text += text
+        safe = next((start for start, _, _ in _scan(self.text, self.names, final=False)), len(self.text))
+        safe = max(safe, self.sent)
+        out, self.sent = self.text[self.sent:safe], safe
+        return out
+
+    def finish(self) -> tuple[str, list[Call]]:
+        """(content not yet sent, the calls); with no calls, all the held text is content."""
+        held = self.text[self.sent:]
+        content, calls = parse_tool_calls(held, names=self.names)
+        self.sent = len(self.text)
+        return (content, calls) if calls else (held, [])
+
+
+def call_schema(tools: list[dict[str, Any]], name: Optional[str] = None, parallel: bool = False) -> dict[str, Any]:
     """The JSON schema of one call, {"name", "arguments"}, to one of `tools` (OpenAI's function tools), or
-    to the one named: its arguments are that function's own parameters schema."""
+    to the one named: its arguments are that function's own parameters schema. `parallel`: a list of one
+    or more such calls."""
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
     options = [{"type": "object", "properties": {"name": {"const": f["name"]},
                                                   "arguments": f.get("parameters") or {"type": "object", "properties": {}}},
                 "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    one = options[0] if len(options) == 1 else {"anyOf": options}
+    return {"type": "array", "items": one, "minItems": 1} if parallel else one

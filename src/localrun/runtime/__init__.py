@@ -8,7 +8,7 @@ _WHERE = {
     "DecodeOptions": "..engine", "OptionError": "..engine", "Response": "..engine", "SamplingOptions": "..engine",
     "Stats": "..engine", "merge_options": "..engine", "Loaded": ".loader", "load": ".loader", "Request": ".request",
     # tool calls and thinking in a model's own format, for the HTTP dialects
-    "call_schema": "..engine.tools", "may_be_call": "..engine.tools", "parse_tool_calls": "..engine.tools",
+    "call_schema": "..engine.tools", "CallStream": "..engine.tools", "parse_tool_calls": "..engine.tools",
     "supports_tools": "..engine.tools", "template_family": "..engine.tools", "markers_for": "..engine.thinking",
 }
 __all__ = sorted(_WHERE)

@@ -210,13 +210,14 @@ class Resident:
         """What `ps` shows (Ollama's /api/ps fields, plus the slots)."""
         from datetime import datetime
 
+        from ..store.digests import file_digest
         from .report import model_details
 
         on_gpu = self.engine.gpu_fraction()
         expires = None if self.expires is None else datetime.fromtimestamp(self.expires).astimezone().isoformat(timespec="seconds")
         return {
             "name": self.name, "model": self.loaded.ref, "path": str(self.path), "size": self.estimate,
-            "digest": "", "details": model_details(self.engine.info),
+            "digest": file_digest(self.path, wait=False) or "", "details": model_details(self.engine.info),
             "size_vram": self.vram or int(self.estimate * on_gpu), "processor": _processor(on_gpu),
             "context_length": self.slot_ctx, "slots": len(self.scheduler.slots),
             "slots_busy": len(self.scheduler.slots) - self.scheduler.idle_slots(), "requests": self.refs,

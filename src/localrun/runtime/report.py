@@ -192,8 +192,15 @@ def model_card(ref: str) -> dict[str, Any]:
         "modelfile": f"# localrun: {local.ref}\nFROM {local.path}\n", "parameters": parameters,
         "template": info.chat_template or "{{ .Prompt }}", "license": (entry.license if entry else "") or "",
         "details": model_details(info), "model_info": model_info, "capabilities": capabilities,
-        "modified_at": local.pulled_at or _mtime(local.path),
+        "modified_at": local.pulled_at or _mtime(local.path), "digest": _digest(local),
     }
+
+
+def _digest(local) -> str:
+    """A model's sha256: recorded at pull, or computed once for a file served by path (store.digests)."""
+    from ..store.digests import file_digest
+
+    return (local.sha256[0] if getattr(local, "sha256", None) else None) or file_digest(local.path) or ""
 
 
 def _mtime(path) -> str:

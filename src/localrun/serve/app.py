@@ -178,6 +178,9 @@ def build_app(service: Service, on_started=None):
         ref = body.model or service.options.model
         if not ref:
             raise ApiError(400, "no model given and this server was started without one: name one in 'model'", param="model")
+        # The id /v1/models and /api/ps list for a model loaded from a path (its file name) names it on
+        # every endpoint, whichever kind of context (chat, embeddings) it was loaded for.
+        ref = next((r.loaded.ref for r in list(pool.residents) if ref.casefold() in r.names), ref)
         keep_alive = None
         if body.keep_alive is not None:
             try:
@@ -256,6 +259,8 @@ def build_app(service: Service, on_started=None):
     async def generate(request: Request, kind, endpoint: str):
         try:
             body = openai.parse_body(await read_body(request), kind)
+            if body.n > 1 and not body.stream:
+                return await choices(request, body, endpoint)
             resident, keep_alive, _ = await resident_for(body)
             job, watcher = submit(request, resident, keep_alive, body)
         except ApiError as exc:
@@ -291,6 +296,36 @@ def build_app(service: Service, on_started=None):
         metrics.requests.labels(endpoint, "200").inc()
         logprobs = openai.logprobs_of(resident.engine, chat, final.logprobs) if job.seq.top_logprobs is not None else None
         return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, job.tools))
+
+    async def choices(request: Request, body, endpoint: str):
+        """`n` choices, each its own job (a fixed seed counts up, so the choices differ), decoded side by side
+        in the model's slots and answered together."""
+        jobs = []
+        try:
+            for i in range(body.n):
+                one = body.model_copy(update={"n": 1, **({"seed": body.seed + i} if body.seed is not None else {})})
+                resident, keep_alive, _ = await resident_for(one)
+                jobs.append((resident, *submit(request, resident, keep_alive, one)))
+        except ApiError as exc:
+            for resident, job, watcher in jobs:
+                watcher.cancel()
+                resident.scheduler.cancel(job)
+            return error_response(exc, endpoint)
+        chat = isinstance(body, ChatBody)
+        results = []
+        for resident, job, watcher in jobs:
+            try:
+                results.append((resident, job, *await collect(job, watcher, resident.scheduler)))
+            except ApiError as exc:
+                for other_resident, other, other_watcher in jobs:
+                    other_watcher.cancel()
+                    other_resident.scheduler.cancel(other)
+                return error_response(exc, endpoint)
+        metrics.requests.labels(endpoint, "200").inc()
+        answers = [openai.completion("", chat, resident.name, text, final,
+                                     openai.logprobs_of(resident.engine, chat, final.logprobs) if job.seq.top_logprobs is not None else None,
+                                     job.tools) for resident, job, text, final in results]
+        return JSONResponse(openai.merged(answers, openai.new_id(chat)))
 
     async def embeddings_of(body, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
         """(the model's name, runtime.embed.Embeddings, seconds its load took) for `texts` on the model the
@@ -371,34 +406,33 @@ def build_app(service: Service, on_started=None):
             answer = ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs,
                                   thinking=final.thinking)
             if job.tools is not None:
-                answer["message"] = ollama.with_tool_calls(answer["message"], text, job.tools)
+                answer["message"] = ollama.with_tool_calls(answer["message"], *job.tools.calls_in(text))
             return JSONResponse(answer)
 
         async def lines():
-            from ..runtime import may_be_call
-
             finished = False
-            held: Optional[str] = "" if job.tools is not None else None  # with tools: the answer while it may be a call
+            calls_stream = job.tools.stream() if job.tools is not None else None  # with tools: text that may be a call is held
             entries: list = []  # tokens whose logprobs are not sent yet
             try:
                 while True:
                     response, text, thought, more = await openai.next_piece(job)
                     entries += more
+                    ended_well = response.done and response.finish_reason in openai.FINISH_REASONS
                     if thought:
                         yield ollama.line(ollama.piece(model_id, chat, "", thinking=thought))
-                    if held is not None:
-                        held += text
-                        text = ""
-                        if response.done and response.finish_reason in openai.FINISH_REASONS and held:
-                            part = ollama.piece(model_id, chat, held)
-                            part["message"] = ollama.with_tool_calls(part["message"], held, job.tools)
-                            yield ollama.line(part)
-                        elif not response.done and not may_be_call(held, job.tools.family):
-                            text, held = held, None  # plain text after all: streamed from here on
-                    if text and (not response.done or response.finish_reason in openai.FINISH_REASONS):
+                    calls: list = []
+                    if calls_stream is not None:
+                        text = calls_stream.feed(text)
+                        if ended_well:
+                            rest, calls = job.tools.settle(calls_stream)
+                            text += rest
+                    if (text or calls) and (not response.done or ended_well):
                         logprobs = ollama.logprobs_of(resident.engine, entries) if wants_logprobs else None
                         entries.clear()
-                        yield ollama.line(ollama.piece(model_id, chat, text, logprobs))
+                        part = ollama.piece(model_id, chat, text, logprobs)
+                        if calls:
+                            part["message"] = ollama.with_tool_calls(part["message"], text, calls)
+                        yield ollama.line(part)
                     if not response.done:
                         continue
                     finished = True
@@ -425,6 +459,7 @@ def build_app(service: Service, on_started=None):
 
     async def ollama_tags(request: Request):
         from ..runtime.report import model_details, pulled_models
+        from ..store.digests import file_digest
 
         metrics.requests.labels("/api/tags", "200").inc()
         models = await run_in_threadpool(pulled_models)
@@ -432,8 +467,9 @@ def build_app(service: Service, on_started=None):
         for r in list(pool.residents):  # loaded from a path: listed too, as the server can answer them
             if r.loaded.ref not in listed and r.name not in listed:
                 listed.add(r.loaded.ref)
+                digest = await run_in_threadpool(file_digest, r.path)
                 models.append({"name": r.loaded.ref, "model": r.loaded.ref, "modified_at": ollama.now(), "size": r.path.stat().st_size,
-                               "digest": "", "details": model_details(r.engine.info)})
+                               "digest": digest or "", "details": model_details(r.engine.info)})
         return JSONResponse({"models": models})
 
     async def on_named_model(request: Request, action):
@@ -553,9 +589,22 @@ def build_app(service: Service, on_started=None):
 
     async def models(request: Request):
         """The loaded models first (with their slots), then the pulled ones a request may name."""
+        metrics.requests.labels("/v1/models", "200").inc()
+        return JSONResponse({"object": "list", "data": await listed_models()})
+
+    async def model(request: Request):
+        """One model of /v1/models by its id (openai's models.retrieve); 404 in OpenAI's shape otherwise."""
+        wanted = request.path_params["model_id"]
+        found = next((m for m in await listed_models() if m["id"] == wanted), None)
+        if found is None:
+            return error_response(ApiError(404, f"the model {wanted!r} does not exist: see /v1/models", param="model",
+                                           code="model_not_found"), "/v1/models/{id}")
+        metrics.requests.labels("/v1/models/{id}", "200").inc()
+        return JSONResponse(found)
+
+    async def listed_models() -> list[dict]:
         from ..runtime.pool import pulled_models
 
-        metrics.requests.labels("/v1/models", "200").inc()
         data, seen = [], set()
         for r in pool.ps():
             seen.add(r["path"])
@@ -565,7 +614,7 @@ def build_app(service: Service, on_started=None):
             if path not in seen:
                 data.append({"id": ref, "object": "model", "created": service.created, "owned_by": "localrun",
                              "meta": {"file": path, "loaded": False}})
-        return JSONResponse({"object": "list", "data": data})
+        return data
 
     async def ps(request: Request):
         return JSONResponse({"models": pool.ps()})
@@ -610,7 +659,7 @@ def build_app(service: Service, on_started=None):
         service.loop = asyncio.get_running_loop()
         # What the first request would import (anyio's worker threads, tool calls, thinking): imported now.
         await run_in_threadpool(lambda: None)
-        from ..runtime import markers_for, may_be_call  # noqa: F401
+        from ..runtime import CallStream, markers_for  # noqa: F401
         service.activity(0)  # the idle clock starts when requests can arrive
         if on_started:  # only now: uvicorn handles Ctrl-C from here on, so "Ctrl-C stops" is true once printed
             on_started()
@@ -620,6 +669,7 @@ def build_app(service: Service, on_started=None):
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/v1/embeddings", v1_embeddings, methods=["POST"]),
         Route("/api/embed", ollama_embed, methods=["POST"]),
         Route("/api/embeddings", ollama_embeddings, methods=["POST"]),

@@ -133,16 +133,13 @@ def _message(m: dict) -> dict:
     return out
 
 
-def with_tool_calls(message: dict, text: str, tools) -> dict:
+def with_tool_calls(message: dict, content: str, calls: list[dict]) -> dict:
     """The answer's message, with Ollama's tool_calls ({"function": {"name", "arguments": object}}) when the
     model called tools."""
-    from ..runtime import parse_tool_calls
-
-    content, calls = parse_tool_calls(text, tools.family)
     if not calls:
         return message
     return {**message, "content": content, "tool_calls": [{"function": {"name": c["name"], "arguments": c["arguments"]}}
-                                                          for c in (calls if tools.parallel else calls[:1])]}
+                                                          for c in calls]}
 
 
 def flags(data: dict, *names: str) -> None:

@@ -46,7 +46,7 @@ class _Fields(BaseModel):
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: Optional[dict[str, bool]] = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    n: int = Field(1, ge=1, le=16, description="choices: each its own sequence, decoded side by side in the slots")
     user: Optional[str] = None
     logit_bias: Optional[dict[int, float]] = None
     response_format: Optional[dict[str, Any]] = None
@@ -59,9 +59,20 @@ class _Fields(BaseModel):
     parallel_tool_calls: Optional[bool] = None
     functions: Optional[list[Any]] = None
     function_call: Union[str, dict[str, Any], None] = None
+    # Current OpenAI fields that do not change what the model must write: accepted and ignored, as Ollama
+    # and llama-server do (caching and routing hints, storage, identifiers, a predicted output).
     store: Optional[bool] = None
     metadata: Optional[dict[str, Any]] = None
     service_tier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    prompt_cache_retention: Optional[str] = None
+    safety_identifier: Optional[str] = None
+    verbosity: Optional[Literal["low", "medium", "high"]] = None
+    prediction: Optional[dict[str, Any]] = None
+    # ... and those that would: refused by name unless asked for off (see _unsupported).
+    modalities: Optional[list[StrictStr]] = None
+    audio: Optional[dict[str, Any]] = None
+    web_search_options: Optional[dict[str, Any]] = None
     # Ollama's per-request fields, which localrun's resident server takes on /v1 too: how long the model
     # stays loaded after this answer, and load-time options (a model loaded with others is reloaded).
     keep_alive: Union[StrictInt, StrictFloat, StrictStr, None] = None
@@ -89,6 +100,14 @@ def _unsupported(body) -> Optional[str]:
         return "tools"  # a chat feature: the template renders them
     if body.functions or body.function_call not in (None, "none"):
         return "functions"  # OpenAI's older form: send tools instead
+    if body.modalities and set(body.modalities) - {"text"}:
+        return "modalities"  # text is all a GGUF language model writes
+    if body.audio is not None:
+        return "audio"
+    if body.web_search_options is not None:
+        return "web_search_options"
+    if body.n > 1 and body.stream:
+        return "n with stream"  # several choices come back whole
     return None
 
 
@@ -331,12 +350,32 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass
 class ToolMode:
-    """A chat request with tools the model may call: the template's format, the schema a forced call is
-    generated in (tool_choice required or a named function), and whether several calls may come back."""
+    """A chat request with tools the model may call: the template's format, the names of the tools offered,
+    the schema a forced call is generated in (tool_choice required or a named function), and whether
+    several calls may come back."""
 
     family: str
+    names: frozenset = frozenset()
     forced: Optional[dict] = None
     parallel: bool = True
+
+    def calls_in(self, text: str) -> tuple[str, list[dict]]:
+        """(content, calls) of a whole answer."""
+        from ..runtime import parse_tool_calls
+
+        content, calls = parse_tool_calls(text, self.family, self.names)
+        return content, (calls if self.parallel else calls[:1])
+
+    def stream(self):
+        """A CallStream for this request's answer (engine.tools): what can go out as content at once."""
+        from ..runtime import CallStream
+
+        return CallStream(self.names)
+
+    def settle(self, stream) -> tuple[str, list[dict]]:
+        """(content not sent yet, calls) once the answer is whole."""
+        content, calls = stream.finish()
+        return content, (calls if self.parallel else calls[:1])
 
 
 _warned_templates: set = set()
@@ -370,22 +409,17 @@ def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
             return None
         raise ApiError(400, f"{engine.path.name}'s chat template cannot render tools, so a tool call cannot be required of it"
                        " (use tool_choice auto, or a model whose template has tools)", param="tool_choice")
-    forced = call_schema([t.model_dump() for t in body.tools], named) if (named or choice == "required") else None
-    return ToolMode(template_family(template) if forced is None else "generic", forced, body.parallel_tool_calls is not False)
+    parallel = body.parallel_tool_calls is not False
+    # Forced: one call (a named function, or parallel_tool_calls false), else a list of one or more.
+    forced = (call_schema([t.model_dump() for t in body.tools], named, parallel=parallel and named is None)
+              if (named or choice == "required") else None)
+    return ToolMode(template_family(template) if forced is None else "generic", frozenset(names), forced, parallel)
 
 
-def tool_message(text: str, mode: ToolMode) -> tuple[Optional[str], list[dict]]:
-    """The content and OpenAI tool_calls of an answer (no calls: the text as it is)."""
-    from ..runtime import parse_tool_calls
-
-    content, calls = parse_tool_calls(text, mode.family)
-    if not calls:
-        return text, []
-    if not mode.parallel:
-        calls = calls[:1]
-    return (content or None), [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                                 "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-                                for c in calls]
+def openai_calls(calls: list[dict]) -> list[dict]:
+    """Calls as OpenAI's tool_calls (arguments as a JSON string, each with an id)."""
+    return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}} for c in calls]
 
 
 def _top_logprobs(body) -> Optional[int]:
@@ -495,6 +529,10 @@ def _response_format(fmt: Optional[dict]) -> dict:
     if not fmt or fmt.get("type") in (None, "text"):
         return {}
     if fmt.get("type") == "json_object":
+        if fmt.get("schema") is not None:  # llama-server's form: a JSON object in that schema
+            if not isinstance(fmt["schema"], dict):
+                raise ApiError(400, "response_format's schema must be a JSON schema object", param="response_format")
+            return {"json_schema": fmt["schema"]}
         from ..runtime.options import json_grammar
 
         return {"grammar": json_grammar()}
@@ -530,9 +568,9 @@ def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, 
         if final.thinking:
             choice["message"]["reasoning_content"] = final.thinking
         if tools is not None:
-            content, calls = tool_message(text, tools)
+            content, calls = tools.calls_in(text)
             if calls:
-                choice["message"] = {**choice["message"], "content": content, "tool_calls": calls}
+                choice["message"] = {**choice["message"], "content": content or None, "tool_calls": openai_calls(calls)}
                 choice["finish_reason"] = "tool_calls"
     else:
         choice["text"] = text
@@ -540,6 +578,17 @@ def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, 
         "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
         "model": model_id, "choices": [choice], "usage": usage(final.stats), "timings": timings(final.stats),
     }
+
+
+def merged(answers: list[dict], rid: str) -> dict:
+    """Several answers to one request (n > 1) as one, each its choice: the prompt counted once, the
+    completions' tokens added up."""
+    first = answers[0]
+    choices = [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]
+    completion_tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+    used = {**first["usage"], "completion_tokens": completion_tokens,
+            "total_tokens": first["usage"]["prompt_tokens"] + completion_tokens}
+    return {**first, "id": rid, "choices": choices, "usage": used}
 
 
 def new_id(chat: bool) -> str:
@@ -564,8 +613,6 @@ async def next_piece(job: Job) -> tuple[Response, str, str, list]:
 async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str, on_final, cancel, engine=None) -> AsyncIterator[str]:
     """The response stream as OpenAI's server-sent events. `on_final(final, status)` records how it ended;
     `cancel()` frees the slot when the client goes away mid-stream."""
-    from ..runtime import may_be_call
-
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -589,8 +636,8 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
     offset = 0
     entries: list = []  # tokens whose logprobs are not sent yet (text held back goes out with later text)
     tools: Optional[ToolMode] = job.tools
-    held = ""  # with tools: the answer so far, while it may still be a tool call
-    called = False  # the answer was tool calls
+    calls_stream = tools.stream() if tools is not None else None  # with tools: text that may be a call is held
+    calls: list[dict] = []
     try:
         if chat:
             yield chunk(None, None, role=True)
@@ -600,23 +647,18 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
             ended_well = response.done and response.finish_reason in FINISH_REASONS
             if thought and chat and (not response.done or ended_well):
                 yield delta({"reasoning_content": thought})
-            if tools is not None:
-                held += text
-                text = ""
+            if calls_stream is not None:
+                text = calls_stream.feed(text)
                 if ended_well:
-                    content, calls = tool_message(held, tools)
-                    for i, call in enumerate(calls):  # each call whole, as the openai client assembles them
-                        yield delta({"tool_calls": [{"index": i, **call}], **({"content": content} if content and i == 0 else {})})
-                    called = bool(calls)
-                    text = "" if called else held
-                    tools = None
-                elif not may_be_call(held, tools.family):
-                    text, tools = held, None  # plain text after all: stream it from here on
+                    rest, calls = tools.settle(calls_stream)
+                    text += rest
             if text and (not response.done or ended_well):
                 logprobs = logprobs_of(engine, chat, entries, offset) if wants_logprobs else None
                 offset += len(text)
                 entries = []
                 yield chunk(text, None, logprobs=logprobs)
+            for i, call in enumerate(openai_calls(calls)):  # each call whole, as the openai client assembles them
+                yield delta({"tool_calls": [{"index": i, **call}]})
             if not response.done:
                 continue
             finished = True
@@ -625,7 +667,7 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
                 yield _event({"error": {"message": response.error or "cancelled", "type": "server_error", "param": None, "code": None}})
                 return
             on_final(response, "200")
-            yield chunk(None, "tool_calls" if called else FINISH_REASONS[response.finish_reason])
+            yield chunk(None, "tool_calls" if calls else FINISH_REASONS[response.finish_reason])
             if include_usage:
                 yield event([], usage=usage(response.stats), timings=timings(response.stats))
             yield "data: [DONE]\n\n"
