@@ -105,3 +105,31 @@ def test_ps_counts_the_repacked_copy(resident, gemma, cli, cpu_only):
     assert m["size"] <= held  # the server holds at least what ps says (and Python besides)
     table = cli("ps")
     assert "repacked copy" in table.stdout and "KV" in table.stdout
+
+
+def test_the_pools_fit_decision_counts_the_repacked_copy(gemma, cpu_only):
+    """A budget that holds weights, KV and logits (the old figure) but not the repacked copy refuses the model."""
+    from types import SimpleNamespace
+
+    from localrun.runtime.pool import LoadSpec, ModelPool, ModelTooBig, estimate_breakdown
+
+    spec = LoadSpec(ctx=1024, parallel=1, gpu_layers="0", kind="run")
+    parts = estimate_breakdown(gemma, spec)
+    assert parts["repacked_bytes"] > 10 * MIB
+    loads = []
+
+    def load(ref, spec):
+        loads.append(ref)
+        engine = SimpleNamespace(n_ctx=1024, info=None, gpu_fraction=lambda: 0.0, close=lambda: None)
+        return SimpleNamespace(engine=engine, name=ref, ref=ref, close=lambda: None)
+
+    scheduler = lambda loaded, ctx, spec: SimpleNamespace(slots=[None], fatal=None, idle_slots=lambda: 1,  # noqa: E731
+                                                          request_stop=lambda: None, stop=lambda: None)
+    pool = ModelPool(make_scheduler=scheduler, load=load, memory_budget=parts["total_bytes"] - parts["repacked_bytes"] // 2,
+                     free_vram=lambda: None, on_notice=lambda _: None)
+    try:
+        with pytest.raises(ModelTooBig):
+            pool.acquire(str(gemma), spec)
+        assert loads == []
+    finally:
+        pool.close()
