@@ -688,7 +688,7 @@ class _Converter:
         optional_props: list[str] = []
         for prop, prop_schema in props:
             value = self.visit(prop_schema, f"{sub}{prop}", _join(path, f"properties.{prop}"))
-            kv[prop] = self.add_rule(f"{sub}{prop}-kv", f"{_format_literal(json.dumps(prop))} space \":\" space {value}")
+            kv[prop] = self.add_rule(f"{sub}{prop}-kv", f"{_format_literal(_dump(prop))} space \":\" space {value}")
             (required_props if prop in required else optional_props).append(prop)
         if additional is not None:
             sub_name = f"{sub}additional"
