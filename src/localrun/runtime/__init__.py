@@ -10,6 +10,7 @@ _WHERE = {
     # tool calls and thinking in a model's own format, for the HTTP dialects
     "call_schema": "..engine.tools", "CallStream": "..engine.tools", "parse_tool_calls": "..engine.tools",
     "supports_tools": "..engine.tools", "template_family": "..engine.tools", "markers_for": "..engine.thinking",
+    "file_digest": "..store.digests",
 }
 __all__ = sorted(_WHERE)
 __getattr__ = exports(globals(), _WHERE)

@@ -459,7 +459,7 @@ def build_app(service: Service, on_started=None):
 
     async def ollama_tags(request: Request):
         from ..runtime.report import model_details, pulled_models
-        from ..store.digests import file_digest
+        from ..runtime import file_digest
 
         metrics.requests.labels("/api/tags", "200").inc()
         models = await run_in_threadpool(pulled_models)
