@@ -193,7 +193,7 @@ class Sampler:
                                       "report the schema, or give a --grammar instead")
                 raise UsageError("the grammar does not parse (GBNF): check it with llama.cpp's gbnf-validator")
             add(g)
-        seed = o.seed if o.seed is not None else 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
+        seed = o.seed if o.seed is not None and o.seed >= 0 else 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
         if o.greedy:
             add(ll.llama_sampler_init_greedy())
         elif o.mirostat == 1:

@@ -25,8 +25,12 @@ from ..runtime import Loaded, Response
 from ..runtime.pool import FOREVER, LoadSpec, ModelPool, Resident, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
 from . import native, ollama, openai
+from .limits import header_timeout, limit_body, max_body_bytes
 from .metrics import Metrics
 from .openai import ApiError, ChatBody, CompletionBody
+
+
+_BIG_BODY = 1 << 20  # bodies over this are parsed on a worker thread
 
 
 @dataclass
@@ -35,6 +39,7 @@ class ServeOptions:
     max_waiting: int = 64
     prefill_chunk: int = 256
     api_key: Optional[str] = None
+    max_body: int = field(default_factory=max_body_bytes)  # bytes; 0: no cap (serve/limits.py)
     model: Optional[str] = None  # the model named on the command line: loaded at start, the default
     sampling: Optional[dict] = None  # the sampling flags given to serve, over each model's catalogue defaults
     keep_alive: float = 300.0
@@ -210,11 +215,13 @@ def build_app(service: Service, on_started=None):
             raise ApiError(status, message, param="options" if code == "invalid_options" else "model", code=code,
                            type_="server_error" if status >= 500 else "invalid_request_error") from None
 
-    def submit(request: Request, resident: Resident, keep_alive: Optional[float], body) -> tuple[Job, Any]:
+    async def submit(request: Request, resident: Resident, keep_alive: Optional[float], body) -> tuple[Job, Any]:
         """Make the body a job on `resident`'s scheduler (the reference is given back when it ends, or now on
-        failure): the job and the watcher that cancels it when the client goes away. ApiError otherwise."""
+        failure): the job and the watcher that cancels it when the client goes away. ApiError otherwise. A
+        large request is rendered and tokenized on a worker thread: other requests go on meanwhile."""
         try:
-            job = openai.job_for(resident, body)
+            big = int(request.headers.get("content-length") or 0) > _BIG_BODY
+            job = await run_in_threadpool(openai.job_for, resident, body) if big else openai.job_for(resident, body)
         except Exception as exc:  # noqa: BLE001 - the reference is given back whatever went wrong
             pool.release(resident, keep_alive)
             if isinstance(exc, ApiError):
@@ -258,11 +265,13 @@ def build_app(service: Service, on_started=None):
 
     async def generate(request: Request, kind, endpoint: str):
         try:
-            body = openai.parse_body(await read_body(request), kind)
+            raw = await read_body(request)
+            # a large body is parsed off the event loop: other requests (and /health) go on meanwhile
+            body = await run_in_threadpool(openai.parse_body, raw, kind) if len(raw) > _BIG_BODY else openai.parse_body(raw, kind)
             if body.n > 1 and not body.stream:
                 return await choices(request, body, endpoint)
             resident, keep_alive, _ = await resident_for(body)
-            job, watcher = submit(request, resident, keep_alive, body)
+            job, watcher = await submit(request, resident, keep_alive, body)
         except ApiError as exc:
             return error_response(exc, endpoint)
         scheduler = resident.scheduler
@@ -305,7 +314,7 @@ def build_app(service: Service, on_started=None):
             for i in range(body.n):
                 one = body.model_copy(update={"n": 1, **({"seed": body.seed + i} if body.seed is not None else {})})
                 resident, keep_alive, _ = await resident_for(one)
-                jobs.append((resident, *submit(request, resident, keep_alive, one)))
+                jobs.append((resident, *await submit(request, resident, keep_alive, one)))
         except ApiError as exc:
             for resident, job, watcher in jobs:
                 watcher.cancel()
@@ -361,9 +370,12 @@ def build_app(service: Service, on_started=None):
         return JSONResponse({"error": message}, status_code=exc.status)
 
     async def ollama_body(request: Request) -> Any:
+        from .limits import BadJson, parse_json
+
+        raw = await read_body(request) or b"{}"
         try:
-            return json.loads(await read_body(request) or b"{}")
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            return await run_in_threadpool(parse_json, raw) if len(raw) > _BIG_BODY else parse_json(raw)
+        except BadJson as exc:
             raise ApiError(400, f"invalid JSON body: {exc}") from None
 
     async def ollama_generate(request: Request, chat: bool):
@@ -391,7 +403,7 @@ def build_app(service: Service, on_started=None):
         if not chat and isinstance(body, ChatBody) and resident.engine.chat_template is None:
             body = ollama.without_template(body)
         try:
-            job, watcher = submit(request, resident, keep_alive, body)
+            job, watcher = await submit(request, resident, keep_alive, body)
         except ApiError as exc:
             return ollama_error(ollama.ollama_names(exc), endpoint)
         scheduler, model_id = resident.scheduler, resident.name
@@ -697,18 +709,28 @@ def build_app(service: Service, on_started=None):
                             headers=getattr(exc, "headers", None))
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
+    app = limit_body(app, service.options.max_body)
     return _require_key(app, service.options.api_key) if service.options.api_key else app
+
+
+def _given_key(headers: dict) -> bytes:
+    """The API key a request carries: `Authorization: Bearer KEY` (the scheme in any case, as RFC 9110 has
+    it), or Anthropic's `x-api-key: KEY`."""
+    scheme, _, token = headers.get(b"authorization", b"").strip().partition(b" ")
+    if scheme.lower() == b"bearer" and token.strip():
+        return token.strip()
+    return headers.get(b"x-api-key", b"").strip()
 
 
 def _require_key(app, key: str):
     """ASGI wrapper: every path but /health needs `Authorization: Bearer KEY` (compared in constant time)."""
-    expected = f"Bearer {key}".encode()
+    expected = key.encode()
     body = json.dumps(ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                type_="invalid_request_error", code="invalid_api_key").body()).encode()
 
     async def guarded(scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
+            given = _given_key(dict(scope["headers"]))
             if not hmac.compare_digest(given, expected):
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
@@ -804,7 +826,10 @@ def serve(options: ServeOptions, *, host: str, port: int, socket_path=None, on_r
         bound = None if socket_path else sock.getsockname()[1]
         inode = os.stat(socket_path).st_ino if socket_path else None
         app = build_app(service, on_started=(lambda: on_ready(bound, resident)) if on_ready else None)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on")
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on",
+                                http=header_timeout(AutoHTTPProtocol))
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig, frame) -> None:

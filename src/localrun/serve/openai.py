@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, create_model
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, create_model,
+                      model_validator)
 
 from ..errors import ContextOverflow, LocalrunError
 from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
@@ -41,27 +42,27 @@ class _Fields(BaseModel):
     # Unknown fields are refused (as OpenAI's API does) rather than silently ignored.
     model_config = ConfigDict(extra="forbid")
 
-    model: Optional[str] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
-    stop: Union[str, list[str], None] = None
-    stream: bool = False
-    stream_options: Optional[dict[str, bool]] = None
-    n: int = Field(1, ge=1, le=16, description="choices: each its own sequence, decoded side by side in the slots")
+    model: Optional[StrictStr] = None
+    max_tokens: Optional[StrictInt] = Field(None, ge=1)
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    stream: StrictBool = False
+    stream_options: Optional[dict[str, StrictBool]] = None
+    n: StrictInt = Field(1, ge=1, le=16, description="choices: each its own sequence, decoded side by side in the slots")
     user: Optional[str] = None
     logit_bias: Optional[dict[int, float]] = None
     response_format: Optional[dict[str, Any]] = None
-    ignore_eos: bool = Field(False, description="llama.cpp server's extension: generate exactly max_tokens")
+    ignore_eos: StrictBool = Field(False, description="llama.cpp server's extension: generate exactly max_tokens")
     # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
-    logprobs: Union[bool, int, None] = None
-    top_logprobs: Optional[int] = None
+    logprobs: Union[StrictBool, StrictInt, None] = None
+    top_logprobs: Optional[StrictInt] = None
     tools: Optional[list[_Tool]] = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[StrictBool] = None
     functions: Optional[list[Any]] = None
     function_call: Union[str, dict[str, Any], None] = None
     # Current OpenAI fields that do not change what the model must write: accepted and ignored, as Ollama
     # and llama-server do (caching and routing hints, storage, identifiers, a predicted output).
-    store: Optional[bool] = None
+    store: Optional[StrictBool] = None
     metadata: Optional[dict[str, Any]] = None
     service_tier: Optional[str] = None
     prompt_cache_key: Optional[str] = None
@@ -81,9 +82,14 @@ class _Fields(BaseModel):
 
 # Every sampling option is a request field too (as in llama.cpp's server), checked where options merge.
 _SAMPLING_FIELDS = [name for name in SamplingOptions.model_fields if name not in _Fields.model_fields]
+def _strict(annotation):
+    """A sampling option's type as a request field: a number must be written as one ("10" is no integer)."""
+    return {int: StrictInt, float: StrictFloat, bool: StrictBool}.get(annotation, annotation)
+
+
 _Body = create_model(
     "_Body", __base__=_Fields,
-    **{name: (Optional[SamplingOptions.model_fields[name].annotation], None) for name in _SAMPLING_FIELDS},
+    **{name: (Optional[_strict(SamplingOptions.model_fields[name].annotation)], None) for name in _SAMPLING_FIELDS},
 )
 
 
@@ -112,8 +118,8 @@ def _unsupported(body) -> Optional[str]:
 
 
 class CompletionBody(_Body):
-    prompt: Union[str, list[int]]
-    echo: bool = False
+    prompt: Union[StrictStr, list[StrictInt]]
+    echo: StrictBool = False
     best_of: Optional[int] = None
     suffix: Optional[str] = None
 
@@ -142,6 +148,13 @@ class _Message(BaseModel):
     content: Union[str, list[_Part], None] = None
     tool_calls: Optional[list[_ToolCall]] = None
     tool_call_id: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        # Only an assistant message that calls tools may leave its content out (OpenAI's rule).
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("a message needs its content (only an assistant's tool calls may go without)")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -176,7 +189,7 @@ def _arguments(given: Union[str, dict]) -> dict:
 
 class ChatBody(_Body):
     messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
     # A reasoning model's thinking: apart in reasoning_content (auto; deepseek, as llama.cpp's server names
     # it), or left inline in the content (none); the template's switch (Qwen3's enable_thinking).
     reasoning_format: Optional[Literal["auto", "deepseek", "none"]] = None
@@ -265,13 +278,15 @@ def validation_error(exc: ValidationError, data: Any) -> ApiError:
         return ApiError(400, f"unknown or unsupported field {where!r}", param=where)
     if first["type"] == "missing":
         return ApiError(400, f"missing required field {where!r}", param=where)
-    return ApiError(400, f"invalid {where!r}: {first['msg']}", param=where)
+    return ApiError(400, f"invalid {where!r}: {first['msg'].removeprefix('Value error, ')}", param=where)
 
 
 def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
+    from .limits import BadJson, parse_json
+
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        data = parse_json(raw)
+    except BadJson as exc:
         raise ApiError(400, f"malformed JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")

@@ -1,0 +1,161 @@
+"""What the HTTP layer refuses before any route sees a request, for every route alike: a body over the cap
+(413, answered at once from Content-Length, or as soon as a chunked body passes it), and a connection that
+has not sent its request's headers in time (a slow-loris client: closed). JSON bodies that are not JSON
+(NaN, a lone surrogate) are refused where they are parsed (parse_json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Optional
+
+DEFAULT_MAX_BODY = 32 << 20  # 32 MiB: a long conversation with a few images in base64 fits; LOCALRUN_MAX_BODY (MiB) changes it
+HEADER_TIMEOUT_S = 10.0  # a request's headers must be whole this long after the connection (or the last answer)
+
+
+def header_timeout_s() -> float:
+    """LOCALRUN_HEADER_TIMEOUT (seconds), else the default."""
+    try:
+        return float(os.environ.get("LOCALRUN_HEADER_TIMEOUT") or HEADER_TIMEOUT_S)
+    except ValueError:
+        return HEADER_TIMEOUT_S
+
+
+def max_body_bytes() -> int:
+    """The body cap: LOCALRUN_MAX_BODY in MiB (0: none), else the default."""
+    given = os.environ.get("LOCALRUN_MAX_BODY")
+    if not given:
+        return DEFAULT_MAX_BODY
+    try:
+        mib = float(given)
+    except ValueError:
+        return DEFAULT_MAX_BODY
+    return int(mib * (1 << 20)) if mib > 0 else 0
+
+
+def error_body(path: str, status: int, message: str, kind: str) -> bytes:
+    """An error in the shape of the dialect the path belongs to."""
+    if path.startswith("/api/"):
+        return json.dumps({"error": message}).encode()
+    if path.startswith("/v1/messages"):
+        return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
+
+
+def limit_body(app, max_bytes: int):
+    """ASGI wrapper: a body over `max_bytes` is a 413 in the dialect's shape, read no further."""
+    if max_bytes <= 0:
+        return app
+
+    async def limited(scope, receive, send):
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        message = f"the request body is over this server's limit of {max_bytes >> 20} MiB: send less, or raise LOCALRUN_MAX_BODY (MiB)"
+
+        async def refuse():
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": error_body(scope["path"], 413, message, "request_too_large")})
+
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            return await refuse()
+        # Read the body here (routes read it whole anyway), counting: over the cap, nothing more is read.
+        chunks, seen = [], 0
+        while True:
+            event = await receive()
+            if event["type"] != "http.request":
+                chunks = None  # the client went away while sending: the route sees that
+                break
+            seen += len(event.get("body", b""))
+            if seen > max_bytes:
+                return await refuse()
+            chunks.append(event.get("body", b""))
+            if not event.get("more_body"):
+                break
+        first = event if chunks is None else {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        given = False
+
+        async def replayed():
+            nonlocal given
+            if not given:
+                given = True
+                return first
+            return await receive()
+
+        await app(scope, replayed, send)
+
+    return limited
+
+
+def header_timeout(protocol_class: type, seconds: Optional[float] = None) -> type:
+    """uvicorn's HTTP protocol with a deadline for each request's headers: a connection that is still
+    sending them (or sends nothing) after `seconds` is closed, so slow clients cannot hold connections."""
+
+    seconds = header_timeout_s() if seconds is None else seconds
+
+    class WithHeaderTimeout(protocol_class):
+        _deadline = None
+        _started = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._started = self.cycle
+            self._deadline = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if self.cycle is self._started and not self.transport.is_closing():
+                self.transport.close()  # no new request began: its headers never came
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._deadline is not None and self.cycle is not self._started:
+                self._disarm()  # the headers are in: a request began
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # the next request on this connection gets the same deadline
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return WithHeaderTimeout
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class BadJson(ValueError):
+    pass
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON: strict JSON (NaN and Infinity are not), and no lone UTF-16 surrogate in any
+    string (it cannot be written back as UTF-8, to a log, a tokenizer or an answer). BadJson names why."""
+    def constant(name: str):
+        raise BadJson(f"{name} is not a JSON value: send a number")
+
+    try:
+        data = json.loads(raw, parse_constant=constant)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadJson(str(exc)) from None
+    except RecursionError:
+        raise BadJson("nested too deeply") from None
+    if _SURROGATE.search(raw):
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadJson("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff not in a pair): send valid Unicode") from None
+    return data
