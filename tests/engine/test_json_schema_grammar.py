@@ -37,6 +37,8 @@ SCHEMAS = {
     "additionalProperties schema": {"type": "object", "additionalProperties": {"type": "boolean"}},
     "type list, maxLength": {"type": ["string", "null"], "maxLength": 5},
     "const with a quote and a backslash": {"type": "object", "properties": {"q": {"const": 'a\\"b'}}},
+    "a range over the quote and the backslash": {"type": "string", "pattern": "^[ -~]+$"},
+    "a class naming the quote, the backslash, a tab": {"type": "string", "pattern": '^[a-z\\-\\]"\\\\\\t]{2}$'},
 }
 
 
@@ -68,6 +70,8 @@ PROMPTED = [
                                        "tags": {"type": "array", "items": {"enum": ["work", "home"]}, "minItems": 2, "maxItems": 3}},
       "required": ["email", "tags"]},
      "Give Ann's email address and two tags as JSON."),
+    ({"type": "object", "properties": {"quote": {"type": "string", "pattern": "^[ -~]{1,30}$"}}, "required": ["quote"]},
+     'Quote a line of C code with "double quotes" and a backslash as JSON.'),
     ({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{2}\\d{2}[^\\s\"]{0,3}$"},
                                        "ok": {"type": "boolean"}}, "required": ["id", "ok"]},
      "Make an ID as JSON."),

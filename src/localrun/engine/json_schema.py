@@ -59,6 +59,9 @@ LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
 JSON_PLAIN = '"\\\\\\x7F\\x00-\\x1F'  # what a class must leave out so a character stands for itself in JSON
 DOT = f"[^{JSON_PLAIN}]"
 CLASS_ESCAPES = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " "}  # \s: only the space (other whitespace is escaped in JSON)
+CLASS_RANGES = {"d": ((48, 57),), "w": ((97, 122), (65, 90), (48, 57), (95, 95)), "s": ((32, 32),)}
+CONTROL_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v"}
+JSON_SPECIALS = [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)]  # written escaped in a JSON string
 NON_LITERAL = set("|.()[]{}*+?^$")
 HEX_ESCAPES = {"x": 2, "u": 4}
 
@@ -265,46 +268,58 @@ def _pattern_gbnf(pattern: str, dot_rule: str) -> str:
             raise _PatternError(f"the escape {body[j:j + 2 + width]!r} is not valid")
         return chr(int(digits, 16)), j + 2 + width
 
+    def class_atom(j: int) -> tuple[list[tuple[int, int]], bool, int]:
+        """One member of a class at j: its code point ranges, whether it is a single character (may start or end
+        a range), and the index after it."""
+        c = body[j]
+        if c != "\\":
+            return [(ord(c), ord(c))], True, j + 1
+        if j + 1 >= n:
+            raise _PatternError("it ends in a lone backslash")
+        e = body[j + 1]
+        if e in CLASS_RANGES:
+            return list(CLASS_RANGES[e]), False, j + 2
+        if e in "DWS":
+            raise _PatternError(f"'\\{e}' inside a character class is not supported")
+        if e in CONTROL_ESCAPES:
+            return [(ord(CONTROL_ESCAPES[e]),) * 2], True, j + 2
+        if e in HEX_ESCAPES:
+            ch, j = hex_escape(j)
+            return [(ord(ch), ord(ch))], True, j
+        if e.isalnum():
+            raise _PatternError(f"the escape '\\{e}' in a character class is not supported")
+        return [(ord(e), ord(e))], True, j + 2
+
     def char_class(j: int) -> tuple[str, int]:
-        """[...] from index j (at '['): the GBNF class and the index after ']'."""
+        """[...] from index j (at '['): GBNF for one character of the class, as JSON writes it, and the index
+        after ']'. A '"', a backslash or a control character the class allows is written escaped, as an
+        alternative beside the class of the rest; a negated class also leaves them out (a subset: what is
+        generated still matches)."""
         j += 1
         negated = j < n and body[j] == "^"
         if negated:
             j += 1
-        items: list[str] = []
+        ranges: list[tuple[int, int]] = []
         first = True
         while j < n and (body[j] != "]" or first):
             first = False
-            c = body[j]
-            if c == "\\":
-                if j + 1 >= n:
-                    raise _PatternError("it ends in a lone backslash")
-                e = body[j + 1]
-                if e in CLASS_ESCAPES:
-                    items.append(CLASS_ESCAPES[e])
-                    j += 2
-                elif e in "DWS":
-                    raise _PatternError(f"'\\{e}' inside a character class is not supported")
-                elif e in "tnr":
-                    items.append("\\" + e)
-                    j += 2
-                elif e in HEX_ESCAPES:
-                    ch, j = hex_escape(j)
-                    items.append(_class_char(ch))
-                elif e.isalnum():
-                    raise _PatternError(f"the escape '\\{e}' in a character class is not supported")
-                else:
-                    items.append(_class_char(e))
-                    j += 2
-            elif c == "[" and j + 1 < n and body[j + 1] == ":":
+            if body[j] == "[" and j + 1 < n and body[j + 1] == ":":
                 raise _PatternError("POSIX classes like '[:alpha:]' are not supported")
-            else:
-                items.append(c if c == "-" else _class_char(c))
-                j += 1
+            atom, single, j = class_atom(j)
+            if single and j + 1 < n and body[j] == "-" and body[j + 1] != "]":
+                end, single_end, j = class_atom(j + 1)
+                if not single_end or end[0][0] < atom[0][0]:
+                    raise _PatternError("a character class has a bad range")
+                atom = [(atom[0][0], end[0][0])]
+            ranges += atom
         if j >= n:
             raise _PatternError("a character class is not closed")
-        inner = "".join(items)
-        return (f"[^{inner}{JSON_PLAIN}]" if negated else f"[{inner}]"), j + 1
+        if negated:
+            return f"[^{''.join(_class_range(lo, hi) for lo, hi in ranges)}{JSON_PLAIN}]", j + 1
+        plain, escaped = _split_json_specials(ranges)
+        alternatives = ([f"[{''.join(_class_range(lo, hi) for lo, hi in plain)}]"] if plain else []) + [
+            f'"{literal(chr(c))}"' for c in escaped]
+        return (alternatives[0] if len(alternatives) == 1 else "(" + " | ".join(alternatives) + ")"), j + 1
 
     def transform() -> str:
         nonlocal i, depth
@@ -395,8 +410,8 @@ def _pattern_gbnf(pattern: str, dot_rule: str) -> str:
                 elif e in "DWS":
                     seq.append((f"[^{CLASS_ESCAPES[e.lower()]}{JSON_PLAIN}]", False))
                     i += 2
-                elif e in "tnr":
-                    seq.append((literal({"t": "\t", "n": "\n", "r": "\r"}[e]), True))
+                elif e in CONTROL_ESCAPES:
+                    seq.append((literal(CONTROL_ESCAPES[e]), True))
                     i += 2
                 elif e in HEX_ESCAPES:
                     ch, i = hex_escape(i)
@@ -420,12 +435,38 @@ def _pattern_gbnf(pattern: str, dot_rule: str) -> str:
     return f'"\\"" {prefix}({rule or chr(34) * 2}){suffix} "\\""'
 
 
+def _class_range(lo: int, hi: int) -> str:
+    return _class_char(chr(lo)) if lo == hi else f"{_class_char(chr(lo))}-{_class_char(chr(hi))}"
+
+
+def _split_json_specials(ranges: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int]]:
+    """`ranges` less the characters JSON writes escaped, and those characters (each once, in order)."""
+    plain: list[tuple[int, int]] = []
+    escaped: set[int] = set()
+    for lo, hi in ranges:
+        pieces = [(lo, hi)]
+        for s_lo, s_hi in JSON_SPECIALS:
+            cut = []
+            for a, b in pieces:
+                if b < s_lo or a > s_hi:
+                    cut.append((a, b))
+                    continue
+                escaped.update(range(max(a, s_lo), min(b, s_hi) + 1))
+                if a < s_lo:
+                    cut.append((a, s_lo - 1))
+                if b > s_hi:
+                    cut.append((s_hi + 1, b))
+            pieces = cut
+        plain += pieces
+    return plain, sorted(escaped)
+
+
 def _class_char(c: str) -> str:
-    """One character inside a GBNF class (']', '-', '\\' and '"' escaped)."""
-    if c in "]-\\\"":
+    """One character inside a GBNF class (']', '[', '-', '\\' and '"' escaped, control characters as \\xHH)."""
+    if c in "[]-\\\"":
         return "\\" + c
-    if c == "[":
-        return "\\["
+    if ord(c) < 0x20 or ord(c) == 0x7F:
+        return f"\\x{ord(c):02X}"
     return c
 
 
