@@ -96,3 +96,18 @@ def test_verify_finds_damage_whose_mtime_was_put_back(pulled, cli):
 
     ok = cli("show", REF, "--no-measure", "--verify", "--json")
     assert ok.returncode == 0 and json.loads(ok.stdout)["sha256"] == model.sha256[0]
+
+
+def test_ollama_pull_repairs_a_damaged_file(pulled, hub_stub):
+    import httpx
+    from conftest import start_server
+
+    model, data = pulled
+    flip_4k_mid_file(model.path.resolve())
+    server = start_server(None, hub_stub.home)
+    try:
+        r = httpx.post(server.url + "/api/pull", json={"model": REF, "stream": False}, timeout=120)
+        assert r.status_code == 200 and r.json() == {"status": "success"}, r.text
+    finally:
+        server.stop()
+    assert model.path.read_bytes() == data

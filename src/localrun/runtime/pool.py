@@ -126,10 +126,15 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
 
 def pull_if_needed(ref: str, source: str, on_progress: Optional[Callable[[str, Optional[int], int], None]] = None) -> None:
     """Pull `ref` when it is not here: the model named on `serve`'s command line (requests never pull), and
-    Ollama's /api/pull (`on_progress` hears each file's bytes instead of a bar on stderr)."""
+    Ollama's /api/pull (`on_progress` hears each file's bytes instead of a bar on stderr). A damaged file is
+    fetched again, as `localrun pull` does."""
     from .. import hub
+    from ..errors import IntegrityError
 
-    hub.ensure_local(ref, source=source, progress=on_progress or True)
+    try:
+        hub.ensure_local(ref, source=source, progress=on_progress or True)
+    except IntegrityError:
+        hub.pull(ref, source=source, progress=on_progress or True)
 
 
 def remove_pulled(ref: str) -> list[Path]:
