@@ -492,13 +492,13 @@ class ModelPool:
         ram_budget, vram_budget = self._budgets(gpu_free)
         if vram_budget is not None and vram > vram_budget:
             raise ModelTooBig(
-                f"the model's layers on the GPU need about {_gib(vram)} (weights and KV at this context) but the GPU"
+                f"the model's layers on the GPU need about {_gib(vram)} (weights, KV and compute at this context) but the GPU"
                 f" has {_gib(vram_budget)} free even with every other model unloaded: offload fewer layers (num_gpu,"
                 " --gpu-layers), or use a smaller context or quant"
             )
         if estimate - vram > ram_budget:
             raise ModelTooBig(
-                f"the model needs about {_gib(estimate - vram)} (weights and KV at this context"
+                f"the model needs about {_gib(estimate - vram)} (weights, repacked copy, KV and compute at this context"
                 f"{', besides its layers on the GPU' if vram else ''}) but "
                 f"{'the memory budget is' if self.memory_budget is not None else 'this machine has'} "
                 f"{_gib(ram_budget)} even with every other model unloaded: use a smaller context or quant"
