@@ -132,3 +132,11 @@ def test_call_schema_names_the_function_and_takes_its_parameters():
         jsonschema.validate({"name": "c", "arguments": {}}, either)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([], several)
+
+
+def test_unevenly_doubled_braces_are_read_by_the_calls_shape():
+    """Qwen2.5-Coder copies its template's {{"name": ...}} example and sometimes closes the braces unevenly."""
+    text = '{{"name": "get_weather", "arguments": {"city": "Paris"}}\n{{"name": "get_weather", "arguments": {"city": "Rome"}}}}'
+    expected = [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]
+    assert parse_tool_calls(text, "hermes", {"get_weather"}) == ("", expected)
+    assert streamed(text, [7, 30, 61], {"get_weather"}) == ("", "", expected)

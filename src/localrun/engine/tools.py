@@ -92,7 +92,32 @@ def _loads(text: str) -> Any:
             return json.loads(candidate)
         except ValueError:
             continue
+    if text.startswith("{{"):  # doubled braces, but not evenly: read each call by its shape
+        return _by_shape(text) or None
     return None
+
+
+_NAMED = re.compile(r'"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def _by_shape(text: str) -> list[dict]:
+    """The calls in text whose braces are doubled unevenly ({{"name": "f", "arguments": {"x": 1}}\n{{...}}}}):
+    each "name" with the object after its "arguments"."""
+    decoder, out = json.JSONDecoder(), []
+    for m in _NAMED.finditer(text):
+        rest = text[m.end():]
+        for candidate in (rest, "{" + rest[2:] if rest.startswith("{{") else None):
+            if candidate is None:
+                continue
+            try:
+                args, _ = decoder.raw_decode(candidate)
+            except ValueError:
+                continue
+            out.append({"name": m.group(1), "arguments": args})
+            break
+        else:
+            return []
+    return out
 
 
 def _call(obj: Any) -> Optional[Call]:
