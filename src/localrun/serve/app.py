@@ -24,7 +24,7 @@ from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
 from ..runtime.pool import FOREVER, LoadSpec, ModelPool, Resident, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
-from . import native, ollama, openai
+from . import access, anthropic, native, ollama, openai, responses
 from .limits import header_timeout, limit_body, max_body_bytes
 from .metrics import Metrics
 from .openai import ApiError, ChatBody, CompletionBody
@@ -48,6 +48,7 @@ class ServeOptions:
     source: str = "auto"
     exit_when_idle: Optional[float] = None  # the resident server: exit after this long with no model loaded
     socket: bool = False  # the resident server: on its Unix socket, speaking localrun's own /api/run too
+    quiet: bool = False  # no access log (one line per request on stderr)
 
 
 class Service:
@@ -232,9 +233,11 @@ def build_app(service: Service, on_started=None):
             raise ApiError(400, f"cannot build the prompt: {type(exc).__name__}: {exc}") from None
         scheduler = resident.scheduler
         job.sink = asyncio.Queue()
+        access.note(request, model=body.model or resident.name)
 
         def on_done(final: Response) -> None:
             metrics.finished(final.stats)
+            access.note(request, tokens=(final.stats.prompt_tokens, final.stats.generated_tokens))
             pool.release(resident, keep_alive)
 
         job.on_done = on_done
@@ -277,7 +280,7 @@ def build_app(service: Service, on_started=None):
         scheduler = resident.scheduler
         chat = isinstance(body, ChatBody)
         rid = openai.new_id(chat)
-        model_id = resident.name
+        model_id = body.model or resident.name  # the name the client used, as Ollama and OpenAI echo it
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
 
@@ -306,6 +309,105 @@ def build_app(service: Service, on_started=None):
         logprobs = openai.logprobs_of(resident.engine, chat, final.logprobs) if job.seq.top_logprobs is not None else None
         return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, job.tools))
 
+    kept_responses = responses.Kept()
+
+    async def translated(request: Request, endpoint: str, dialect: str):
+        """Anthropic's /v1/messages and OpenAI's /v1/responses: the body translated into the chat request
+        /v1/chat/completions serves (one prompt rendering, tools, sampling and scheduler), the answer
+        written in the dialect's own shapes; errors in its own error shape."""
+        from .limits import BadJson, parse_json
+
+        def fail(exc: ApiError):
+            metrics.requests.labels(endpoint, str(exc.status)).inc()
+            return JSONResponse(anthropic.error_body(exc) if dialect == "anthropic" else exc.body(), status_code=exc.status)
+
+        try:
+            raw = await read_body(request)
+            try:
+                data = await run_in_threadpool(parse_json, raw) if len(raw) > _BIG_BODY else parse_json(raw)
+            except BadJson as exc:
+                raise ApiError(400, f"malformed JSON body: {exc}") from None
+            conversation: list = []
+            if dialect == "anthropic":
+                body = anthropic.chat_body(data)
+            else:
+                body, conversation = responses.chat_body(data, kept_responses)
+            resident, keep_alive, _ = await resident_for(body)
+            job, watcher = await submit(request, resident, keep_alive, body)
+        except ApiError as exc:
+            return fail(exc)
+        model = body.model or resident.name
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        scheduler = resident.scheduler
+        rid = "resp_" + os.urandom(12).hex()
+
+        def keep(text: str, output: list) -> None:
+            kept_responses.put(rid, responses.answered(conversation, text, [], output))
+
+        if not body.stream:
+            try:
+                text, final = await collect(job, watcher, scheduler)
+            except ApiError as exc:
+                return fail(exc)
+            content, calls = job.tools.calls_in(text) if job.tools is not None else (text, [])
+            metrics.requests.labels(endpoint, "200").inc()
+            if dialect == "anthropic":
+                return JSONResponse(anthropic.message(model, content or "", final.thinking, calls, final, stops))
+            answer = responses.response(rid, data, model, content or "", final.thinking, calls, final)
+            keep(content or "", answer["output"])
+            return JSONResponse(answer)
+
+        def on_final(final: Response, status: str) -> None:
+            metrics.requests.labels(endpoint, status).inc()
+
+        async def stream():
+            from .stream import answer_events
+
+            finished = False
+            try:
+                answer = answer_events(job)
+                events = (anthropic.events(answer, model, len(job.prompt), stops, on_final) if dialect == "anthropic"
+                          else responses.events(answer, rid, data, model, on_final, keep))
+                async for line in events:
+                    yield line
+                finished = True
+            finally:
+                watcher.cancel()
+                if not finished:  # the client went away mid-stream
+                    scheduler.cancel(job)
+                    metrics.requests.labels(endpoint, "499").inc()
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def messages(request: Request):
+        return await translated(request, "/v1/messages", "anthropic")
+
+    async def count_tokens(request: Request):
+        """Anthropic's /v1/messages/count_tokens: the prompt the body would be, in tokens."""
+        from .limits import BadJson, parse_json
+
+        try:
+            try:
+                data = parse_json(await read_body(request))
+            except BadJson as exc:
+                raise ApiError(400, f"malformed JSON body: {exc}") from None
+            if isinstance(data, dict):
+                data = {**data, "max_tokens": 1, "stream": False}
+            body = anthropic.chat_body(data)
+            resident, keep_alive, _ = await resident_for(body)
+            try:
+                count = await run_in_threadpool(openai.prompt_tokens, resident, body)
+            finally:
+                pool.release(resident, keep_alive)
+        except ApiError as exc:
+            metrics.requests.labels("/v1/messages/count_tokens", str(exc.status)).inc()
+            return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+        metrics.requests.labels("/v1/messages/count_tokens", "200").inc()
+        return JSONResponse({"input_tokens": count})
+
+    async def responses_create(request: Request):
+        return await translated(request, "/v1/responses", "responses")
+
     async def choices(request: Request, body, endpoint: str):
         """`n` choices, each its own job (a fixed seed counts up, so the choices differ), decoded side by side
         in the model's slots and answered together."""
@@ -331,7 +433,7 @@ def build_app(service: Service, on_started=None):
                     other_resident.scheduler.cancel(other)
                 return error_response(exc, endpoint)
         metrics.requests.labels(endpoint, "200").inc()
-        answers = [openai.completion("", chat, resident.name, text, final,
+        answers = [openai.completion("", chat, body.model or resident.name, text, final,
                                      openai.logprobs_of(resident.engine, chat, final.logprobs) if job.seq.top_logprobs is not None else None,
                                      job.tools) for resident, job, text, final in results]
         return JSONResponse(openai.merged(answers, openai.new_id(chat)))
@@ -348,7 +450,7 @@ def build_app(service: Service, on_started=None):
             raise ApiError(400, exc.message, param="dimensions" if "dimensions" in exc.message else "input") from None
         finally:
             pool.release(resident, keep_alive)
-        return resident.name, result, load_s
+        return body.model or resident.name, result, load_s
 
     async def v1_embeddings(request: Request):
         try:
@@ -393,7 +495,7 @@ def build_app(service: Service, on_started=None):
                 with contextlib.suppress(ModelNotFound):
                     pool.stop(body.model)  # its embeddings context too: the model goes
             metrics.requests.labels(endpoint, "200").inc()
-            return JSONResponse(ollama.loaded(resident.name, chat, "unload" if keep_alive == 0 else "load"))
+            return JSONResponse(ollama.loaded(body.model, chat, "unload" if keep_alive == 0 else "load"))
         if extra["think"] not in (None, False):
             from ..runtime import markers_for
 
@@ -406,7 +508,7 @@ def build_app(service: Service, on_started=None):
             job, watcher = await submit(request, resident, keep_alive, body)
         except ApiError as exc:
             return ollama_error(ollama.ollama_names(exc), endpoint)
-        scheduler, model_id = resident.scheduler, resident.name
+        scheduler, model_id = resident.scheduler, body.model  # the name the client used, as Ollama echoes it
         wants_logprobs = job.seq.top_logprobs is not None
         if not extra["stream"]:
             try:
@@ -477,10 +579,10 @@ def build_app(service: Service, on_started=None):
         models = await run_in_threadpool(pulled_models)
         listed = {m["name"] for m in models}
         for r in list(pool.residents):  # loaded from a path: listed too, as the server can answer them
-            if r.loaded.ref not in listed and r.name not in listed:
-                listed.add(r.loaded.ref)
+            if r.loaded.ref not in listed and r.name not in listed:  # by the name /api/ps and /v1/models list
+                listed.add(r.name)
                 digest = await run_in_threadpool(file_digest, r.path)
-                models.append({"name": r.loaded.ref, "model": r.loaded.ref, "modified_at": ollama.now(), "size": r.path.stat().st_size,
+                models.append({"name": r.name, "model": r.name, "modified_at": ollama.now(), "size": r.path.stat().st_size,
                                "digest": digest or "", "details": model_details(r.engine.info)})
         return JSONResponse({"models": models})
 
@@ -488,6 +590,7 @@ def build_app(service: Service, on_started=None):
         """The model an Ollama body names (`model`, or the older `name`), and what `action(ref)` gives, done off
         the event loop: 404 for a model that is not there, 400 for any other failure."""
         ref = ollama.model_named(await ollama_body(request))
+        ref = next((r.loaded.ref for r in list(pool.residents) if ref.casefold() in r.names), ref)  # a name /api/ps lists
         try:
             return ref, await run_in_threadpool(action, ref)
         except ModelNotFound:
@@ -591,7 +694,7 @@ def build_app(service: Service, on_started=None):
     async def ollama_version(request: Request):
         from .. import __version__
 
-        return JSONResponse({"version": __version__})
+        return JSONResponse({"version": ollama.OLLAMA_VERSION, "localrun_version": __version__})
 
     async def completions(request: Request):
         return await generate(request, CompletionBody, "/v1/completions")
@@ -683,6 +786,9 @@ def build_app(service: Service, on_started=None):
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/v1/embeddings", v1_embeddings, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses_create, methods=["POST"]),
         Route("/api/embed", ollama_embed, methods=["POST"]),
         Route("/api/embeddings", ollama_embeddings, methods=["POST"]),
         Route("/api/ps", ps, methods=["GET"]),
@@ -705,12 +811,15 @@ def build_app(service: Service, on_started=None):
     async def http_error(request: Request, exc):
         # 404 for an unknown path and 405 for a wrong method, in the same OpenAI-style body as the rest
         what = "no such endpoint" if exc.status_code == 404 else f"{request.method} is not allowed here"
-        return JSONResponse(ApiError(exc.status_code, f"{what}: {request.url.path}").body(), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        error = ApiError(exc.status_code, f"{what}: {request.url.path}")
+        # under /api, Ollama's shape ({"error": "..."}), which Ollama's clients show
+        body = {"error": error.message} if request.url.path.startswith("/api/") else error.body()
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     app = limit_body(app, service.options.max_body)
-    return _require_key(app, service.options.api_key) if service.options.api_key else app
+    app = _require_key(app, service.options.api_key) if service.options.api_key else app
+    return app if service.options.quiet or service.options.socket else access.access_log(app)
 
 
 def _given_key(headers: dict) -> bytes:

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, create_model,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
+                      create_model, model_validator)
 
 from ..errors import ContextOverflow, LocalrunError
 from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
@@ -38,9 +38,44 @@ class _Tool(BaseModel):
     function: _FunctionSpec
 
 
+# Ollama's and llama-server's own top-level parameters, which clients written for them send on /v1 too (Open
+# WebUI's Advanced Params): the load-time ones are taken as `options`, the length as max_tokens, and those
+# that mean nothing here are ignored with one line each on stderr, as Ollama's /v1 and llama-server ignore them.
+_FOREIGN_LOAD = frozenset({"num_ctx", "num_batch", "num_thread", "num_gpu"})
+_FOREIGN_LENGTH = frozenset({"num_predict", "n_predict"})
+_FOREIGN_IGNORED = frozenset({
+    "tfs_z", "num_keep", "n_keep", "penalize_newline", "penalize_nl", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap",
+    "use_mlock", "f16_kv", "logits_all", "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa", "cache_prompt",
+    "n_probs", "samplers", "dynatemp_range", "dynatemp_exponent", "id_slot", "slot_id", "t_max_predict_ms", "timings_per_token",
+    "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "return_progress", "response_fields"})
+_FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED
+
+
 class _Fields(BaseModel):
     # Unknown fields are refused (as OpenAI's API does) rather than silently ignored.
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _foreign(cls, data: Any) -> Any:
+        """Ollama's and llama-server's top-level parameters (_FOREIGN) as this dialect's fields."""
+        if not isinstance(data, dict) or not _FOREIGN.intersection(data):
+            return data
+        data, load = dict(data), {}
+        for name in sorted(_FOREIGN.intersection(data)):
+            value = data.pop(name)
+            if name in _FOREIGN_LOAD and value is not None:
+                load[name] = value
+            elif name in _FOREIGN_LENGTH:
+                unlimited = isinstance(value, int) and not isinstance(value, bool) and value <= 0
+                if value is not None and not unlimited and data.get("max_tokens") is None:
+                    data["max_tokens"] = value
+            elif name in _FOREIGN_IGNORED:
+                print(f"warning: ignoring {name!r}, which has no meaning for localrun's /v1", file=sys.stderr, flush=True)
+        if load:
+            given = data.get("options")
+            data["options"] = {**load, **given} if isinstance(given, dict) else (load if given is None else given)
+        return data
 
     model: Optional[StrictStr] = None
     max_tokens: Optional[StrictInt] = Field(None, ge=1)
@@ -195,6 +230,9 @@ class ChatBody(_Body):
     reasoning_format: Optional[Literal["auto", "deepseek", "none"]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     reasoning_effort: Optional[str] = None  # accepted (OpenAI clients send it); thinking is on unless switched off
+    # Ollama's /api/chat (set by that dialect, no request field): a conversation over the context drops its oldest
+    # messages rather than being refused, as OpenAI's API and llama-server refuse it.
+    _drop_oldest: bool = PrivateAttr(False)
 
 
 class EmbeddingsBody(BaseModel):
@@ -307,23 +345,8 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
         raise ApiError(400, f"{feature!r} is not supported by localrun serve: leave it out", param=feature)
     engine, slot_ctx = resident.engine, resident.slot_ctx
     chat = isinstance(body, ChatBody)
-    tooling = None
-    if chat:
-        tooling = tool_mode(engine, body)
-        kwargs = body.chat_template_kwargs or {}
-        unknown = sorted(set(kwargs) - {"enable_thinking"})
-        if unknown or not isinstance(kwargs.get("enable_thinking", True), bool):
-            raise ApiError(400, "chat_template_kwargs takes enable_thinking (true or false)", param="chat_template_kwargs")
-        request = Request(messages=[m.for_template() for m in body.messages],
-                          tools=[t.model_dump(exclude_none=True) for t in body.tools] if tooling else None,
-                          think=kwargs.get("enable_thinking"), reasoning="none" if body.reasoning_format == "none" else "auto")
-    elif isinstance(body.prompt, list):
-        bad = [t for t in body.prompt if not 0 <= t < engine.n_vocab]
-        if bad:
-            raise ApiError(400, f"token id {bad[0]} is out of range: this model's ids run 0..{engine.n_vocab - 1}", param="prompt")
-        request = Request(tokens=list(body.prompt))
-    else:
-        request = Request(messages=[{"role": "user", "content": body.prompt}], raw=True)
+    request, tooling = _request(engine, body)
+    request.drop_oldest = chat and body._drop_oldest
     try:
         prompt = prompt_for(engine, request, n_ctx=slot_ctx)
     except ContextOverflow as exc:
@@ -335,6 +358,9 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
         ) from None
     if not prompt.tokens:
         raise ApiError(400, "empty prompt", param="prompt")
+    if prompt.dropped:
+        print(f"notice: the conversation did not fit {resident.name}'s context of {slot_ctx} tokens: its {prompt.dropped} oldest"
+              f" messages were left out ({len(prompt.tokens)} prompt tokens kept)", file=sys.stderr, flush=True)
     options = _options(resident.loaded.sampling, body, prompt.stops)
     if tooling is not None and tooling.forced is not None:
         if options.json_schema is not None or options.grammar is not None:
@@ -358,6 +384,36 @@ def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
     except LocalrunError as exc:
         param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
         raise ApiError(400, exc.message.replace("--", ""), param=param) from None
+
+
+
+def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Optional["ToolMode"]]:
+    """The request a body asks for (messages, tools, the thinking switch; or a prompt), and how its tools
+    are served."""
+    tooling = None
+    if isinstance(body, ChatBody):
+        tooling = tool_mode(engine, body)
+        kwargs = body.chat_template_kwargs or {}
+        unknown = sorted(set(kwargs) - {"enable_thinking"})
+        if unknown or not isinstance(kwargs.get("enable_thinking", True), bool):
+            raise ApiError(400, "chat_template_kwargs takes enable_thinking (true or false)", param="chat_template_kwargs")
+        request = Request(messages=[m.for_template() for m in body.messages],
+                          tools=[t.model_dump(exclude_none=True) for t in body.tools] if tooling else None,
+                          think=kwargs.get("enable_thinking"), reasoning="none" if body.reasoning_format == "none" else "auto")
+    elif isinstance(body.prompt, list):
+        bad = [t for t in body.prompt if not 0 <= t < engine.n_vocab]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is out of range: this model's ids run 0..{engine.n_vocab - 1}", param="prompt")
+        request = Request(tokens=list(body.prompt))
+    else:
+        request = Request(messages=[{"role": "user", "content": body.prompt}], raw=True)
+    return request, tooling
+
+
+def prompt_tokens(resident, body: ChatBody) -> int:
+    """How many tokens the prompt of `body` is for this model, whether it fits a slot or not."""
+    request, _ = _request(resident.engine, body)
+    return len(prompt_for(resident.engine, request, n_ctx=1 << 30).tokens)
 
 
 MAX_TOP_LOGPROBS = 20
@@ -517,7 +573,10 @@ def load_spec(base, options: Optional[dict[str, Any]]):
     try:
         spec.check()  # before any model is touched: a bad value never unloads the one in use
     except LocalrunError as exc:
-        raise ApiError(400, exc.message.replace("--", ""), param="options") from None
+        message = exc.message
+        for flag, option in (("--ctx", "num_ctx"), ("--threads", "num_thread"), ("--batch", "num_batch"), ("--gpu-layers", "num_gpu")):
+            message = message.replace(flag, f"options.{option}")  # named as the request named it
+        raise ApiError(400, message.replace("--", ""), param="options") from None
     return spec
 
 

@@ -1,0 +1,261 @@
+"""Anthropic's Messages API (/v1/messages, what Claude Code and the `anthropic` SDK speak), as a translator:
+a Messages body becomes the chat request the OpenAI dialect serves (ChatBody: the same prompt rendering,
+tools, sampling and scheduler), and the answer stream becomes Anthropic's content blocks and events.
+
+What cannot be honoured is refused in Anthropic's error shape naming it (image and document blocks until
+images exist); what only steers Anthropic's own service is accepted and ignored (cache_control,
+metadata, output_config, context_management, service_tier, server tools such as web_search, which a
+local model cannot run)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Optional
+
+from .openai import ApiError, ChatBody, validation_error
+from .stream import Event, sse
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               413: "request_too_large", 429: "rate_limit_error", 499: "invalid_request_error", 503: "overloaded_error"}
+DEFAULT_MAX_TOKENS = 4096
+
+
+def error_body(exc: ApiError) -> dict:
+    kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+def _need(cond: bool, message: str, param: Optional[str] = None) -> None:
+    if not cond:
+        raise ApiError(400, message, param=param)
+
+
+def _text_of(content: Any, where: str) -> str:
+    """The text of a content given as a string or as blocks (text only: images are refused by name)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    _need(isinstance(content, list), f"{where} must be a string or a list of content blocks", where)
+    parts = []
+    for i, block in enumerate(content):
+        _need(isinstance(block, dict) and isinstance(block.get("type"), str), f"{where}.{i} must be a content block with a type", where)
+        kind = block["type"]
+        if kind == "text":
+            _need(isinstance(block.get("text"), str), f"{where}.{i}.text must be a string", where)
+            parts.append(block["text"])
+        elif kind in ("image", "document"):
+            raise ApiError(400, f"{where}.{i}: {kind} blocks are not supported by localrun yet: send text", param=where)
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # an earlier answer's thinking: not part of what the model reads again
+        else:
+            raise ApiError(400, f"{where}.{i}: unexpected block type {kind!r} here", param=where)
+    return "\n".join(parts)
+
+
+def _tools(tools: Any) -> list[dict]:
+    """Anthropic's custom tools as OpenAI function tools; server tools (web_search, bash, ...) are left out."""
+    if tools is None:
+        return []
+    _need(isinstance(tools, list), "tools must be a list", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        _need(isinstance(t, dict), f"tools.{i} must be an object", "tools")
+        if t.get("type") not in (None, "custom"):
+            continue  # a server tool Anthropic runs itself: nothing here can run it
+        _need(isinstance(t.get("name"), str) and t["name"], f"tools.{i}.name must be a non-empty string", "tools")
+        schema = t.get("input_schema") or {"type": "object", "properties": {}}
+        _need(isinstance(schema, dict), f"tools.{i}.input_schema must be a JSON schema object", "tools")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "", "parameters": schema}})
+    return out
+
+
+def _tool_choice(choice: Any, has_tools: bool) -> tuple[Any, Optional[bool]]:
+    """(OpenAI's tool_choice, parallel_tool_calls) for Anthropic's tool_choice."""
+    if choice is None:
+        return None, None
+    _need(isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool", "none"),
+          "tool_choice must be {type: auto|any|tool|none}", "tool_choice")
+    parallel = None if choice.get("disable_parallel_tool_use") is None else not choice["disable_parallel_tool_use"]
+    kind = choice["type"]
+    if not has_tools:
+        return None, None
+    if kind == "tool":
+        _need(isinstance(choice.get("name"), str), "tool_choice {type: tool} needs the tool's name", "tool_choice")
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
+
+
+def _messages(data: dict) -> list[dict]:
+    """Anthropic's system and messages as OpenAI chat messages: tool_use blocks become the assistant's
+    tool_calls, tool_result blocks tool messages (before the rest of that user turn)."""
+    out: list[dict] = []
+    system = _text_of(data.get("system"), "system")
+    raw = data.get("messages")
+    _need(isinstance(raw, list) and raw, "messages must be a non-empty list", "messages")
+    for i, m in enumerate(raw):
+        where = f"messages.{i}"
+        _need(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system"), f"{where}.role must be user or assistant", where)
+        content = m.get("content")
+        if m["role"] == "system":  # Claude Code sends one inside messages: it joins the system prompt
+            system = "\n\n".join(p for p in (system, _text_of(content, where + ".content")) if p)
+            continue
+        if isinstance(content, str) or content is None:
+            out.append({"role": m["role"], "content": content or ""})
+            continue
+        _need(isinstance(content, list), f"{where}.content must be a string or a list of blocks", where)
+        texts, calls, results = [], [], []
+        for j, block in enumerate(content):
+            _need(isinstance(block, dict), f"{where}.content.{j} must be a block", where)
+            kind = block.get("type")
+            if kind == "tool_use" and m["role"] == "assistant":
+                _need(isinstance(block.get("id"), str) and isinstance(block.get("name"), str), f"{where}.content.{j}: tool_use needs id and name", where)
+                calls.append({"id": block["id"], "type": "function",
+                              "function": {"name": block["name"], "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+            elif kind == "tool_result" and m["role"] == "user":
+                _need(isinstance(block.get("tool_use_id"), str), f"{where}.content.{j}: tool_result needs tool_use_id", where)
+                result = _text_of(block.get("content"), f"{where}.content.{j}.content")
+                results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                                "content": ("Error: " + result) if block.get("is_error") else result})
+            else:
+                texts.append(_text_of([block], f"{where}.content"))
+        text = "\n".join(t for t in texts if t)
+        if m["role"] == "assistant":
+            out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+        else:
+            out += results
+            if text or not results:
+                out.append({"role": "user", "content": text})
+    return ([{"role": "system", "content": system}] if system else []) + out
+
+
+def chat_body(data: Any) -> ChatBody:
+    """The chat request a Messages body asks for; ApiError (400) naming what is wrong."""
+    from pydantic import ValidationError
+
+    _need(isinstance(data, dict), "the body must be a JSON object")
+    tools = _tools(data.get("tools"))
+    choice, parallel = _tool_choice(data.get("tool_choice"), bool(tools))
+    max_tokens = data.get("max_tokens", DEFAULT_MAX_TOKENS)
+    _need(type(max_tokens) is int and max_tokens >= 1, "max_tokens must be a positive integer", "max_tokens")
+    thinking = data.get("thinking")
+    think = None
+    if isinstance(thinking, dict):
+        think = {"enabled": True, "disabled": False}.get(thinking.get("type"))  # adaptive: the model's default
+    openai_body: dict[str, Any] = {
+        "model": data.get("model"), "messages": _messages(data), "max_tokens": max_tokens, "stream": data.get("stream", False),
+        **{k: data[k] for k in ("temperature", "top_p", "top_k") if data.get(k) is not None},
+    }
+    if data.get("stop_sequences"):
+        openai_body["stop"] = data["stop_sequences"]
+    if tools:
+        openai_body["tools"] = tools
+        if choice is not None:
+            openai_body["tool_choice"] = choice
+        if parallel is not None:
+            openai_body["parallel_tool_calls"] = parallel
+    if think is not None:
+        openai_body["chat_template_kwargs"] = {"enable_thinking": think}
+    try:
+        return ChatBody.model_validate(openai_body)
+    except ValidationError as exc:
+        raise validation_error(exc, openai_body) from None
+
+
+def stop_reason(final, calls: list, stops: list[str]) -> tuple[str, Optional[str]]:
+    """(stop_reason, stop_sequence) of an answer."""
+    if calls:
+        return "tool_use", None
+    if final.finish_reason == "length":
+        return "max_tokens", None
+    if final.finish_reason == "stop" and stops:
+        return "stop_sequence", stops[0] if len(stops) == 1 else None
+    return "end_turn", None
+
+
+def usage(stats) -> dict:
+    return {"input_tokens": stats.prompt_tokens - stats.cached_tokens, "cache_read_input_tokens": stats.cached_tokens,
+            "cache_creation_input_tokens": 0, "output_tokens": stats.generated_tokens}
+
+
+def _tool_use(call: dict) -> dict:
+    return {"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": call["name"], "input": call["arguments"]}
+
+
+def message(model: str, text: str, thinking: str, calls: list, final, stops: list[str]) -> dict:
+    """The whole answer as a Messages response."""
+    content: list[dict] = []
+    if thinking:
+        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
+    if text:
+        content.append({"type": "text", "text": text})
+    content += [_tool_use(c) for c in calls]
+    reason, sequence = stop_reason(final, calls, stops)
+    return {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": reason, "stop_sequence": sequence, "usage": usage(final.stats)}
+
+
+async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, stops: list[str], on_final) -> AsyncIterator[str]:
+    """Anthropic's event sequence for an answer: message_start, a content block per thinking/text/tool_use
+    (start, deltas, stop), message_delta with the stop reason and usage, message_stop; pings meanwhile."""
+    yield sse("message_start", {"type": "message_start", "message": {
+        "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}})
+    yield sse("ping", {"type": "ping"})
+    index, open_kind, calls = -1, None, []
+
+    def start(kind: str, block: dict) -> str:
+        nonlocal index, open_kind
+        index += 1
+        open_kind = kind
+        return sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+    def stop() -> str:
+        nonlocal open_kind
+        open_kind = None
+        return sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+    async for event in answer:
+        if event.kind == "ping":
+            yield sse("ping", {"type": "ping"})
+        elif event.kind in ("thinking", "text"):
+            if open_kind != event.kind:
+                if open_kind is not None:
+                    if open_kind == "thinking":
+                        yield sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                          "delta": {"type": "signature_delta", "signature": ""}})
+                    yield stop()
+                yield start(event.kind, {"type": "thinking", "thinking": "", "signature": ""} if event.kind == "thinking"
+                            else {"type": "text", "text": ""})
+            delta = {"type": "thinking_delta", "thinking": event.text} if event.kind == "thinking" else {"type": "text_delta", "text": event.text}
+            yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        elif event.kind == "tool_calls":
+            if open_kind is not None:
+                yield stop()
+            for call in event.calls:
+                block = _tool_use(call)
+                calls.append(block)
+                yield start("tool_use", {**block, "input": {}})
+                yield sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                  "delta": {"type": "input_json_delta", "partial_json": json.dumps(call["arguments"], ensure_ascii=False)}})
+                yield stop()
+        elif event.kind == "failed":
+            on_final(event.final, "500")
+            yield sse("error", {"type": "error", "error": {"type": "api_error", "message": event.text}})
+            return
+        elif event.kind == "done":
+            if open_kind is not None:
+                yield stop()
+            on_final(event.final, "200")
+            reason, sequence = stop_reason(event.final, calls, stops)
+            yield sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                        "usage": {"output_tokens": event.final.stats.generated_tokens}})
+            yield sse("message_stop", {"type": "message_stop"})
+            return
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,306 @@
+"""OpenAI's Responses API (/v1/responses, what Codex and the Responses modes of LangChain and pydantic-ai
+speak), as a translator: a Responses body becomes the chat request the OpenAI dialect serves (ChatBody),
+and the answer stream becomes output items (reasoning, message, function_call) and the Responses events.
+
+`previous_response_id` continues an earlier response kept by this server (the last few hundred, in memory,
+whatever `store` says: a client that sends the id expects it to be found); tools other than functions
+(web_search, namespace, file_search, ...) are left out, as nothing here can run them."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any, Optional
+
+from .openai import ApiError, ChatBody, validation_error
+from .stream import Event, sse
+
+KEPT = 256  # responses kept for previous_response_id
+
+
+class Kept:
+    """Conversations of recent responses (the messages that led to them and their answer), by id."""
+
+    def __init__(self, size: int = KEPT):
+        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+
+    def put(self, rid: str, messages: list[dict]) -> None:
+        with self.lock:
+            self.items[rid] = messages
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+    def get(self, rid: str) -> Optional[list[dict]]:
+        with self.lock:
+            return self.items.get(rid)
+
+
+def _need(cond: bool, message: str, param: Optional[str] = None) -> None:
+    if not cond:
+        raise ApiError(400, message, param=param)
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    _need(isinstance(content, list), f"{where} must be a string or a list of content parts", where)
+    parts = []
+    for i, part in enumerate(content):
+        _need(isinstance(part, dict), f"{where}.{i} must be a content part", where)
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            _need(isinstance(part.get("text"), str), f"{where}.{i}.text must be a string", where)
+            parts.append(part["text"])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise ApiError(400, f"{where}.{i}: {kind} is not supported by localrun yet: send text", param=where)
+        elif kind == "refusal":
+            parts.append(part.get("refusal") or "")
+        else:
+            raise ApiError(400, f"{where}.{i}: unexpected content part type {kind!r}", param=where)
+    return "\n".join(parts)
+
+
+def _input_messages(data: dict) -> list[dict]:
+    """`instructions` and `input` (a string, or message / function_call / function_call_output items) as
+    OpenAI chat messages."""
+    given = data.get("input")
+    out: list[dict] = []
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    _need(isinstance(given, list), "input must be a string or a list of items", "input")
+    for i, item in enumerate(given):
+        where = f"input.{i}"
+        _need(isinstance(item, dict), f"{where} must be an item object", where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            _need(item.get("role") in ("user", "assistant", "system", "developer"), f"{where}.role must be user, assistant, system or developer", where)
+            role = "system" if item["role"] == "developer" else item["role"]
+            out.append({"role": role, "content": _content_text(item.get("content"), where + ".content")})
+        elif kind == "function_call":
+            _need(isinstance(item.get("name"), str) and isinstance(item.get("call_id"), str), f"{where}: a function_call needs name and call_id", where)
+            call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
+            if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
+                out[-1]["tool_calls"].append(call)  # several calls of one turn
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            _need(isinstance(item.get("call_id"), str), f"{where}: a function_call_output needs call_id", where)
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": item["call_id"],
+                        "content": output if isinstance(output, str) else _content_text(output or [], where + ".output")})
+        elif kind == "reasoning":
+            continue  # an earlier answer's thinking: not read again
+        else:
+            raise ApiError(400, f"{where}: input items of type {kind!r} are not supported by localrun", param=where)
+    return out
+
+
+def _tools(tools: Any) -> list[dict]:
+    if tools is None:
+        return []
+    _need(isinstance(tools, list), "tools must be a list", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        _need(isinstance(t, dict), f"tools.{i} must be an object", "tools")
+        if t.get("type") != "function":
+            continue  # web_search, file_search, namespace, mcp ...: nothing here runs them
+        _need(isinstance(t.get("name"), str) and t["name"], f"tools.{i}.name must be a non-empty string", "tools")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
+                                                     "parameters": t.get("parameters") or {"type": "object", "properties": {}}}})
+    return out
+
+
+def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
+    """(the chat request a Responses body asks for, the conversation so far to keep with its answer)."""
+    from pydantic import ValidationError
+
+    _need(isinstance(data, dict), "the body must be a JSON object")
+    _need(not data.get("background"), "background responses are not supported by localrun: leave out background", "background")
+    messages = []
+    previous = data.get("previous_response_id")
+    if previous is not None:
+        earlier = kept.get(previous) if isinstance(previous, str) else None
+        if earlier is None:
+            raise ApiError(404, f"previous response {previous!r} not found: this server keeps its last {kept.size} responses",
+                           param="previous_response_id", code="previous_response_not_found")
+        messages = [m for m in earlier if m["role"] != "system"]  # this request's instructions replace the old ones
+    messages += _input_messages(data)
+    if isinstance(data.get("instructions"), str) and data["instructions"]:
+        messages = [{"role": "system", "content": data["instructions"]}, *messages]
+    tools = _tools(data.get("tools"))
+    body: dict[str, Any] = {"model": data.get("model"), "messages": messages, "stream": data.get("stream", False),
+                            **{k: data[k] for k in ("temperature", "top_p") if data.get(k) is not None}}
+    if data.get("max_output_tokens") is not None:
+        body["max_tokens"] = data["max_output_tokens"]
+    choice = data.get("tool_choice")
+    if tools:
+        body["tools"] = tools
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            body["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        elif choice in ("auto", "none", "required"):
+            body["tool_choice"] = choice
+        if data.get("parallel_tool_calls") is not None:
+            body["parallel_tool_calls"] = data["parallel_tool_calls"]
+    fmt = (data.get("text") or {}).get("format") if isinstance(data.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.get("name") or "output", "schema": fmt.get("schema")}}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    reasoning = data.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") == "none":
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    try:
+        return ChatBody.model_validate(body), messages
+    except ValidationError as exc:
+        raise validation_error(exc, body) from None
+
+
+def _usage(stats) -> dict:
+    return {"input_tokens": stats.prompt_tokens, "input_tokens_details": {"cached_tokens": stats.cached_tokens},
+            "output_tokens": stats.generated_tokens, "output_tokens_details": {"reasoning_tokens": stats.thinking_tokens},
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def _reasoning_item(thinking: str, rid: Optional[str] = None) -> dict:
+    return {"type": "reasoning", "id": rid or _item_id("rs"), "summary": [{"type": "summary_text", "text": thinking}]}
+
+
+def _message_item(text: str, mid: Optional[str] = None, status: str = "completed") -> dict:
+    return {"type": "message", "id": mid or _item_id("msg"), "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []}
+
+
+def _call_item(call: dict) -> dict:
+    return {"type": "function_call", "id": _item_id("fc"), "call_id": "call_" + uuid.uuid4().hex[:24], "name": call["name"],
+            "arguments": json.dumps(call["arguments"], ensure_ascii=False), "status": "completed"}
+
+
+def envelope(rid: str, data: dict, model: str, created: int, status: str, output: list, final=None) -> dict:
+    """A Response object: what was asked (echoed as the API does) and, once done, the output and usage."""
+    incomplete = {"reason": "max_output_tokens"} if final is not None and final.finish_reason == "length" else None
+    return {
+        "id": rid, "object": "response", "created_at": created, "status": "incomplete" if incomplete else status, "model": model,
+        "output": output, "error": None, "incomplete_details": incomplete, "instructions": data.get("instructions"),
+        "max_output_tokens": data.get("max_output_tokens"), "metadata": data.get("metadata") or {},
+        "parallel_tool_calls": data.get("parallel_tool_calls", True), "previous_response_id": data.get("previous_response_id"),
+        "reasoning": data.get("reasoning") or {"effort": None, "summary": None}, "store": data.get("store", True),
+        "temperature": data.get("temperature", 1.0), "text": data.get("text") or {"format": {"type": "text"}},
+        "tool_choice": data.get("tool_choice", "auto"), "tools": data.get("tools") or [], "top_p": data.get("top_p", 1.0),
+        "truncation": "disabled", "usage": _usage(final.stats) if final is not None else None, "user": data.get("user"),
+    }
+
+
+def answered(messages: list[dict], text: str, calls: list[dict], output: list[dict]) -> list[dict]:
+    """The conversation with this answer, to continue from with previous_response_id."""
+    tool_calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+                  for item in output if item["type"] == "function_call"]
+    return [*messages, {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}]
+
+
+def response(rid: str, data: dict, model: str, text: str, thinking: str, calls: list, final) -> dict:
+    output = ([_reasoning_item(thinking)] if thinking else []) + ([_message_item(text)] if text or not calls else []) + [
+        _call_item(c) for c in calls]
+    return envelope(rid, data, model, int(time.time()), "completed", output, final)
+
+
+async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, on_final, on_output) -> AsyncIterator[str]:
+    """The Responses event sequence: response.created and in_progress, each output item added, its deltas
+    and done, then response.completed (or response.failed)."""
+    created, seq = int(time.time()), 0
+    output: list[dict] = []
+    text_parts: list[str] = []
+    calls: list[dict] = []
+    current: Optional[dict] = None  # the item whose deltas are streaming
+
+    def event(kind: str, **fields: Any) -> str:
+        nonlocal seq
+        seq += 1
+        return sse(kind, {"type": kind, "sequence_number": seq, **fields})
+
+    def close() -> list[str]:
+        nonlocal current
+        if current is None:
+            return []
+        item, current = current, None
+        index = len(output)
+        out = []
+        if item["type"] == "message":
+            text = "".join(item.pop("_parts"))
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            out += [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text, logprobs=[]),
+                    event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)]
+            item = {**item, "status": "completed", "content": [part]}
+        else:
+            thinking = "".join(item.pop("_parts"))
+            out.append(event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index, summary_index=0, text=thinking))
+            item = {**item, "summary": [{"type": "summary_text", "text": thinking}]}
+        output.append(item)
+        out.append(event("response.output_item.done", output_index=index, item=item))
+        return out
+
+    yield event("response.created", response=envelope(rid, data, model, created, "in_progress", []))
+    yield event("response.in_progress", response=envelope(rid, data, model, created, "in_progress", []))
+    async for ev in answer:
+        if ev.kind == "ping":
+            yield ": keep-alive\n\n"  # an SSE comment: clients ignore it, the connection stays
+        elif ev.kind in ("thinking", "text"):
+            kind = "reasoning" if ev.kind == "thinking" else "message"
+            if current is None or current["type"] != kind:
+                for line in close():
+                    yield line
+                index = len(output)
+                if kind == "message":
+                    current = {**_message_item("", status="in_progress"), "_parts": []}
+                    yield event("response.output_item.added", output_index=index, item={k: v for k, v in current.items() if k != "_parts"})
+                    yield event("response.content_part.added", item_id=current["id"], output_index=index, content_index=0,
+                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                else:
+                    current = {"type": "reasoning", "id": _item_id("rs"), "summary": [], "_parts": []}
+                    yield event("response.output_item.added", output_index=index, item={k: v for k, v in current.items() if k != "_parts"})
+                    yield event("response.reasoning_summary_part.added", item_id=current["id"], output_index=index, summary_index=0,
+                                part={"type": "summary_text", "text": ""})
+            current["_parts"].append(ev.text)
+            index = len(output)
+            if kind == "message":
+                text_parts.append(ev.text)
+                yield event("response.output_text.delta", item_id=current["id"], output_index=index, content_index=0, delta=ev.text, logprobs=[])
+            else:
+                yield event("response.reasoning_summary_text.delta", item_id=current["id"], output_index=index, summary_index=0, delta=ev.text)
+        elif ev.kind == "tool_calls":
+            for line in close():
+                yield line
+            for call in ev.calls:
+                item = _call_item(call)
+                calls.append(call)
+                index = len(output)
+                yield event("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
+                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"])
+                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=item["arguments"])
+                output.append(item)
+                yield event("response.output_item.done", output_index=index, item=item)
+        elif ev.kind == "failed":
+            on_final(ev.final, "500")
+            failed = envelope(rid, data, model, created, "failed", output)
+            failed["error"] = {"code": "server_error", "message": ev.text}
+            yield event("response.failed", response=failed)
+            return
+        elif ev.kind == "done":
+            for line in close():
+                yield line
+            if not output:  # an empty answer is still one (empty) message
+                item = _message_item("")
+                output.append(item)
+                yield event("response.output_item.added", output_index=0, item={**item, "status": "in_progress", "content": []})
+                yield event("response.output_item.done", output_index=0, item=item)
+            on_final(ev.final, "200")
+            on_output("".join(text_parts), output)
+            yield event("response.completed", response=envelope(rid, data, model, created, "completed", output, ev.final))
+            return

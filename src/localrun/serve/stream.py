@@ -1,0 +1,63 @@
+"""One dialect-neutral answer stream: what a scheduler job produces, as events a dialect writes in its own
+wire format (Anthropic's content blocks, the Responses API's output items): thinking, text, tool calls
+(found in the model's own format as the text streams, engine.tools.CallStream), a ping while nothing comes
+(a long prompt is still being evaluated: clients that give up on a silent connection stay), and the end."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..runtime import Response
+from ..runtime.scheduler import Job
+from .openai import FINISH_REASONS, next_piece
+
+PING_S = 10.0  # a ping after this long without a token
+
+
+@dataclass
+class Event:
+    kind: str  # "thinking", "text", "tool_calls", "ping", "done" (final set), "failed" (final set, error)
+    text: str = ""
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    final: Optional[Response] = None
+
+
+async def answer_events(job: Job, ping_s: float = PING_S) -> AsyncIterator[Event]:
+    """The job's answer as events, ending with "done" or "failed"."""
+    calls_stream = job.tools.stream() if job.tools is not None else None
+    while True:
+        try:
+            response, text, thought, _ = await asyncio.wait_for(next_piece(job), ping_s)
+        except asyncio.TimeoutError:  # queue.get is cancelled before it takes anything: no piece is lost
+            yield Event("ping")
+            continue
+        ended_well = response.done and response.finish_reason in FINISH_REASONS
+        if response.done and not ended_well:
+            yield Event("failed", text=response.error or "the request was cancelled", final=response)
+            return
+        if thought:
+            yield Event("thinking", thought)
+        calls: list[dict] = []
+        if calls_stream is not None:
+            text = calls_stream.feed(text)
+            if ended_well:
+                rest, calls = job.tools.settle(calls_stream)
+                text += rest
+        if text:
+            yield Event("text", text)
+        if calls:
+            yield Event("tool_calls", calls=calls)
+        if response.done:
+            yield Event("done", final=response)
+            return
+
+
+def sse(name: Optional[str], data: dict) -> str:
+    """One server-sent event (`event: NAME` where the dialect names its events)."""
+    import json
+
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"

@@ -1,0 +1,156 @@
+"""The APIs today's agents speak, against a real `localrun serve` with SmolLM2, through the official clients:
+Anthropic's Messages API (the `anthropic` SDK: create, stream, tools with a second turn carrying the tool's
+result, count_tokens, errors in Anthropic's shape) and OpenAI's Responses API (`openai`'s responses.create
+and responses.stream: text, a function call round trip, json_schema, previous_response_id). Both are
+translators into the chat request /v1/chat/completions serves: a greedy answer is the same text through
+every dialect. Tools are asked of SmolLM2 carrying a tool template (it does not call tools by itself):
+forced calls, which must validate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from conftest import start_server
+
+pytestmark = pytest.mark.slow
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "hermes_tools.jinja"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"], "additionalProperties": False}
+ASK = "What is the capital of France?"
+GREEDY = {"temperature": 0}  # the anthropic SDK of today takes sampling options only as extra body fields
+
+
+@pytest.fixture(scope="module")
+def model(smollm2, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("agent-model") / "smollm2-tools.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smollm2), str(out),
+                    "--chat-template-file", str(TEMPLATE), "--force"], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    srv = start_server(model, tmp_path_factory.mktemp("agent-home"), "--parallel", "2", "--ctx", "2048", "--api-key", "sk-test")
+    yield srv
+    assert srv.stop() == 130
+
+
+def claude(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="sk-test", max_retries=0, timeout=120)
+
+
+def oai(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0, timeout=120)
+
+
+def test_the_same_greedy_answer_through_every_dialect(server, model):
+    chat = oai(server).chat.completions.create(model=model.name, messages=[{"role": "user", "content": ASK}], temperature=0, max_tokens=24)
+    text = chat.choices[0].message.content
+    msg = claude(server).messages.create(model=model.name, max_tokens=24, extra_body=GREEDY, messages=[{"role": "user", "content": ASK}])
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == text
+    assert msg.role == "assistant" and msg.stop_reason in ("end_turn", "max_tokens") and msg.usage.output_tokens > 0
+    resp = oai(server).responses.create(model=model.name, input=ASK, temperature=0, max_output_tokens=24)
+    assert resp.output_text == text and resp.status in ("completed", "incomplete") and resp.usage.output_tokens > 0
+    ollama = httpx.post(server.url + "/api/chat", headers={"Authorization": "Bearer sk-test"}, timeout=120,
+                        json={"model": model.name, "messages": [{"role": "user", "content": ASK}], "stream": False,
+                              "options": {"temperature": 0, "num_predict": 24}}).json()
+    assert ollama["message"]["content"] == text
+
+
+def test_anthropic_stream_system_blocks_and_count_tokens(server, model):
+    system = [{"type": "text", "text": "Answer in one word.", "cache_control": {"type": "ephemeral"}}]
+    whole = claude(server).messages.create(model=model.name, max_tokens=16, extra_body=GREEDY, system=system,
+                                           messages=[{"role": "user", "content": [{"type": "text", "text": ASK}]}],
+                                           metadata={"user_id": "u1"})
+    with claude(server).messages.stream(model=model.name, max_tokens=16, extra_body=GREEDY, system=system,
+                                        messages=[{"role": "user", "content": ASK}]) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(pieces) == final.content[0].text == whole.content[0].text and len(pieces) >= 1
+    counted = claude(server).messages.count_tokens(model=model.name, system=system, messages=[{"role": "user", "content": ASK}])
+    assert counted.input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens > 10
+    # a stop sequence, and Claude Code's extras (a system message inside messages, thinking, context_management) accepted
+    cut = claude(server).messages.create(model=model.name, max_tokens=40, stop_sequences=["Paris"],
+                                         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": ASK}],
+                                         extra_body={**GREEDY, "thinking": {"type": "adaptive"}, "context_management": {}, "output_config": {}})
+    assert "Paris" not in "".join(b.text for b in cut.content if b.type == "text")
+
+
+def test_anthropic_tools_round_trip(server, model):
+    tools = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER},
+             {"type": "web_search_20250305", "name": "web_search"}]  # a server tool: left out, not an error
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = claude(server).messages.create(model=model.name, max_tokens=60, extra_body=GREEDY, tools=tools, messages=ask,
+                                           tool_choice={"type": "tool", "name": "get_weather"})
+    [use] = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and use.name == "get_weather" and use.id.startswith("toolu_")
+    jsonschema.validate(use.input, WEATHER)
+    with claude(server).messages.stream(model=model.name, max_tokens=60, extra_body=GREEDY, tools=tools, messages=ask,
+                                        tool_choice={"type": "any"}) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [(use.name, use.input)]
+    second = claude(server).messages.create(model=model.name, max_tokens=30, extra_body=GREEDY, tools=tools, messages=[
+        *ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C"}]}])
+    assert second.stop_reason in ("end_turn", "max_tokens") and second.content[0].type == "text"
+
+
+def test_anthropic_errors_in_its_own_shape(server, model):
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude(server).messages.create(model=model.name, max_tokens=10, messages=[
+            {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "invalid_request_error"
+    assert "image blocks are not supported" in err.value.body["error"]["message"]
+    with pytest.raises(anthropic.NotFoundError):
+        claude(server).messages.create(model="no-such-model", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(
+            model=model.name, max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_responses_stream_function_call_round_trip_and_previous_response(server, model):
+    tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city", "parameters": WEATHER},
+             {"type": "web_search"}]  # Codex sends tools nothing here can run: left out
+    first = oai(server).responses.create(model=model.name, input="What is the weather in Paris?", tools=tools,
+                                         tool_choice={"type": "function", "name": "get_weather"}, temperature=0, store=False)
+    [call] = [o for o in first.output if o.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    with oai(server).responses.stream(model=model.name, input="What is the weather in Paris?", tools=tools,
+                                      tool_choice="required", temperature=0) as stream:
+        kinds = [e.type for e in stream]
+        streamed = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "response.function_call_arguments.done" in kinds
+    assert [(o.name, o.arguments) for o in streamed.output if o.type == "function_call"] == [(call.name, call.arguments)]
+    second = oai(server).responses.create(model=model.name, temperature=0, max_output_tokens=30, tools=tools, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}])
+    assert second.output[0].type == "message" and second.output_text
+    follow = oai(server).responses.create(model=model.name, temperature=0, max_output_tokens=20, previous_response_id=second.id,
+                                          input="And tomorrow?")
+    alone = oai(server).responses.create(model=model.name, temperature=0, max_output_tokens=20, input="And tomorrow?")
+    assert follow.usage.input_tokens > alone.usage.input_tokens + 20  # the earlier turns are in its prompt
+    with pytest.raises(openai.NotFoundError):
+        oai(server).responses.create(model=model.name, input="hi", previous_response_id="resp_nope")
+
+
+def test_responses_text_stream_and_json_schema(server, model):
+    with oai(server).responses.stream(model=model.name, input=ASK, instructions="Answer briefly.", temperature=0,
+                                      max_output_tokens=20) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text and deltas
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}}, "required": ["capital"], "additionalProperties": False}
+    r = oai(server).responses.create(model=model.name, input=ASK, temperature=0, max_output_tokens=40,
+                                     text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
+    jsonschema.validate(json.loads(r.output_text), schema)
