@@ -69,3 +69,18 @@ def test_an_alias_pulls_what_its_entry_names_and_a_missing_repo_is_one_line(hub_
     missing = cli("pull", "llama3.2-1b", "--source", "hub")
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert "Llama-3.2-1B-Instruct-GGUF" in missing.stderr
+
+
+def test_the_real_size_test_model_has_its_mirror_and_ollamas_name():
+    """qwen2.5-coder-1.5b is pulled without the Hub from the same 22 PyPI parts the tests assemble, and
+    Ollama's NAME:TAG spelling (qwen2.5-coder:1.5b) names the alias NAME-TAG; a quant after the colon stays a quant."""
+    from conftest import REAL_MODELS
+
+    entry = catalogue().models["qwen2.5-coder-1.5b"]
+    mirror = entry.mirror["Q4_K_M"]
+    packages, members, sha = REAL_MODELS["qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"]
+    assert (list(mirror.packages), list(mirror.files), mirror.sha256) == (packages, members, sha)
+    for ref in ("qwen2.5-coder:1.5b", "Qwen2.5-Coder:1.5B", "qwen2.5-coder-1.5b"):
+        parsed = parse_ref(ref)
+        assert (parsed.kind, parsed.name, parsed.quant) == ("alias", "qwen2.5-coder-1.5b", None), ref
+    assert parse_ref("qwen2.5-coder-1.5b:q8_0").quant == "Q8_0" and parse_ref("llama3.2:1b").name == "llama3.2-1b"

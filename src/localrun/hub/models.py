@@ -134,8 +134,11 @@ def parse_ref(ref: str) -> ModelRef:
         raise ModelNotFound(f"no such file: {text}: check the path, or use an alias or owner/repo[:QUANT]")
 
     name, _, quant = text.partition(":")
+    tagged = _tagged_alias(name, quant)
+    if tagged is not None:  # Ollama's NAME:TAG for an alias NAME-TAG (qwen2.5-coder:1.5b)
+        name, quant = tagged, ""
     name, _, revision = name.partition("@")
-    if not name or (":" in text and not quant) or ("@" in text and not revision):
+    if not name or (":" in text and not quant and tagged is None) or ("@" in text and not revision):
         raise UsageError(f"malformed model reference '{ref}': expected ALIAS[:QUANT], owner/repo[@REVISION][:QUANT] or a .gguf path")
     if quant and not _QUANT_ARG_RE.match(quant):
         raise UsageError(f"malformed quant '{quant}' in '{ref}': expected a name like Q4_K_M")
@@ -156,6 +159,15 @@ def parse_ref(ref: str) -> ModelRef:
             f"unknown model '{name}': run `localrun list --available` to see aliases, or use owner/repo[:QUANT]"
         )
     return ModelRef(kind="alias", name=alias, quant=norm_quant, revision=revision or None, entry=models[alias])
+
+
+def _tagged_alias(name: str, tag: str) -> Optional[str]:
+    """The catalogue alias NAME-TAG that Ollama's NAME:TAG names (its tags are sizes: qwen2.5-coder:1.5b,
+    llama3.2:1b), where TAG is no quant; None otherwise."""
+    if not tag or "/" in name or "@" in name or _QUANT_ARG_RE.match(tag) and quant_of(f"x-{tag}.gguf") is not None:
+        return None
+    wanted = f"{name}-{tag}".casefold()
+    return next((a for a in catalogue().models if a.casefold() == wanted), None)
 
 
 def quant_of(filename: str) -> Optional[str]:
