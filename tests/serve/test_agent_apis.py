@@ -154,3 +154,22 @@ def test_responses_text_stream_and_json_schema(server, model):
     r = oai(server).responses.create(model=model.name, input=ASK, temperature=0, max_output_tokens=40,
                                      text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
     jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_a_long_prompt_is_not_silent(model, tmp_path_factory, monkeypatch):
+    """While a prompt is evaluated, each dialect's stream says it is alive (OpenCode gave up on 300 s of
+    silence): an SSE comment on /v1/chat/completions and /v1/responses, Anthropic's ping event."""
+    monkeypatch.setenv("LOCALRUN_PING_S", "0.05")
+    srv = start_server(model, tmp_path_factory.mktemp("ping-home"), "--ctx", "2048")
+    try:
+        long = "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 150
+        for path, body, alive in [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}], "max_tokens": 2}, ": keep-alive"),
+            ("/v1/messages", {"messages": [{"role": "user", "content": long + " 2"}], "max_tokens": 2}, "event: ping"),
+            ("/v1/responses", {"input": long + " 3", "max_output_tokens": 2}, ": keep-alive"),
+        ]:
+            with httpx.stream("POST", srv.url + path, json={"model": model.name, "stream": True, **body}, timeout=120) as r:
+                text = "".join(r.iter_text())
+            assert r.status_code == 200 and alive in text and text.count(alive) >= 2, (path, text[:300])
+    finally:
+        assert srv.stop() == 130

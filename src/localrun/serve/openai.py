@@ -3,7 +3,9 @@ made from the response stream. Errors answer in OpenAI's shape."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -20,6 +22,7 @@ from ..runtime.request import prompt_for, with_stops
 from ..runtime.scheduler import Job
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
+PING_S = float(os.environ.get("LOCALRUN_PING_S") or 10.0)  # a stream silent this long (a prompt still evaluated) gets a keep-alive
 
 
 # -- request bodies --------------------------------------------------------------------------------
@@ -716,7 +719,11 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
         if chat:
             yield chunk(None, None, role=True)
         while True:
-            response, text, thought, more = await next_piece(job)
+            try:
+                response, text, thought, more = await asyncio.wait_for(next_piece(job), PING_S)
+            except asyncio.TimeoutError:  # a long prompt: an SSE comment keeps clients that give up on silence
+                yield ": keep-alive\n\n"
+                continue
             entries += more
             ended_well = response.done and response.finish_reason in FINISH_REASONS
             if thought and chat and (not response.done or ended_well):

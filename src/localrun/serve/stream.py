@@ -12,9 +12,7 @@ from typing import Any, Optional
 
 from ..runtime import Response
 from ..runtime.scheduler import Job
-from .openai import FINISH_REASONS, next_piece
-
-PING_S = 10.0  # a ping after this long without a token
+from .openai import FINISH_REASONS, PING_S, next_piece
 
 
 @dataclass
