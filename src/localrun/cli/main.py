@@ -352,6 +352,7 @@ def serve(
     memory_budget: Annotated[Optional[str], typer.Option("--memory-budget", help="memory the loaded models may take, e.g. 8G or 500M (default: free RAM at each load)")] = None,
     socket_path: Annotated[Optional[Path], typer.Option("--socket", hidden=True, help="the resident server: listen on this Unix socket, no TCP")] = None,
     exit_when_idle: Annotated[Optional[float], typer.Option("--exit-when-idle", hidden=True, help="the resident server: exit after this many seconds with no model loaded")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no access log (one line per request on stderr)")] = False,
     **options,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
@@ -369,7 +370,7 @@ def serve(
         spec=_load_spec(options, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
         max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
-        exit_when_idle=exit_when_idle,
+        exit_when_idle=exit_when_idle, quiet=quiet,
     )
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         notice(f"listening on {host} without --api-key: anyone who can reach this port can use the model")

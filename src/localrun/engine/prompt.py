@@ -31,12 +31,39 @@ def render(engine, messages: Sequence[dict], *, raw: bool = False, add_generatio
     """`raw`: no template, the messages' contents joined (a system message only when raw was asked for
     rather than forced by a missing template is the caller's choice: it passes the messages it wants).
     `think`: turn a reasoning model's thinking on or off where its template has a switch (Qwen3's
-    enable_thinking); None leaves the template's default."""
+    enable_thinking); None leaves the template's default.
+    A conversation that ends with the assistant's own text (a client's "continue", a prefilled answer) is
+    continued: that message is the end of the prompt, without its end-of-turn and no new turn opened, as
+    Ollama and llama.cpp's server render it."""
     if raw:
         return Rendered("\n\n".join(m["content"] for m in messages), templated=False)
+    continued = add_generation_prompt and _continues(messages)
     if engine.chat_template is None:
-        return Rendered(transcript(messages, add_generation_prompt), [TRANSCRIPT_STOP], templated=False)
+        text = transcript(messages, add_generation_prompt and not continued)
+        return Rendered(text.removesuffix("\n") if continued else text, [TRANSCRIPT_STOP], templated=False)
+    if continued:
+        return Rendered(_continuation(engine, messages, tools, think))
     return Rendered(apply_template(engine, messages, add_generation_prompt, tools, think))
+
+
+def _continues(messages: Sequence[dict]) -> bool:
+    """Does the conversation end with an assistant's text to go on with (not a tool call, not empty)."""
+    if not messages:
+        return False
+    last = messages[-1]
+    return last["role"] == "assistant" and bool(last.get("content")) and not last.get("tool_calls")
+
+
+def _continuation(engine, messages: Sequence[dict], tools, think) -> str:
+    """The conversation rendered whole (no generation prompt), cut right after the last message's text: what
+    llama.cpp's server does for a prefilled assistant message. A template that rewrites that text (so it
+    is not found as written) gets the turn opened as for a new answer, with the text after it."""
+    text = apply_template(engine, messages, False, tools, think)
+    content = messages[-1]["content"]
+    at = text.rfind(content)
+    if at >= 0:
+        return text[:at + len(content)]
+    return apply_template(engine, messages[:-1], True, tools, think) + content
 
 
 def transcript(messages: Sequence[dict], add_generation_prompt: bool = True) -> str:

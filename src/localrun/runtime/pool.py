@@ -23,6 +23,7 @@ from ..errors import LocalrunError, ModelNotFound, UsageError
 
 FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or by `stop`)
 FOREVER_AFTER_S = 10 * 365 * 86400.0
+NEVER_S = (2**63 - 1) / 1e9  # Go's longest time.Duration: what Ollama adds to now for a model that never expires
 RELOAD_WAIT_S = 120.0  # how long a reload waits for the requests still using the model's other options
 
 
@@ -59,7 +60,8 @@ class LoadSpec:
 
         parse_gpu_layers(self.gpu_layers)
         check_slots(self.batch, self.parallel)
-        LoadOptions(n_ctx=(self.ctx or 4096) * self.parallel, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type,
+        # The context as given, per slot (0 or 10 are refused, not read as 4096 nor checked as 4 slots' 40).
+        LoadOptions(n_ctx=4096 if self.ctx is None else self.ctx, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type,
                     rpc=parse_endpoints(self.rpc), tensor_split=parse_tensor_split(self.tensor_split))
 
     def differences(self, other: "LoadSpec") -> list[str]:
@@ -219,9 +221,15 @@ class Resident:
         from .report import model_details
 
         on_gpu = self.engine.gpu_fraction()
-        expires = None if self.expires is None else datetime.fromtimestamp(self.expires).astimezone().isoformat(timespec="seconds")
+        # Always a time, as Ollama writes it (clients parse it as a date): in use, its keep-alive from now;
+        # never expiring, Ollama's far future (now plus the longest Go duration, some 292 years).
+        if self.expires is not None:
+            expires_s = self.expires
+        else:
+            expires_s = time.time() + (NEVER_S if self.keep_alive < 0 else self.keep_alive)
+        expires = datetime.fromtimestamp(expires_s).astimezone().isoformat(timespec="seconds")
         return {
-            "name": self.name, "model": self.loaded.ref, "path": str(self.path), "size": self.estimate,
+            "name": self.name, "model": self.name, "path": str(self.path), "size": self.estimate,
             "digest": file_digest(self.path, wait=False) or "", "details": model_details(self.engine.info),
             "size_vram": self.vram or int(self.estimate * on_gpu), "processor": _processor(on_gpu),
             "context_length": self.slot_ctx, "slots": len(self.scheduler.slots),
@@ -311,7 +319,10 @@ class ModelPool:
                     # Same file, other load-time options (or changed on disk): reload it, as Ollama does, once
                     # its requests are done; new ones no longer go to it meanwhile.
                     deadline = time.monotonic() + RELOAD_WAIT_S
+                    carried: set[str] = set()  # a reload keeps the model's names and its pin
                     for old in same_file:
+                        carried |= old.names
+                        pinned = pinned or old.pinned
                         old.retiring = True
                         while old.refs > 0 and old in self.residents and time.monotonic() < deadline:
                             self.lock.wait(timeout=0.5)
@@ -336,7 +347,7 @@ class ModelPool:
             resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned, vram=vram,
                                 memory=memory)
             resident.stamp = stamp
-            resident.names.add(ref.casefold())
+            resident.names |= carried | {ref.casefold()}
             with self.lock:
                 resident.refs = 1
                 self.residents.append(resident)

@@ -21,6 +21,9 @@ class Request:
     tokens: Optional[list[int]] = None  # token ids as the prompt (instead of messages)
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     truncate: bool = False  # keep the end of a prompt that does not fit, rather than refuse it
+    # A conversation that does not fit keeps its system prompt and newest messages, the oldest dropped (as
+    # Ollama's /api/chat does); still too long with its last message alone, it is refused.
+    drop_oldest: bool = False
     session: Optional[str] = None  # continue this named session (its KV state restored, saved after)
     system: Optional[str] = None  # the system prompt: None keeps a session's own, or else the model's default
     use_cache: bool = True  # look up and fill the automatic prefix cache
@@ -36,6 +39,7 @@ class Prompt:
     templated: bool
     # A reasoning model's template: its thinking markers, and whether the prompt opened the block already.
     thinking: Optional[tuple] = None
+    dropped: int = 0  # the oldest messages left out so that the conversation fits (Request.drop_oldest)
 
     def splitter(self, sampling=None):
         """A fresh engine.thinking.ThinkingSplitter for the answer to this prompt sampled with `sampling`, or None."""
@@ -55,6 +59,13 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
     rendered = render(engine, request.messages, raw=request.raw, tools=request.tools, think=request.think)
     tokens = engine.tokenize(rendered.text, add_special=True, parse_special=True)
     thinking = _thinking(engine, rendered, request)
+    if request.drop_oldest and len(tokens) >= n_ctx and len(request.messages) > 1:
+        fitted = _drop_oldest(engine, request, n_ctx)
+        if fitted is not None:
+            kept, tokens = fitted
+            rendered = render(engine, kept, raw=request.raw, tools=request.tools, think=request.think)
+            return Prompt(tokens, rendered.stops, rendered.templated, _thinking(engine, rendered, request),
+                          dropped=len(request.messages) - len(kept))
     if not (request.truncate and rendered.templated) or len(tokens) < n_ctx or not request.messages:
         return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated,
                       thinking)
@@ -69,6 +80,26 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
             return Prompt(cut, rendered.stops, True, thinking)
     # The template and earlier turns alone overflow: keep the end, as for plain text.
     return Prompt(_fit(engine, tokens, True, request.sampling.max_tokens, n_ctx), rendered.stops, True, thinking)
+
+
+def _drop_oldest(engine: Engine, request: Request, n_ctx: int) -> Optional[tuple[list[dict], list[int]]]:
+    """(the messages kept, their prompt tokens) for a conversation over `n_ctx`: its system messages and the
+    newest messages that leave the answer its room (as a truncated prompt's), dropped oldest first and
+    starting at a user's message (templates that check the turns alternate accept it); the last message
+    alone, when nothing else fits beside it; None when even that does not fit the context."""
+    messages = request.messages
+    starts = [i for i, m in enumerate(messages) if i > 0 and m["role"] == "user"] + [len(messages) - 1]
+    keep = _prompt_room(n_ctx, request.sampling.max_tokens)
+    best = None
+    for start in dict.fromkeys(starts):  # the fewest dropped first
+        kept = [m for m in messages[:start] if m["role"] == "system"] + messages[start:]
+        text = render(engine, kept, raw=request.raw, tools=request.tools, think=request.think).text
+        tokens = engine.tokenize(text, add_special=True, parse_special=True)
+        if len(tokens) <= keep:
+            return kept, tokens
+        if best is None or len(tokens) < len(best[1]):
+            best = kept, tokens
+    return best if best is not None and len(best[1]) < n_ctx else None
 
 
 def _thinking(engine: Engine, rendered, request: Request) -> Optional[tuple]:

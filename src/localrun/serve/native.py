@@ -107,6 +107,12 @@ def routes(service) -> list:
                 return failed(status, exc.message, exc.exit_code, code=code)
             message, exit_code = message_for(exc)
             return failed(500, message, exit_code, code="load_failed")
+        if fresh and await request.is_disconnected():
+            # The client asked for this load and went away during it (Ctrl-C): nobody will use it, so it is
+            # not held for a keep-alive.
+            pool.release(resident, 0.0)
+            service.activity(-1)
+            return failed(499, "the client went away while its model loaded", 130, code="cancelled")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         gone = threading.Event()

@@ -5,12 +5,17 @@ in nanoseconds. Errors are {"error": "..."} with the status Ollama uses (404 for
 
 What Ollama clients send and localrun does not do yet is refused with 400 naming it (images, suffix,
 template, context); Ollama's options that have no meaning here (numa, use_mmap, ...) are accepted and
-ignored, as Ollama itself ignores options a runner does not use.
+ignored, as Ollama itself ignores options a runner does not use. Options and top-level fields Ollama does not
+know either (Open WebUI's reasoning_effort and logit_bias in `options`, the AI SDK's top-level
+max_output_tokens) are ignored with one line each on the server's stderr, as Ollama warns and goes on; the
+top-level ones that say what an option says (temperature, top_p, max_output_tokens, tool_choice) are taken.
+A known field or option of the wrong type is still a 400.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any, Optional
@@ -30,13 +35,24 @@ _IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "voc
             "f16_kv", "logits_all", "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa")  # older clients send these
 _REFUSED = {"images": "images (localrun has no vision models yet)", "suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
             "context": "context (send the conversation as messages to /api/chat)"}
-_CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools", "logprobs", "top_logprobs"}
+# Top-level fields some Ollama clients send (the AI SDK's ollama-ai-provider-v2) that say what an option says.
+_TOP_LEVEL = {"max_output_tokens": "num_predict", "max_tokens": "num_predict", **{name: name for name in _SAMPLING}}
+_CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools", "logprobs", "top_logprobs",
+                "tool_choice"}
 _GENERATE_FIELDS = {"model", "prompt", "system", "stream", "format", "options", "keep_alive", "raw", "think", "images",
                     "suffix", "template", "context", "logprobs", "top_logprobs"}
 
 
+OLLAMA_VERSION = "0.14.0"  # the Ollama whose API this dialect speaks: what /api/version answers, for clients that check it
+
+
 def error(status: int, message: str) -> ApiError:
     return ApiError(status, message)
+
+
+def ignored(endpoint: str, what: str) -> None:
+    """One line on the server's stderr for a field or option the request may carry but nothing reads."""
+    print(f"warning: {endpoint}: ignoring {what}, which localrun (as Ollama) does not know", file=sys.stderr, flush=True)
 
 
 def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
@@ -44,10 +60,14 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
     needs (stream, whether it is a load/unload request). ApiError(400) names what is wrong."""
     if not isinstance(data, dict):
         raise error(400, "the body must be a JSON object")
+    endpoint = "/api/chat" if chat else "/api/generate"
     allowed = _CHAT_FIELDS if chat else _GENERATE_FIELDS
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise error(400, f"unknown field {unknown[0]!r}")
+    top = {}  # options given at the top level: the body's own options win
+    for name in sorted(set(data) - allowed):
+        if name in _TOP_LEVEL and data[name] is not None:
+            top[_TOP_LEVEL[name]] = data[name]
+        elif name not in _TOP_LEVEL:
+            ignored(endpoint, f"the field {name!r}")
     for name, why in _REFUSED.items():
         if data.get(name):
             raise error(400, f"{why} is not supported by localrun")
@@ -58,7 +78,7 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         raise error(400, "think must be true, false (or a level: low, medium, high)")
     fields: dict[str, Any] = {"model": model, "keep_alive": data.get("keep_alive")}
     load = {}
-    for name, value in _options(data).items():
+    for name, value in {**top, **_options(data)}.items():
         if name in _SAMPLING:
             if name == "num_predict":
                 if not isinstance(value, int) or isinstance(value, bool):
@@ -68,7 +88,7 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         elif name in _LOAD:
             load[name] = value
         elif name not in _IGNORED:
-            raise error(400, f"unknown option {name!r}")
+            ignored(endpoint, f"the option {name!r}")
     if load:
         fields["options"] = load
     fmt = data.get("format")
@@ -95,7 +115,8 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         extra["empty"] = not messages
         fields["messages"] = [_message(m) for m in messages] or [{"role": "user", "content": ""}]
         if data.get("tools"):
-            fields["tools"] = data["tools"]  # OpenAI's function tools, as Ollama takes them; no tool_choice: auto
+            fields["tools"] = data["tools"]  # OpenAI's function tools, as Ollama takes them
+            fields["tool_choice"] = data.get("tool_choice")  # the AI SDK sends OpenAI's; Ollama's own clients none (auto)
         kind = ChatBody
     else:
         prompt = data.get("prompt") or ""
@@ -117,9 +138,12 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
             kind = ChatBody
     given = {k: v for k, v in fields.items() if v is not None}
     try:
-        return kind.model_validate(given), extra
+        body = kind.model_validate(given)
     except ValidationError as exc:
         raise ollama_names(validation_error(exc, given)) from None
+    if chat:
+        body._drop_oldest = True  # a conversation over the context keeps its newest messages, as Ollama's does
+    return body, extra
 
 
 def _message(m: dict) -> dict:
@@ -184,10 +208,10 @@ def embed_request(data: Any, legacy: bool) -> tuple[Any, list[str], bool, Option
 
     if not isinstance(data, dict):
         raise error(400, "the body must be a JSON object")
+    endpoint = "/api/embeddings" if legacy else "/api/embed"
     allowed = {"model", "prompt", "options", "keep_alive"} if legacy else {"model", "input", "truncate", "options", "keep_alive", "dimensions"}
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise error(400, f"unknown field {unknown[0]!r}")
+    for name in sorted(set(data) - allowed):
+        ignored(endpoint, f"the field {name!r}")
     model = model_named(data)
     flags(data, "truncate")
     given = data.get("prompt") if legacy else data.get("input")
@@ -196,9 +220,8 @@ def embed_request(data: Any, legacy: bool) -> tuple[Any, list[str], bool, Option
         raise error(400, "input must be a string or a list of strings")
     options = _options(data)
     load = {k: v for k, v in options.items() if k in _LOAD}
-    unknown = sorted(set(options) - set(_LOAD) - set(_SAMPLING) - set(_IGNORED))
-    if unknown:
-        raise error(400, f"unknown option {unknown[0]!r}")
+    for name in sorted(set(options) - set(_LOAD) - set(_SAMPLING) - set(_IGNORED)):
+        ignored(endpoint, f"the option {name!r}")
     dimensions = data.get("dimensions")
     if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1):
         raise error(400, f"invalid dimensions {dimensions!r}")

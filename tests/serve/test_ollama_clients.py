@@ -1,0 +1,214 @@
+"""What clients written for Ollama (Open WebUI, the AI SDK's ollama provider, aider, Codex) send and expect,
+against a real `localrun serve` with the real SmolLM2 (issue 32): options and fields Ollama does not know
+are ignored and logged, those that map are honoured; a final assistant message is continued; /api/ps's
+expires_at is always a date; one access-log line per request; one name per model, also after a reload; a
+conversation over the context keeps its newest messages on /api/chat and is a 400 on /v1."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from conftest import start_server, wait_until
+
+pytestmark = pytest.mark.slow
+
+COUNT = [{"role": "user", "content": "Count from 1 to 20, separated by commas."},
+         {"role": "assistant", "content": "1, 2, 3, 4, 5, 6,"}]
+HI = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture
+def served(smollm2, tmp_path):
+    srv = start_server(smollm2, tmp_path / "home", "--parallel", "2", "--ctx", "512")
+    yield srv
+    assert srv.stop() == 130
+
+
+def log(srv) -> str:
+    return "".join(srv.stderr)
+
+
+def test_unknown_options_and_fields_are_ignored_and_logged_known_ones_honoured(served, smollm2):
+    c = ollama.Client(host=served.url)
+    name = smollm2.name
+    greedy = c.chat(model=name, messages=HI, options={"temperature": 0, "num_predict": 8})
+    # Open WebUI's Reasoning Effort and logit_bias land in options: ignored, as Ollama ignores them
+    r = c.chat(model=name, messages=HI, options={"temperature": 0, "num_predict": 8, "reasoning_effort": "low",
+                                                  "logit_bias": '{"100": -100}'})
+    assert r.message.content == greedy.message.content
+    wait_until(lambda: "'reasoning_effort'" in log(served) and "'logit_bias'" in log(served), what="the ignored options logged")
+    # the AI SDK's provider: sampling at the top level, taken as the options they name; an unknown field ignored
+    top = httpx.post(served.url + "/api/chat", timeout=120, json={
+        "model": name, "messages": HI, "stream": False, "temperature": 0, "top_p": 1, "max_output_tokens": 3,
+        "tool_choice": "auto", "providerOptions": {}})
+    assert top.status_code == 200, top.text
+    assert top.json()["eval_count"] == 3 and greedy.message.content.startswith(top.json()["message"]["content"])
+    wait_until(lambda: "'providerOptions'" in log(served), what="the ignored field logged")
+    # a known option or field of the wrong type is still refused, naming it
+    bad = httpx.post(served.url + "/api/chat", json={"model": name, "messages": HI, "options": {"temperature": "hot"}})
+    assert bad.status_code == 400 and "temperature" in bad.json()["error"]
+    bad = httpx.post(served.url + "/api/chat", json={"model": name, "messages": HI, "temperature": "hot"})
+    assert bad.status_code == 400 and "temperature" in bad.json()["error"]
+    # /api/generate and /api/embed ignore them alike
+    g = httpx.post(served.url + "/api/generate", timeout=120, json={"model": name, "prompt": "Hi", "stream": False, "foo": 1,
+                                                                    "options": {"num_predict": 2, "reasoning_effort": "low"}})
+    assert g.status_code == 200, g.text
+
+    # Ollama's version, so that clients checking it go on (Codex wants 0.13.4 or newer), and localrun's own
+    version = httpx.get(served.url + "/api/version").json()
+    assert tuple(int(p) for p in version["version"].split(".")) >= (0, 13, 4)
+    from localrun import __version__
+
+    assert version["localrun_version"] == __version__
+
+
+def test_v1_takes_ollama_and_llama_server_parameters(served, smollm2):
+    client = served.client()
+    name = smollm2.name
+    # Open WebUI's OpenAI connection puts its Advanced Params at the top level
+    r = client.chat.completions.create(model=name, messages=HI, temperature=0, max_tokens=40,
+                                       extra_body={"tfs_z": 1, "top_k": 1, "mirostat": 0, "num_predict": 3, "cache_prompt": True})
+    assert r.choices[0].message.content and r.usage.completion_tokens <= 40
+    # num_ctx means what it means on /api: the model is loaded with it (reloaded here)
+    r = client.chat.completions.create(model=name, messages=HI, max_tokens=2, extra_body={"num_ctx": 256})
+    assert r.choices[0].finish_reason == "length"
+    [loaded] = httpx.get(served.url + "/api/ps").json()["models"]
+    assert loaded["context_length"] == 256
+    # num_predict alone is the length
+    r = client.chat.completions.create(model=name, messages=HI, temperature=0, extra_body={"num_predict": 3, "num_ctx": 256})
+    assert r.usage.completion_tokens == 3
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=name, messages=HI, extra_body={"top_k": "many"})
+    assert "top_k" in str(caught.value)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=name, messages=HI, extra_body={"num_ctx": "big"})
+    with pytest.raises(openai.BadRequestError):  # what OpenAI's API does not know, and neither do they, is still refused
+        client.chat.completions.create(model=name, messages=HI, extra_body={"no_such_field": 1})
+
+
+def test_a_final_assistant_message_is_continued(served, smollm2):
+    name = smollm2.name
+    c = ollama.Client(host=served.url)
+    r = c.chat(model=name, messages=COUNT, options={"temperature": 0, "num_predict": 12})
+    assert r.message.content.startswith(" 7, 8"), r.message.content
+    streamed = "".join(p.message.content for p in c.chat(model=name, messages=COUNT, stream=True,
+                                                         options={"temperature": 0, "num_predict": 12}))
+    assert streamed == r.message.content
+    v1 = served.client().chat.completions.create(model=name, messages=COUNT, temperature=0, max_tokens=12)
+    assert v1.choices[0].message.content == r.message.content
+    # the same conversation ending with the user's message is a new answer, which starts at 1
+    fresh = c.chat(model=name, messages=COUNT[:1], options={"temperature": 0, "num_predict": 12})
+    assert fresh.message.content.lstrip().startswith("1")
+
+
+def test_ps_expires_at_is_always_a_date(served, smollm2, gemma):
+    c = httpx.Client(base_url=served.url, timeout=120)
+
+    def expiry(name: str) -> datetime:
+        [m] = [m for m in c.get("/api/ps").json()["models"] if m["name"] == name]
+        return datetime.fromisoformat(m["expires_at"])
+
+    far = datetime.now().astimezone().replace(year=datetime.now().year + 100)
+    assert expiry(smollm2.name) > far  # the command line's model never expires: Ollama's far future
+    r = c.post("/api/generate", json={"model": str(gemma), "keep_alive": -1})  # Open WebUI's preload, forever
+    assert r.status_code == 200 and r.json()["done_reason"] == "load"
+    assert expiry(gemma.name) > far
+    r = c.post("/api/generate", json={"model": str(gemma), "keep_alive": "10m"})
+    assert expiry(gemma.name) < far and expiry(gemma.name) > datetime.now().astimezone()
+
+
+def test_one_access_log_line_per_request(served, smollm2, tmp_path):
+    name = smollm2.name
+    r = httpx.post(served.url + "/api/chat", timeout=120, json={"model": name, "messages": HI, "stream": False,
+                                                                "options": {"num_predict": 3}})
+    assert r.status_code == 200
+    httpx.post(served.url + "/v1/chat/completions", timeout=120, json={"model": name, "messages": HI, "max_tokens": 2,
+                                                                       "stream": True}).read()
+    assert httpx.post(served.url + "/api/chat", json={"model": "no-such-model", "messages": HI}).status_code == 404
+    missing = httpx.post(served.url + "/api/create", json={"model": "x"})
+    assert missing.status_code == 404 and isinstance(missing.json()["error"], str)  # Ollama's error shape under /api
+    prompt = r.json()["prompt_eval_count"]
+    wait_until(lambda: len(re.findall(r"^\[access\]", log(served), re.M)) >= 4, what="four access lines")
+    lines = [line for line in log(served).splitlines() if line.startswith("[access]")]
+    assert re.search(rf"\| 200 \| .*POST /api/chat \| {re.escape(name)} \| {prompt} in, 3 out$", lines[0]), lines[0]
+    assert re.search(rf"\| 200 \| .*POST /v1/chat/completions \| {re.escape(name)} \| {prompt} in, 2 out$", lines[1]), lines[1]
+    assert "| 404 |" in lines[2] and "POST /api/chat" in lines[2]
+    assert "| 404 |" in lines[3] and "POST /api/create" in lines[3]
+
+    quiet = start_server(smollm2, tmp_path / "quiet-home", "--quiet")
+    try:
+        assert httpx.post(quiet.url + "/api/chat", json={"model": name, "messages": HI, "stream": False,
+                                                         "options": {"num_predict": 2}}, timeout=120).status_code == 200
+        assert httpx.get(quiet.url + "/api/ps").status_code == 200
+    finally:
+        assert quiet.stop() == 130
+    assert "[access]" not in "".join(quiet.stderr)
+
+
+def test_one_name_per_model_before_and_after_a_reload(served, smollm2):
+    c = httpx.Client(base_url=served.url, timeout=120)
+    [listed] = [m["id"] for m in c.get("/v1/models").json()["data"]]
+    assert [m["name"] for m in c.get("/api/tags").json()["models"]] == [listed]
+    assert [(m["name"], m["model"]) for m in c.get("/api/ps").json()["models"]] == [(listed, listed)]
+
+    def works(name: str) -> None:
+        r = c.post("/api/chat", json={"model": name, "messages": HI, "stream": False, "options": {"num_predict": 1}})
+        assert r.status_code == 200 and r.json()["model"] == name, r.text  # the name the client used, echoed
+        r = c.post("/v1/chat/completions", json={"model": name, "messages": HI, "max_tokens": 1})
+        assert r.status_code == 200 and r.json()["model"] == name, r.text
+        assert c.post("/api/show", json={"model": name}).status_code == 200
+        assert c.get(f"/v1/models/{listed}").status_code == 200
+
+    works(listed)
+    works(str(smollm2))
+    # aider sends num_ctx: the model is reloaded with it, as Ollama does, and keeps its pin and its name
+    r = c.post("/api/chat", json={"model": listed, "messages": HI, "stream": False, "options": {"num_ctx": 1024, "num_predict": 1}})
+    assert r.status_code == 200 and r.json()["model"] == listed
+    [m] = c.get("/api/ps").json()["models"]
+    assert m["name"] == listed and m["context_length"] == 1024
+    assert datetime.fromisoformat(m["expires_at"]).year > datetime.now().year + 100  # still pinned: never expires
+    assert [m["id"] for m in c.get("/v1/models").json()["data"]] == [listed]
+    r = c.post("/v1/chat/completions", json={"model": listed, "messages": HI, "max_tokens": 1, "options": {"num_ctx": 1024}})
+    assert r.status_code == 200, r.text
+    works(listed)
+    # a bad num_ctx is refused before anything is unloaded: the per-slot context as given, not 4096 nor 2 slots' sum
+    for ctx in (0, 10):
+        r = c.post("/api/chat", json={"model": listed, "messages": HI, "stream": False, "options": {"num_ctx": ctx}})
+        assert r.status_code == 400 and "options.num_ctx" in r.json()["error"], r.text
+    [m] = c.get("/api/ps").json()["models"]
+    assert m["name"] == listed and m["context_length"] == 512
+
+
+def test_a_conversation_over_the_context_keeps_its_newest_messages_on_api_chat(served, smollm2):
+    name = smollm2.name
+    story = "Once upon a time a small dragon lived in a cave by the sea, and every morning it counted the waves. " * 6
+    conversation = [{"role": "system", "content": "You are a pirate."}]
+    for i in range(6):
+        conversation += [{"role": "user", "content": f"Tell me story number {i}."}, {"role": "assistant", "content": story}]
+    conversation.append({"role": "user", "content": "What is the capital of France?"})
+    c = httpx.Client(base_url=served.url, timeout=120)
+    r = c.post("/api/chat", json={"model": name, "messages": conversation, "stream": False, "options": {"num_predict": 4}})
+    assert r.status_code == 200, r.text
+    used = r.json()["prompt_eval_count"]
+    assert used < 512
+    wait_until(lambda: "oldest" in log(served) and "messages were left out" in log(served), what="the notice")
+    # what was kept: the system prompt and the newest messages, from a user's turn on (prompt_eval_count says so)
+    # (a shorter conversation counts fewer tokens; a longer one is cut to the same)
+    start = max(k for k in range(1, len(conversation)) if _count(c, name, [conversation[0], *conversation[k:]]) == used)
+    assert start > 1 and conversation[start]["role"] == "user"
+    # OpenAI's API (and llama-server) refuse it: a 400 naming both numbers
+    v1 = c.post("/v1/chat/completions", json={"model": name, "messages": conversation, "max_tokens": 4})
+    assert v1.status_code == 400 and v1.json()["error"]["code"] == "context_length_exceeded"
+
+
+def _count(c: httpx.Client, name: str, messages: list) -> int:
+    r = c.post("/api/chat", json={"model": name, "messages": messages, "stream": False, "options": {"num_predict": 1}})
+    assert r.status_code == 200, r.text
+    return r.json()["prompt_eval_count"]

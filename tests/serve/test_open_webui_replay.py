@@ -1,0 +1,170 @@
+"""Every request a real Open WebUI 0.12.4 sent to `localrun serve` in one session (both of its connections:
+Ollama's /api and OpenAI's /v1), replayed in order against a real server with the real SmolLM2, each answer
+checked as Open WebUI reads it: the status, NDJSON or SSE whole and in shape, `expires_at` a date, the
+listed names the ones it may send, a continued message that continues.
+
+The recordings (../shared/clients/open-webui-0.12.4/*.jsonl: method, path, body, and the status localrun
+gave then) named the models of that session: each is mapped to this test's SmolLM2, pulled from the Hub
+stand-in as REF and named on the command line (so pinned, as that session's was). The one delete is mapped
+to a second copy pulled for it, so that the requests after it still have their model.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import start_server
+from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
+
+pytestmark = pytest.mark.slow
+
+RECORDINGS = Path(__file__).resolve().parents[3] / "shared" / "clients" / "open-webui-0.12.4"
+REF = "test/SmolLM2-GGUF:Q4_1"
+SPARE = "test/Spare-GGUF:Q4_1"  # what the recorded delete removes
+
+# What Ollama itself answers where the recording's request cannot succeed: `think` asked of a model that
+# does not think (400, as Ollama's), and /api/create (a Modelfile), which localrun does not do yet.
+EXPECTED_STATUS = {("POST", "/api/create"): 404}
+
+
+def recorded() -> list[tuple[str, int, dict]]:
+    calls = []
+    for name in ("ollama-api.jsonl", "openai-api.jsonl"):
+        for i, line in enumerate((RECORDINGS / name).read_text().splitlines()):
+            calls.append((name, i, json.loads(line)))
+    return calls
+
+
+def mapped(call: dict) -> dict:
+    body = call["body"]
+    if not isinstance(body, dict):
+        return body
+    body = dict(body)
+    model = SPARE if call["path"] == "/api/delete" else REF
+    for key in ("model", "name"):
+        if key in body:
+            body[key] = model
+    if call["path"] == "/api/create" and "from" in body:
+        body["from"] = REF
+    return body
+
+
+def expected_status(call: dict, body) -> int:
+    if isinstance(body, dict) and body.get("think"):
+        return 400  # SmolLM2 does not think: Ollama answers 400 '"MODEL" does not support thinking'
+    return EXPECTED_STATUS.get((call["method"], call["path"]), 200)
+
+
+@pytest.fixture
+def served(hub_stub, smollm2, cli):
+    for repo in ("test/SmolLM2-GGUF", "test/Spare-GGUF"):
+        hub_stub.stub.add_repo(repo, [StubFile(smollm2.name, smollm2.read_bytes())])
+    for ref in (REF, SPARE):
+        assert cli("pull", ref).returncode == 0
+    srv = start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024")
+    yield srv
+    assert srv.stop() == 130
+
+
+def test_every_recorded_request_is_answered_as_open_webui_reads_it(served):
+    assert RECORDINGS.is_dir(), RECORDINGS
+    calls = recorded()
+    assert len(calls) > 100
+    seen_paths = set()
+    with httpx.Client(base_url=served.url, timeout=600) as http:
+        for source, i, call in calls:
+            where = f"{source}:{i + 1} {call['method']} {call['path']}"
+            body = mapped(call)
+            want = expected_status(call, body)
+            streamed = _streams(call["path"], body)
+            request = http.build_request(call["method"], call["path"], json=body if body is not None else None)
+            response = http.send(request, stream=True)
+            try:
+                raw = response.read().decode()
+            finally:
+                response.close()
+            assert response.status_code == want, f"{where}: {response.status_code} {raw[:500]}"
+            seen_paths.add(call["path"])
+            if want != 200:
+                error = json.loads(raw)["error"]
+                assert isinstance(error, (str, dict)) and error, where  # Ollama's {"error": "..."}; OpenAI's object
+                continue
+            _check(http, call["path"], body, raw, streamed, where)
+    assert {"/api/chat", "/api/ps", "/api/tags", "/v1/chat/completions", "/api/pull", "/api/delete"} <= seen_paths
+
+
+def _streams(path: str, body) -> bool:
+    if not isinstance(body, dict):
+        return False
+    if path.startswith("/api/"):
+        return body.get("stream", True) is not False and path in ("/api/chat", "/api/generate", "/api/pull")
+    return bool(body.get("stream"))
+
+
+def _check(http: httpx.Client, path: str, body, raw: str, streamed: bool, where: str) -> None:
+    if path == "/api/version":
+        version = json.loads(raw)["version"]
+        assert tuple(int(p) for p in version.split(".")) >= (0, 13, 4), f"{where}: {version}"  # what Codex and others need
+    elif path == "/api/tags":
+        models = json.loads(raw)["models"]
+        assert REF in [m["name"] for m in models], where
+        for m in models:
+            assert m["name"] == m["model"] and m["details"]["format"] == "gguf" and m["size"] > 0, where
+            datetime.fromisoformat(m["modified_at"])
+    elif path == "/api/ps":
+        models = json.loads(raw)["models"]
+        listed = {m["name"] for m in json.loads(http.get("/api/tags").text)["models"]}
+        for m in models:
+            # Open WebUI shows "unloads in ..." and the eject control from expires_at, parsed as a date
+            assert isinstance(m["expires_at"], str) and datetime.fromisoformat(m["expires_at"]), where
+            assert m["name"] == m["model"] and m["name"] in listed, where  # the name it may send
+    elif path in ("/api/chat", "/api/generate"):
+        chat = path == "/api/chat"
+        lines = [json.loads(line) for line in raw.splitlines() if line.strip()] if streamed else [json.loads(raw)]
+        assert lines and all("error" not in obj for obj in lines), f"{where}: {raw[-500:]}"
+        last = lines[-1]
+        assert last["done"] is True and all(obj["done"] is False for obj in lines[:-1]), where
+        assert all(obj["model"] == body["model"] for obj in lines), where  # the name it sent, echoed
+        datetime.fromisoformat(last["created_at"])
+        if last["done_reason"] in ("load", "unload"):
+            return
+        assert last["done_reason"] in ("stop", "length") and last["eval_count"] >= 0 and last["prompt_eval_count"] > 0, where
+        _continues(body, "".join(obj["message"]["content"] if chat else obj["response"] for obj in lines), where)
+    elif path == "/api/pull":
+        lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
+        assert lines[-1] == {"status": "success"}, where
+    elif path == "/api/show":
+        shown = json.loads(raw)
+        assert shown["details"]["format"] == "gguf" and "<|im_start|>" in shown["template"], where
+    elif path == "/v1/models":
+        ids = [m["id"] for m in json.loads(raw)["data"]]
+        assert REF in ids, where
+    elif path == "/v1/chat/completions":
+        if streamed:
+            events = [line.removeprefix("data: ") for line in raw.splitlines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]", where
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert all(c["object"] == "chat.completion.chunk" and c["model"] == body["model"] for c in chunks), where
+            assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length"), where
+            _continues(body, "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]), where)
+        else:
+            answer = json.loads(raw)
+            assert answer["model"] == body["model"] and isinstance(answer["choices"][0]["message"]["content"], str), where
+            _continues(body, answer["choices"][0]["message"]["content"], where)
+
+
+def _continues(body: dict, text: str, where: str) -> None:
+    """Open WebUI's "Continue response" sends the partial answer last and appends what comes back: the answer
+    goes on from it (SmolLM2, greedy, counts on: "1, 2, 3, 4, 5, 6," -> " 7, 8, ..."), not from the start."""
+    messages = body.get("messages") or []
+    if not (messages and messages[-1]["role"] == "assistant" and messages[-1]["content"]):
+        return
+    partial = messages[-1]["content"]
+    assert not text.strip().startswith(partial.strip()[:12]), f"{where}: started again: {text!r}"
+    if partial.endswith("6,"):
+        assert text.startswith(" 7, 8"), f"{where}: {text!r}"
