@@ -454,6 +454,11 @@ def stop(
             err.print(f"{name} unloads when its current request ends" if name in busy else f"unloaded {name}", markup=False)
 
 
+from .launch import LaunchCommand, launch  # noqa: E402 - the command lives in its own module (imports nothing heavy)
+
+app.command("launch", cls=LaunchCommand)(launch)
+
+
 @app.command()
 def bench(
     models: Annotated[Optional[list[str]], typer.Argument(help="one or more models (alias, owner/repo[:QUANT] or .gguf path)")] = None,
