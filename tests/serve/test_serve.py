@@ -252,10 +252,10 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     (json.dumps({"prompt": "hi", "logprobs": 21}).encode(), "logprobs must be 0 to 20"),
     (json.dumps({"prompt": "hi", "top_logprobs": 2}).encode(), "top_logprobs is a chat field"),
     (json.dumps({"prompt": "hi", "echo": True}).encode(), "echo"),
-    (json.dumps({"prompt": "hi", "n": 2}).encode(), "'n'"),
+    (json.dumps({"prompt": "hi", "n": 17}).encode(), "'n'"),
     (json.dumps({"prompt": "hi", "Stream": True}).encode(), "unknown or unsupported field 'Stream'"),  # named as written
-    (b'{"prompt": "hi", "logit_bias": {"5": Infinity}}', "large bias"),
-    (b'{"prompt": "hi", "logit_bias": {"5": NaN}}', "large bias"),
+    (b'{"prompt": "hi", "logit_bias": {"5": Infinity}}', "Infinity is not a JSON value"),
+    (b'{"prompt": "hi", "logit_bias": {"5": NaN}}', "NaN is not a JSON value"),
     (json.dumps({"prompt": "hi", "logit_bias": {"99999999": -100}}).encode(), "logit-bias token"),
 ])
 def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragment, hi_reference):
@@ -264,7 +264,7 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragmen
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert fragment in error["message"] and error["type"] == "invalid_request_error"
-    if "logit_bias" in body.decode(errors="replace"):
+    if "logit_bias" in body.decode(errors="replace") and "not a JSON value" not in fragment:  # NaN: no JSON at all
         assert error["param"] == "logit_bias"
     answer = complete(server.client(), "Hi", max_tokens=2)  # and serves exactly what `localrun run` gives
     assert (answer.choices[0].text, answer.usage.completion_tokens) == hi_reference
