@@ -1,20 +1,19 @@
 """The one prompt renderer: messages to the text a model reads.
 
-With a chat template, the model's own (llama.cpp's built-in renderer where it knows the template, Jinja
-otherwise, and Jinja always when tools are given); without one (a base model), either the messages' text
+With a chat template, the model's own, always rendered by Jinja (as llama.cpp's --jinja); without one (a
+base model), either the messages' text
 as it is (`raw`: `run`'s plain completion) or a plain transcript that a stop at the next "User:" ends
 (chat and the server's chat endpoint).
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Optional
 
 from ..errors import EngineError
-from .llama import llama_cpp_module
 
 TRANSCRIPT_STOP = "\nUser:"
 
@@ -83,42 +82,49 @@ def transcript(messages: Sequence[dict], add_generation_prompt: bool = True) -> 
 
 def apply_template(engine, messages: Sequence[dict], add_generation_prompt: bool = True,
                    tools: Optional[list[dict[str, Any]]] = None, think: Optional[bool] = None) -> str:
-    """The model's own chat template: llama.cpp's built-in renderer for the templates it recognises, Jinja
-    for the rest and whenever tools, tool calls or tool results are in it (llama.cpp's renderer has none)."""
+    """The model's own chat template, rendered by Jinja for every prompt, as llama.cpp's `--jinja` renders it
+    (its built-in renderers for the templates they recognise leave out what the template itself writes:
+    Qwen's default system prompt, a reasoning model's opened block, the tools): the same variables, and a
+    BOS the template writes left to the tokenizer where it adds one."""
     template = engine.chat_template
     if template is None:
         raise EngineError("this model has no chat template: use --raw for plain completion")
-    switch = think is not None and "enable_thinking" in template
-    # A reasoning template often opens the thinking block at the end of the prompt, which llama.cpp's
-    # built-in renderers (made for the template families they recognise) leave out: Jinja renders it.
-    reasoning = "<think>" in template or "<|channel|>" in template
-    if tools or switch or reasoning or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-        return _apply_jinja(engine, messages, add_generation_prompt, tools, {"enable_thinking": think} if switch else {})
-    ll = llama_cpp_module()
-    arr = (ll.llama_chat_message * len(messages))()
-    keep = []  # the encoded strings must outlive the call
-    for i, m in enumerate(messages):
-        role, content = m["role"].encode(), (m["content"] or "").encode("utf-8")
-        keep += [role, content]
-        arr[i].role, arr[i].content = role, content
-    tmpl = template.encode("utf-8")
-    size = sum(len(k) for k in keep) * 2 + 1024
-    buf = ctypes.create_string_buffer(size)
-    n = ll.llama_chat_apply_template(tmpl, arr, len(messages), add_generation_prompt, buf, size)
-    if n > size:
-        buf = ctypes.create_string_buffer(n)
-        n = ll.llama_chat_apply_template(tmpl, arr, len(messages), add_generation_prompt, buf, n)
-    if n >= 0:
-        return buf.raw[:n].decode("utf-8")
-    return _apply_jinja(engine, messages, add_generation_prompt, tools)
+    extra: dict[str, Any] = {}
+    if think is not None and "enable_thinking" in template:
+        extra["enable_thinking"] = think
+    if tools:
+        extra["tools"] = tools
+    bos, eos = _special_texts(engine)
+    try:
+        text = _formatter(template, bos, eos)(messages=list(messages), add_generation_prompt=add_generation_prompt, **extra)
+    except Exception as exc:  # the template's raise_exception, or a template that does not render
+        raise EngineError(f"the model's chat template cannot render these messages: {exc}") from None
+    if bos and engine.add_bos and text.startswith(bos):
+        text = text[len(bos):]
+    return text
 
 
-def _apply_jinja(engine, messages: Sequence[dict], add_generation_prompt: bool, tools, extra: Optional[dict] = None) -> str:
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
+def _special_texts(engine) -> tuple[str, str]:
     info = engine.info
     bos = engine.detokenize([info.bos_token_id]) if info.bos_token_id is not None else ""
     eos = engine.detokenize([info.eos_token_id]) if info.eos_token_id is not None else ""
-    fmt = Jinja2ChatFormatter(template=engine.chat_template, bos_token=bos, eos_token=eos,
-                              add_generation_prompt=add_generation_prompt)
-    return fmt(messages=list(messages), tools=tools, **(extra or {})).prompt
+    return bos, eos
+
+
+@lru_cache(maxsize=8)
+def _formatter(template: str, bos: str, eos: str):
+    """The template compiled once (a few ms each time otherwise), in llama-cpp-python's Jinja environment
+    (trim_blocks, lstrip_blocks, loopcontrols, tojson as Transformers writes it, as llama.cpp's own)."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    formatter = Jinja2ChatFormatter(template=template, bos_token=bos, eos_token=eos)
+    environment = formatter._environment
+
+    def render(messages: list, add_generation_prompt: bool, **extra: Any) -> str:
+        def raise_exception(message: str):
+            raise ValueError(message)
+
+        return environment.render(messages=messages, bos_token=bos, eos_token=eos, raise_exception=raise_exception,
+                                  add_generation_prompt=add_generation_prompt, strftime_now=formatter.strftime_now, **extra)
+
+    return render
