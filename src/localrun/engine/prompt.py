@@ -1,9 +1,8 @@
 """The one prompt renderer: messages to the text a model reads.
 
 With a chat template, the model's own, always rendered by Jinja (as llama.cpp's --jinja); without one (a
-base model), either the messages' text
-as it is (`raw`: `run`'s plain completion) or a plain transcript that a stop at the next "User:" ends
-(chat and the server's chat endpoint).
+base model), either the messages' text as it is (`raw`: `run`'s plain completion) or a plain transcript
+that a stop at the next "User:" ends (chat and the server's chat endpoint).
 """
 
 from __future__ import annotations
