@@ -53,7 +53,10 @@ seen["status"], seen["answer"] = raw.status_code, raw.parse().choices[0].message
 """
 
 EPILOGUE = """
-print(json.dumps(seen))
+print(json.dumps(seen), flush=True)
+if os.environ.get("STANDIN_WAIT"):
+    import time
+    time.sleep(600)
 sys.exit(int(os.environ.get("STANDIN_EXIT", "0")))
 """
 
@@ -166,6 +169,32 @@ def test_a_server_already_answering_is_used_and_left_running(agents, smollm2, is
         assert server.proc.poll() is None
     finally:
         server.stop()
+
+
+def test_a_terminated_launch_ends_the_agent_and_its_server(agents, smollm2):
+    import signal
+    import subprocess
+
+    from conftest import wait_until
+
+    port = free_port()
+    env = {**os.environ, "PATH": f"{agents}{os.pathsep}{os.environ['PATH']}", "STANDIN_WAIT": "1"}
+    proc = subprocess.Popen([LOCALRUN, "launch", "claude", str(smollm2), "--port", str(port), "--ctx", "2048"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(proc.stdout.readline())["status"] == 200  # the agent is running and has its answer
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:  # launch did not end: neither it nor anything it started may stay
+            import psutil
+
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM  # passed on to the agent, which it ended
+    wait_until(lambda: not serving(port), what="the server to stop", timeout=30)
 
 
 def test_a_missing_agent_is_one_line(agents, smollm2, tmp_path):
