@@ -10,13 +10,12 @@ local model cannot run)."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Optional
 
 from .openai import ApiError, ChatBody, validation_error
-from .stream import Event, sse
+from .stream import Event, function_tools, need, sse
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                413: "request_too_large", 429: "rate_limit_error", 499: "invalid_request_error", 503: "overloaded_error"}
@@ -28,24 +27,19 @@ def error_body(exc: ApiError) -> dict:
     return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
-def _need(cond: bool, message: str, param: Optional[str] = None) -> None:
-    if not cond:
-        raise ApiError(400, message, param=param)
-
-
 def _text_of(content: Any, where: str) -> str:
     """The text of a content given as a string or as blocks (text only: images are refused by name)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    _need(isinstance(content, list), f"{where} must be a string or a list of content blocks", where)
+    need(isinstance(content, list), f"{where} must be a string or a list of content blocks", where)
     parts = []
     for i, block in enumerate(content):
-        _need(isinstance(block, dict) and isinstance(block.get("type"), str), f"{where}.{i} must be a content block with a type", where)
+        need(isinstance(block, dict) and isinstance(block.get("type"), str), f"{where}.{i} must be a content block with a type", where)
         kind = block["type"]
         if kind == "text":
-            _need(isinstance(block.get("text"), str), f"{where}.{i}.text must be a string", where)
+            need(isinstance(block.get("text"), str), f"{where}.{i}.text must be a string", where)
             parts.append(block["text"])
         elif kind in ("image", "document"):
             raise ApiError(400, f"{where}.{i}: {kind} blocks are not supported by localrun yet: send text", param=where)
@@ -57,34 +51,22 @@ def _text_of(content: Any, where: str) -> str:
 
 
 def _tools(tools: Any) -> list[dict]:
-    """Anthropic's custom tools as OpenAI function tools; server tools (web_search, bash, ...) are left out."""
-    if tools is None:
-        return []
-    _need(isinstance(tools, list), "tools must be a list", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        _need(isinstance(t, dict), f"tools.{i} must be an object", "tools")
-        if t.get("type") not in (None, "custom"):
-            continue  # a server tool Anthropic runs itself: nothing here can run it
-        _need(isinstance(t.get("name"), str) and t["name"], f"tools.{i}.name must be a non-empty string", "tools")
-        schema = t.get("input_schema") or {"type": "object", "properties": {}}
-        _need(isinstance(schema, dict), f"tools.{i}.input_schema must be a JSON schema object", "tools")
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "", "parameters": schema}})
-    return out
+    """Anthropic's custom tools; its server tools (web_search, bash, ...) are left out."""
+    return function_tools(tools, lambda t: t.get("type") in (None, "custom"), "input_schema")
 
 
 def _tool_choice(choice: Any, has_tools: bool) -> tuple[Any, Optional[bool]]:
     """(OpenAI's tool_choice, parallel_tool_calls) for Anthropic's tool_choice."""
     if choice is None:
         return None, None
-    _need(isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool", "none"),
+    need(isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool", "none"),
           "tool_choice must be {type: auto|any|tool|none}", "tool_choice")
     parallel = None if choice.get("disable_parallel_tool_use") is None else not choice["disable_parallel_tool_use"]
     kind = choice["type"]
     if not has_tools:
         return None, None
     if kind == "tool":
-        _need(isinstance(choice.get("name"), str), "tool_choice {type: tool} needs the tool's name", "tool_choice")
+        need(isinstance(choice.get("name"), str), "tool_choice {type: tool} needs the tool's name", "tool_choice")
         return {"type": "function", "function": {"name": choice["name"]}}, parallel
     return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
 
@@ -95,10 +77,10 @@ def _messages(data: dict) -> list[dict]:
     out: list[dict] = []
     system = _text_of(data.get("system"), "system")
     raw = data.get("messages")
-    _need(isinstance(raw, list) and raw, "messages must be a non-empty list", "messages")
+    need(isinstance(raw, list) and raw, "messages must be a non-empty list", "messages")
     for i, m in enumerate(raw):
         where = f"messages.{i}"
-        _need(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system"), f"{where}.role must be user or assistant", where)
+        need(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system"), f"{where}.role must be user or assistant", where)
         content = m.get("content")
         if m["role"] == "system":  # Claude Code sends one inside messages: it joins the system prompt
             system = "\n\n".join(p for p in (system, _text_of(content, where + ".content")) if p)
@@ -106,17 +88,17 @@ def _messages(data: dict) -> list[dict]:
         if isinstance(content, str) or content is None:
             out.append({"role": m["role"], "content": content or ""})
             continue
-        _need(isinstance(content, list), f"{where}.content must be a string or a list of blocks", where)
+        need(isinstance(content, list), f"{where}.content must be a string or a list of blocks", where)
         texts, calls, results = [], [], []
         for j, block in enumerate(content):
-            _need(isinstance(block, dict), f"{where}.content.{j} must be a block", where)
+            need(isinstance(block, dict), f"{where}.content.{j} must be a block", where)
             kind = block.get("type")
             if kind == "tool_use" and m["role"] == "assistant":
-                _need(isinstance(block.get("id"), str) and isinstance(block.get("name"), str), f"{where}.content.{j}: tool_use needs id and name", where)
+                need(isinstance(block.get("id"), str) and isinstance(block.get("name"), str), f"{where}.content.{j}: tool_use needs id and name", where)
                 calls.append({"id": block["id"], "type": "function",
                               "function": {"name": block["name"], "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
             elif kind == "tool_result" and m["role"] == "user":
-                _need(isinstance(block.get("tool_use_id"), str), f"{where}.content.{j}: tool_result needs tool_use_id", where)
+                need(isinstance(block.get("tool_use_id"), str), f"{where}.content.{j}: tool_result needs tool_use_id", where)
                 result = _text_of(block.get("content"), f"{where}.content.{j}.content")
                 results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                                 "content": ("Error: " + result) if block.get("is_error") else result})
@@ -136,11 +118,11 @@ def chat_body(data: Any) -> ChatBody:
     """The chat request a Messages body asks for; ApiError (400) naming what is wrong."""
     from pydantic import ValidationError
 
-    _need(isinstance(data, dict), "the body must be a JSON object")
+    need(isinstance(data, dict), "the body must be a JSON object")
     tools = _tools(data.get("tools"))
     choice, parallel = _tool_choice(data.get("tool_choice"), bool(tools))
     max_tokens = data.get("max_tokens", DEFAULT_MAX_TOKENS)
-    _need(type(max_tokens) is int and max_tokens >= 1, "max_tokens must be a positive integer", "max_tokens")
+    need(type(max_tokens) is int and max_tokens >= 1, "max_tokens must be a positive integer", "max_tokens")
     thinking = data.get("thinking")
     think = None
     if isinstance(thinking, dict):
@@ -255,7 +237,3 @@ async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, s
                                         "usage": {"output_tokens": event.final.stats.generated_tokens}})
             yield sse("message_stop", {"type": "message_stop"})
             return
-
-
-def now() -> int:
-    return int(time.time())

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Optional
 
 from .openai import ApiError, ChatBody, validation_error
-from .stream import Event, sse
+from .stream import Event, function_tools, need, sse
 
 KEPT = 256  # responses kept for previous_response_id
 
@@ -39,21 +39,16 @@ class Kept:
             return self.items.get(rid)
 
 
-def _need(cond: bool, message: str, param: Optional[str] = None) -> None:
-    if not cond:
-        raise ApiError(400, message, param=param)
-
-
 def _content_text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
-    _need(isinstance(content, list), f"{where} must be a string or a list of content parts", where)
+    need(isinstance(content, list), f"{where} must be a string or a list of content parts", where)
     parts = []
     for i, part in enumerate(content):
-        _need(isinstance(part, dict), f"{where}.{i} must be a content part", where)
+        need(isinstance(part, dict), f"{where}.{i} must be a content part", where)
         kind = part.get("type")
         if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
-            _need(isinstance(part.get("text"), str), f"{where}.{i}.text must be a string", where)
+            need(isinstance(part.get("text"), str), f"{where}.{i}.text must be a string", where)
             parts.append(part["text"])
         elif kind in ("input_image", "input_file", "input_audio"):
             raise ApiError(400, f"{where}.{i}: {kind} is not supported by localrun yet: send text", param=where)
@@ -71,24 +66,24 @@ def _input_messages(data: dict) -> list[dict]:
     out: list[dict] = []
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
-    _need(isinstance(given, list), "input must be a string or a list of items", "input")
+    need(isinstance(given, list), "input must be a string or a list of items", "input")
     for i, item in enumerate(given):
         where = f"input.{i}"
-        _need(isinstance(item, dict), f"{where} must be an item object", where)
+        need(isinstance(item, dict), f"{where} must be an item object", where)
         kind = item.get("type", "message")
         if kind == "message":
-            _need(item.get("role") in ("user", "assistant", "system", "developer"), f"{where}.role must be user, assistant, system or developer", where)
+            need(item.get("role") in ("user", "assistant", "system", "developer"), f"{where}.role must be user, assistant, system or developer", where)
             role = "system" if item["role"] == "developer" else item["role"]
             out.append({"role": role, "content": _content_text(item.get("content"), where + ".content")})
         elif kind == "function_call":
-            _need(isinstance(item.get("name"), str) and isinstance(item.get("call_id"), str), f"{where}: a function_call needs name and call_id", where)
+            need(isinstance(item.get("name"), str) and isinstance(item.get("call_id"), str), f"{where}: a function_call needs name and call_id", where)
             call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
             if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
                 out[-1]["tool_calls"].append(call)  # several calls of one turn
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            _need(isinstance(item.get("call_id"), str), f"{where}: a function_call_output needs call_id", where)
+            need(isinstance(item.get("call_id"), str), f"{where}: a function_call_output needs call_id", where)
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": output if isinstance(output, str) else _content_text(output or [], where + ".output")})
@@ -100,26 +95,16 @@ def _input_messages(data: dict) -> list[dict]:
 
 
 def _tools(tools: Any) -> list[dict]:
-    if tools is None:
-        return []
-    _need(isinstance(tools, list), "tools must be a list", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        _need(isinstance(t, dict), f"tools.{i} must be an object", "tools")
-        if t.get("type") != "function":
-            continue  # web_search, file_search, namespace, mcp ...: nothing here runs them
-        _need(isinstance(t.get("name"), str) and t["name"], f"tools.{i}.name must be a non-empty string", "tools")
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
-                                                     "parameters": t.get("parameters") or {"type": "object", "properties": {}}}})
-    return out
+    """The Responses API's function tools (flat: name and parameters beside the type)."""
+    return function_tools(tools, lambda t: t.get("type") == "function", "parameters")
 
 
 def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
     """(the chat request a Responses body asks for, the conversation so far to keep with its answer)."""
     from pydantic import ValidationError
 
-    _need(isinstance(data, dict), "the body must be a JSON object")
-    _need(not data.get("background"), "background responses are not supported by localrun: leave out background", "background")
+    need(isinstance(data, dict), "the body must be a JSON object")
+    need(not data.get("background"), "background responses are not supported by localrun: leave out background", "background")
     messages = []
     previous = data.get("previous_response_id")
     if previous is not None:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ..runtime import Response
 from ..runtime.scheduler import Job
-from .openai import FINISH_REASONS, PING_S, next_piece
+from .openai import FINISH_REASONS, PING_S, ApiError, next_piece
 
 
 @dataclass
@@ -59,3 +59,31 @@ def sse(name: Optional[str], data: dict) -> str:
 
     head = f"event: {name}\n" if name else ""
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+# -- what the translators (anthropic.py, responses.py) share --------------------------------------------
+
+
+def need(cond: bool, message: str, param: Optional[str] = None) -> None:
+    """A 400 naming what is wrong with the body, unless `cond`."""
+    if not cond:
+        raise ApiError(400, message, param=param)
+
+
+def function_tools(tools: Any, runs_here, schema_key: str) -> list[dict]:
+    """A dialect's tools as OpenAI function tools: those `runs_here(tool)` says are the client's own
+    functions; the rest (web_search and other tools the dialect's own service runs) are left out, as
+    nothing here can run them."""
+    if tools is None:
+        return []
+    need(isinstance(tools, list), "tools must be a list", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        need(isinstance(t, dict), f"tools.{i} must be an object", "tools")
+        if not runs_here(t):
+            continue
+        need(isinstance(t.get("name"), str) and t["name"], f"tools.{i}.name must be a non-empty string", "tools")
+        schema = t.get(schema_key) or {"type": "object", "properties": {}}
+        need(isinstance(schema, dict), f"tools.{i}.{schema_key} must be a JSON schema object", "tools")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "", "parameters": schema}})
+    return out
