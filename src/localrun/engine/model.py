@@ -219,6 +219,7 @@ class Engine:
         self._rows: dict[int, object] = {}  # logits()' one-row numpy views, by address
         self.ctx = None
         self._batch: Optional[Batch] = None
+        self.vision = None  # an engine.vision.Projector once load_projector is called: prompts may hold images
         with deferred_interrupt() as interrupted:  # Ctrl-C here: freed below, KeyboardInterrupt on leaving
             keep_going = ll.llama_progress_callback(lambda progress, user_data: not interrupted)  # False stops the load
             mparams.progress_callback = keep_going
@@ -467,6 +468,19 @@ class Engine:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def load_projector(self, path: Path | str):
+        """Load a vision projector (an mmproj GGUF) for this model: prompts may then hold images
+        (engine.vision). The one already loaded from the same file is kept."""
+        from .vision import Projector
+
+        if self.vision is not None and self.vision.path == Path(path):
+            return self.vision
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
+        self.vision = Projector(self, path)
+        return self.vision
+
     def _place(self, mparams, options: LoadOptions) -> None:
         """The devices layers may go to besides the CPU (self.devices, their names): these RPC workers' first
         (as llama.cpp orders them), then local GPUs. Named explicitly once any worker was added in this
@@ -508,6 +522,9 @@ class Engine:
         with deferred_interrupt():  # llama.cpp logs while it frees: see deferred_interrupt()
             if getattr(self, "_prefilter", None) is not None:
                 self.use_raw_logits()
+            if getattr(self, "vision", None) is not None:
+                self.vision.close()  # before the model it was loaded for
+                self.vision = None
             if getattr(self, "_batch", None) is not None:
                 self._batch.close()
                 self._batch = None

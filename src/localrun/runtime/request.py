@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..engine import Engine, SamplingOptions
 from ..engine.prompt import render
-from ..errors import ContextOverflow
+from ..errors import ContextOverflow, UsageError
 
 
 @dataclass
@@ -56,6 +56,8 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
     n_ctx = n_ctx or engine.n_ctx
     if request.tokens is not None:
         return Prompt(_fit(engine, list(request.tokens), request.truncate, request.sampling.max_tokens, n_ctx), [], False)
+    if any(m.get("images") for m in request.messages):
+        return _prompt_with_images(engine, request, n_ctx)
     rendered = render(engine, request.messages, raw=request.raw, tools=request.tools, think=request.think)
     tokens = engine.tokenize(rendered.text, add_special=True, parse_special=True)
     thinking = _thinking(engine, rendered, request)
@@ -80,6 +82,24 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
             return Prompt(cut, rendered.stops, True, thinking)
     # The template and earlier turns alone overflow: keep the end, as for plain text.
     return Prompt(_fit(engine, tokens, True, request.sampling.max_tokens, n_ctx), rendered.stops, True, thinking)
+
+
+def _prompt_with_images(engine: Engine, request: Request, n_ctx: int) -> Prompt:
+    """A prompt whose messages carry images (a message's "images": engine.vision.Image, in order, placed before
+    its text as llama.cpp's mtmd-cli places them): rendered with a marker per image, each image then
+    the projector's tokens for it. Neither cut nor shortened to fit: a part of an image means nothing."""
+    from ..engine.vision import MARKER
+
+    images = [image for m in request.messages for image in m.get("images") or ()]
+    if engine.vision is None:
+        raise UsageError(f"{images[0].name}: {engine.path.name} was loaded without an image projector:"
+                         " pass --mmproj FILE (the mmproj-*.gguf made for this model)")
+    messages = [{k: v for k, v in m.items() if k != "images"} | {"content": MARKER * len(m["images"]) + (m.get("content") or "")}
+                if m.get("images") else m for m in request.messages]
+    rendered = render(engine, messages, raw=request.raw, tools=request.tools, think=request.think)
+    tokens = engine.vision.tokenize(rendered.text, images)
+    return Prompt(_fit(engine, tokens, False, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated,
+                  _thinking(engine, rendered, request))
 
 
 def _drop_oldest(engine: Engine, request: Request, n_ctx: int) -> Optional[tuple[list[dict], list[int]]]:
