@@ -66,7 +66,9 @@ def served(hub_stub, smollm2, cli):
         hub_stub.stub.add_repo(repo, [StubFile(smollm2.name, smollm2.read_bytes())])
     for ref in (REF, SPARE):
         assert cli("pull", ref).returncode == 0
-    srv = start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024")
+    # -n 64: a server's own cap on an answer whose request sets none (Open WebUI's chats and its title and
+    # follow-up tasks), so that the replay takes minutes, not a quarter of an hour; the requests go as recorded.
+    srv = start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024", "-n", "64")
     yield srv
     assert srv.stop() == 130
 
