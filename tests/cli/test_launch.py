@@ -19,7 +19,7 @@ from conftest import LOCALRUN, run_cli, start_server
 PRELUDE = """\
 #!{python}
 import json, os, sys
-NAMES = ("ANTHROPIC", "CLAUDE_CODE", "DISABLE_TELEMETRY", "API_TIMEOUT_MS", "OPENAI_API_KEY", "OPENCODE_CONFIG")
+NAMES = ("ANTHROPIC", "CLAUDE_CODE", "CLAUDE_STREAM", "DISABLE_TELEMETRY", "API_TIMEOUT_MS", "OPENAI_API_KEY", "OPENCODE_CONFIG")
 seen = {{"argv": sys.argv[1:], "env": {{k: v for k, v in os.environ.items() if k.startswith(NAMES)}}}}
 """
 
@@ -118,6 +118,7 @@ def test_claude_gets_its_environment_and_the_server_answers(agents, smollm2):
                  "ANTHROPIC_DEFAULT_HAIKU_MODEL"):
         assert env[name] == SMOL  # a path model goes by the name the server lists
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == env["DISABLE_TELEMETRY"] == "1"
+    assert int(env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"]) > 300_000  # its watchdog's default gave up on a long prompt
     assert seen["status"] == 200 and seen["answer"]
     assert f"starting localrun serve {smollm2} on port {port} with --ctx 2048" in " ".join(result.stderr.split())
     assert not serving(port)

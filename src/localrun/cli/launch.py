@@ -41,8 +41,10 @@ def _claude(target: Target, scratch: str) -> tuple[dict[str, str], list[str]]:
         "ANTHROPIC_API_KEY": target.key,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_TELEMETRY": "1",
-        # a 19k-token prompt on a CPU can take longer than the SDK's 10 minutes before its first token
+        # A 19k-token prompt on a CPU takes minutes before its first token: longer than the SDK's 10 minutes, and
+        # than the 5 minutes Claude Code's stream watchdog waits for an event (Anthropic's pings do not count).
         "API_TIMEOUT_MS": os.environ.get("API_TIMEOUT_MS", "3600000"),
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": os.environ.get("CLAUDE_STREAM_IDLE_TIMEOUT_MS", "1800000"),
     }
     for name in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
                  "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):
