@@ -206,24 +206,46 @@ def run(
     keep_alive: KeepAliveOpt = "5m",
     think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="a reasoning model: thinking on or off (where its template has a switch)")] = None,
     hide_thinking: Annotated[bool, typer.Option("--hide-thinking", help="a reasoning model: leave its thinking out (it goes to stderr otherwise)")] = False,
+    image: Annotated[Optional[list[Path]], typer.Option("--image", help="an image file for a vision model (repeat for more; placed before the text)")] = None,
+    mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="the vision model's projector (mmproj GGUF); default: the mmproj-*.gguf beside the model")] = None,
     **options,
 ) -> None:
     """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
     from . import render
 
     _check_before_loading(session, use_cache=not no_cache, options=options)
+    images = _check_images(image or [], mmproj, session, options)
     text = read_prompt(prompt or [], sys.stdin)
     asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
                  use_cache=not no_cache, system=system, think=think)
-    responses = _resident_answer(model, asked, keep_alive, options)
+    responses = None if images else _resident_answer(model, asked, keep_alive, options)  # images: in this process
     if responses is None:  # in this process, as with --keep-alive 0
         from ..runtime import Request
         from ..runtime.generate import generate
 
         loaded = _load(model, options)
         _UNTIL_EXIT.append(loaded)  # freed by the process's end, not when run() returns (see _leave)
+        if images:
+            from ..runtime.images import attach_projector
+
+            attach_projector(loaded, mmproj, model)
+            asked["messages"][0]["images"] = images
         responses = generate(loaded, Request(sampling=loaded.sampling, **asked), on_notice=notice)
     render.stream_answer(responses, as_json=as_json, verbose=verbose, hide_thinking=hide_thinking)
+
+
+def _check_images(paths: list[Path], mmproj: Optional[Path], session: Optional[str], options: dict) -> list:
+    """run's --image files read and --mmproj checked, before any model loads."""
+    from ..runtime.images import check_projector, read_images
+
+    check_projector(mmproj)
+    if not paths:
+        return []
+    if session is not None:
+        raise UsageError("--image cannot combine with --session yet (a session keeps its messages' text only): drop one")
+    if options.get("draft") is not None or (options.get("beams") or 1) > 1:
+        raise UsageError("--image cannot combine with --draft or --beams (they decode the prompt's tokens themselves): drop one")
+    return read_images(paths)
 
 
 def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict):

@@ -45,19 +45,27 @@ def check_projector(mmproj: Optional[Path | str]) -> None:
         raise UsageError(f"invalid --mmproj {mmproj}: no such file")
 
 
-def projector_beside(model_path: Path) -> Optional[Path]:
-    """The projector next to a model's file (llama.cpp's and the Hub's naming: mmproj-*.gguf), where there is
-    exactly one; several are ambiguous (--mmproj names one)."""
-    found = sorted(p for p in model_path.parent.glob("mmproj*.gguf") if p.is_file() and p != model_path)
-    if len(found) > 1:
-        raise UsageError(f"{len(found)} projectors beside {model_path.name} ({', '.join(p.name for p in found)}): pick one with --mmproj")
-    return found[0] if found else None
+def projector_beside(model_paths: Sequence[Path]) -> Optional[Path]:
+    """The projector next to a model's file (llama.cpp's and the Hub's naming: mmproj*.gguf), where there is
+    exactly one; several are ambiguous (--mmproj names one). `model_paths`: the file as named and as it
+    resolves (a link's folder first: the Hub's cache links a snapshot's files to blobs without names)."""
+    for model_path in model_paths:
+        found = sorted(p for p in model_path.parent.glob("mmproj*.gguf") if p.is_file() and p.resolve() != model_path.resolve())
+        if len(found) > 1:
+            raise UsageError(f"{len(found)} projectors beside {model_path.name} ({', '.join(p.name for p in found)}):"
+                             " pick one with --mmproj")
+        if found:
+            return found[0]
+    return None
 
 
-def attach_projector(loaded: Loaded, mmproj: Optional[Path | str]) -> None:
-    """Load the projector for `loaded`'s model: `mmproj`, else the one beside its file. UsageError when there
-    is none."""
-    path = Path(mmproj) if mmproj is not None else projector_beside(loaded.engine.path)
+def attach_projector(loaded: Loaded, mmproj: Optional[Path | str], model: Optional[str] = None) -> None:
+    """Load the projector for `loaded`'s model: `mmproj`, else the one beside its file (`model`: the model as
+    the user named it, where that is a path). UsageError when there is none."""
+    paths = [loaded.engine.path]
+    if model is not None and Path(model).expanduser().is_file():
+        paths.insert(0, Path(model).expanduser())
+    path = Path(mmproj) if mmproj is not None else projector_beside(paths)
     if path is None:
         raise UsageError(f"{loaded.name} has no image projector beside it (mmproj-*.gguf): pass --mmproj FILE")
     loaded.engine.load_projector(path)
