@@ -139,7 +139,7 @@ def test_one_access_log_line_per_request(served, smollm2, tmp_path):
     lines = [line for line in log(served).splitlines() if line.startswith("[access]")]
     assert re.search(rf"\| 200 \| .*POST /api/chat \| {re.escape(name)} \| {prompt} in, 3 out$", lines[0]), lines[0]
     assert re.search(rf"\| 200 \| .*POST /v1/chat/completions \| {re.escape(name)} \| {prompt} in, 2 out$", lines[1]), lines[1]
-    assert "| 404 |" in lines[2] and "POST /api/chat" in lines[2]
+    assert "| 404 |" in lines[2] and "POST /api/chat | no-such-model |" in lines[2]
     assert "| 404 |" in lines[3] and "POST /api/create" in lines[3]
 
     quiet = start_server(smollm2, tmp_path / "quiet-home", "--quiet")

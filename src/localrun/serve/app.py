@@ -271,6 +271,7 @@ def build_app(service: Service, on_started=None):
             raw = await read_body(request)
             # a large body is parsed off the event loop: other requests (and /health) go on meanwhile
             body = await run_in_threadpool(openai.parse_body, raw, kind) if len(raw) > _BIG_BODY else openai.parse_body(raw, kind)
+            access.note(request, model=body.model)  # in the log line also when it fails from here on
             if body.n > 1 and not body.stream:
                 return await choices(request, body, endpoint)
             resident, keep_alive, _ = await resident_for(body)
@@ -486,6 +487,7 @@ def build_app(service: Service, on_started=None):
         body = None
         try:
             body, extra = ollama.body_for(await ollama_body(request), chat)
+            access.note(request, model=body.model)  # in the log line also when it fails from here on
             resident, keep_alive, load_s = await resident_for(body)
         except ApiError as exc:
             return ollama_error(exc, endpoint, body.model if body is not None else None)
