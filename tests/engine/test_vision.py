@@ -205,3 +205,38 @@ def test_a_file_that_is_no_projector_is_refused(smollm2, tmp_path):
     with Engine(smollm2, LoadOptions(n_ctx=256)) as eng:
         with pytest.raises(EngineError, match="could not load the projector"):
             eng.load_projector(smollm2)  # a GGUF, but a language model's
+
+
+def test_the_request_path_answers_a_message_with_images(engine):
+    """The one request path (runtime.generate, in this process): a message's images, the answer the
+    engine gives that prompt, and a second request about the same image served from the KV."""
+    from localrun.runtime.generate import generate as answer_request
+    from localrun.runtime.loader import Loaded
+    from localrun.runtime.request import Request, prompt_for
+
+    loaded = Loaded(engine=engine, name="smollm2", sampling=GREEDY)
+    request = Request(messages=[{"role": "user", "content": "What is in this picture?", "images": [Image(stripes(), "s.png")]}],
+                      sampling=GREEDY)
+    tokens = prompt_for(engine, request).tokens
+    assert sum(t < 0 for t in tokens) == (IMAGE_SIZE // PATCH_SIZE) ** 2
+    engine.reset()
+    engine.vision.prefill(0, tokens)
+    want = [t for r in generate(engine, tokens, GREEDY) for t in r.tokens]
+    engine.reset()
+    first = list(answer_request(loaded, request))
+    assert [t for r in first for t in r.tokens] == want
+    assert first[-1].stats.prompt_tokens == len(tokens) and first[-1].stats.cached_tokens == 0
+    encoded = engine.vision.encoded
+    second = list(answer_request(loaded, request))
+    assert [t for r in second for t in r.tokens] == want
+    assert second[-1].stats.cached_tokens == len(tokens) - 1
+    assert engine.vision.encoded == encoded
+
+
+def test_images_without_a_projector_are_refused_naming_them(smollm2):
+    from localrun.runtime.request import Request, prompt_for
+
+    request = Request(messages=[{"role": "user", "content": "What?", "images": [Image(red_square(), "cat.png")]}])
+    with Engine(smollm2, LoadOptions(n_ctx=256)) as eng:
+        with pytest.raises(UsageError, match="cat.png: .* without an image projector: pass --mmproj"):
+            prompt_for(eng, request)
