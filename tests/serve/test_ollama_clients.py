@@ -203,6 +203,10 @@ def test_a_conversation_over_the_context_keeps_its_newest_messages_on_api_chat(s
     # (a shorter conversation counts fewer tokens; a longer one is cut to the same)
     start = max(k for k in range(1, len(conversation)) if _count(c, name, [conversation[0], *conversation[k:]]) == used)
     assert start > 1 and conversation[start]["role"] == "user"
+    # the newest message alone over the context: a 400 naming both numbers and the option that gives more room
+    alone = c.post("/api/chat", json={"model": name, "messages": [{"role": "user", "content": story * 4}], "stream": False})
+    assert alone.status_code == 400 and "a slot's context holds 512" in alone.json()["error"]
+    assert "options.num_ctx" in alone.json()["error"]
     # OpenAI's API (and llama-server) refuse it: a 400 naming both numbers
     v1 = c.post("/v1/chat/completions", json={"model": name, "messages": conversation, "max_tokens": 4})
     assert v1.status_code == 400 and v1.json()["error"]["code"] == "context_length_exceeded"

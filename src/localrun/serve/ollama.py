@@ -174,7 +174,12 @@ def flags(data: dict, *names: str) -> None:
 
 
 def ollama_names(exc: ApiError) -> ApiError:
-    """An error about a request field, worded with the Ollama option it came from (max_tokens -> options.num_predict)."""
+    """An error about a request field, worded with the Ollama option it came from (max_tokens -> options.num_predict);
+    a prompt over the context names the option that gives it more (Open WebUI's Context Length)."""
+    if exc.code == "context_length_exceeded":
+        return ApiError(exc.status, exc.message.replace("restart the server with a larger --ctx",
+                                                        "raise options.num_ctx (or restart the server with a larger --ctx)"),
+                        param=exc.param, code=exc.code)
     name = next((o for o, f in _SAMPLING.items() if f == exc.param), None)
     if name is None:
         return exc
