@@ -69,6 +69,61 @@ def write_projector(path: Path, *, n_embd_text: int = SMOLLM2_N_EMBD, n_embd: in
     return path
 
 
+def write_gemma3_projector(path: Path, *, n_embd_text: int, n_embd: int = 32, n_head: int = 2, n_ff: int = 64, n_layer: int = 2,
+                           image_size: int = 32, patch_size: int = 4, merge: int = 2, projection_scale: float = 5.0,
+                           seed: int = 0) -> Path:
+    """An mmproj GGUF of Gemma 3's kind (PROJECTOR_TYPE_GEMMA3: a SigLIP tower, its patches average-pooled
+    merge x merge, RMS-normed and projected): ((image_size / patch_size) / merge)^2 image tokens, wrapped in
+    <start_of_image> ... <end_of_image> text, and decoded with non-causal attention. Its projection is large
+    (projection_scale): with small image embeddings gemma-3-270m answers newlines whatever the image."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int, scale: float = 0.2):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "gemma3")
+    writer.add_uint32("clip.vision.embedding_length", n_embd)
+    writer.add_uint32("clip.vision.attention.head_count", n_head)
+    writer.add_uint32("clip.vision.feed_forward_length", n_ff)
+    writer.add_uint32("clip.vision.block_count", n_layer)
+    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.image_size", image_size)
+    writer.add_uint32("clip.vision.patch_size", patch_size)
+    writer.add_uint32("clip.vision.projector.scale_factor", merge)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_tensor("v.patch_embd.weight", rand(n_embd, 3, patch_size, patch_size).astype(np.float16))
+    writer.add_tensor("v.patch_embd.bias", rand(n_embd))
+    writer.add_tensor("v.position_embd.weight", rand((image_size // patch_size) ** 2, n_embd))
+    for i in range(n_layer):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(f"v.blk.{i}.{name}.weight", rand(n_embd, n_embd))
+            writer.add_tensor(f"v.blk.{i}.{name}.bias", rand(n_embd))
+        for name in ("ln1", "ln2"):
+            writer.add_tensor(f"v.blk.{i}.{name}.weight", np.ones(n_embd, np.float32))
+            writer.add_tensor(f"v.blk.{i}.{name}.bias", np.zeros(n_embd, np.float32))
+        writer.add_tensor(f"v.blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
+        writer.add_tensor(f"v.blk.{i}.ffn_up.bias", rand(n_ff))
+        writer.add_tensor(f"v.blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+        writer.add_tensor(f"v.blk.{i}.ffn_down.bias", rand(n_embd))
+    writer.add_tensor("v.post_ln.weight", np.ones(n_embd, np.float32))
+    writer.add_tensor("v.post_ln.bias", np.zeros(n_embd, np.float32))
+    writer.add_tensor("mm.soft_emb_norm.weight", np.ones(n_embd, np.float32))
+    writer.add_tensor("mm.input_projection.weight", rand(n_embd, n_embd_text, scale=projection_scale))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def png_bytes(width: int, height: int, pixel) -> bytes:
     """An RGB PNG whose pixel (x, y) is pixel(x, y) -> (r, g, b)."""
     rows = b"".join(b"\x00" + bytes(c for x in range(width) for c in pixel(x, y)) for y in range(height))

@@ -240,3 +240,42 @@ def test_images_without_a_projector_are_refused_naming_them(smollm2):
     with Engine(smollm2, LoadOptions(n_ctx=256)) as eng:
         with pytest.raises(UsageError, match="cat.png: .* without an image projector: pass --mmproj"):
             prompt_for(eng, request)
+
+
+GEMMA_QUESTION = f"<start_of_turn>user\n{MARKER}Describe this picture.<end_of_turn>\n<start_of_turn>model\n"
+
+
+@pytest.fixture(scope="module")
+def gemma3_mmproj(tmp_path_factory):
+    from projector import write_gemma3_projector
+
+    return write_gemma3_projector(tmp_path_factory.mktemp("vision") / "mmproj-gemma3.gguf", n_embd_text=640)
+
+
+def test_a_gemma3_projector_wraps_its_images_and_decodes_them_non_causally(gemma, gemma3_mmproj):
+    """Gemma 3's kind of projector: text tokens around each image (<start_of_image> ... <end_of_image>, which
+    mtmd adds), its image decoded with non-causal attention; the greedy answer is mtmd's own."""
+    with Engine(gemma, LoadOptions(n_ctx=512)) as eng:
+        eng.load_projector(gemma3_mmproj)
+        answers = []
+        for image in (red_square(), stripes()):
+            tokens = eng.vision.tokenize(GEMMA_QUESTION, [Image(image, "x.png")])
+            want, layout = mtmd_oracle(gemma, gemma3_mmproj, image, GEMMA_QUESTION, GREEDY.max_tokens)
+            assert [n for kind, n in layout if kind == 1] == [16]  # (32 / 4 / 2)^2: patches pooled 2x2
+            assert len(tokens) == sum(n for _, n in layout)
+            first = tokens.index(next(t for t in tokens if t < 0))
+            assert [eng.token_bytes(t, special=True) for t in (tokens[first - 1], tokens[first + 16])] == [b"<start_of_image>", b"<end_of_image>"]  # mtmd's wrapping
+            eng.reset()
+            got, _ = answer(eng, image, GEMMA_QUESTION)
+            assert got == want
+            answers.append(got)
+        assert answers[0] != answers[1]
+
+
+def test_a_non_causal_image_larger_than_the_batch_is_refused_not_aborted(gemma, gemma3_mmproj):
+    # llama.cpp asserts (and aborts the process) when non-causal attention spans more than one ubatch
+    with Engine(gemma, LoadOptions(n_ctx=512, n_batch=8, n_ubatch=8)) as eng:
+        eng.load_projector(gemma3_mmproj)
+        tokens = eng.vision.tokenize(GEMMA_QUESTION, [Image(red_square(), "x.png")])
+        with pytest.raises(UsageError, match="images are 16 tokens, decoded in one batch: raise --batch to 16"):
+            eng.vision.prefill(0, tokens)

@@ -239,6 +239,11 @@ class Projector:
             raise EngineError("an image of this prompt is no longer held by the projector: send the request again")
         kv = engine.kv
         n_past = len(kv.tokens[seq])
+        room = min(engine.n_batch, engine.options.n_ubatch)
+        if len(known.ids) > room and m.mtmd_decode_use_non_causal(self.ctx, known.chunk):
+            # its tokens attend to each other both ways: one batch, or llama.cpp aborts the process
+            raise UsageError(f"this projector's images are {len(known.ids)} tokens, decoded in one batch:"
+                             f" raise --batch to {len(known.ids)} or more")
         new_n_past = self._ll.llama_pos(0)
         with deferred_interrupt():
             rc = m.mtmd_helper_eval_chunk_single(self.ctx, engine.ctx, known.chunk, n_past, seq, engine.n_batch, False,
