@@ -437,6 +437,13 @@ class ModelPool:
             for resident in self.residents:
                 resident.scheduler.request_stop()
 
+    def stepping(self) -> bool:
+        """Whether a scheduler's thread still runs: after request_stop, it is finishing the step under way (a long
+        prompt's chunk may take seconds), and then ends its requests (an abandoned one never returns: not counted)."""
+        with self.lock:
+            schedulers = [r.scheduler for r in self.residents]
+        return any(getattr(s, "thread", None) is not None and s.thread.is_alive() and not s.fatal for s in schedulers)
+
     # -- inside -------------------------------------------------------------------------------------
 
     def take(self, ref: str, spec: LoadSpec) -> Optional[Resident]:

@@ -951,6 +951,14 @@ def serve(options: ServeOptions, *, host: str, port: int, socket_path=None, on_r
                 service.pool.request_stop()
                 super().handle_exit(sig, frame)
 
+            async def shutdown(self, sockets=None) -> None:
+                # The requests end (503, an error event) when the step under way ends, which for a long prompt's
+                # chunk can outlast uvicorn's grace (it would cut them: a plain-text 500, an empty stream):
+                # wait for that step first (a second Ctrl-C stops waiting).
+                while service.pool.stepping() and not self.force_exit:
+                    await asyncio.sleep(0.05)
+                await super().shutdown(sockets)
+
         server = Server(config)
         service.exit = lambda: setattr(server, "should_exit", True)
         if options.exit_when_idle is not None:
