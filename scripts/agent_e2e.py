@@ -46,7 +46,7 @@ def agent_args(agent: str, repo: Path) -> list[str]:
         return ["-p", TASK, "--permission-mode", "acceptEdits", "--max-turns", "8", "--verbose", "--output-format", "stream-json"]
     if agent == "codex":
         return ["exec", "--skip-git-repo-check", "--sandbox", "workspace-write", "-C", str(repo), TASK]
-    return ["run", "--print-logs", "--log-level", "INFO", TASK]
+    return ["run", "--dir", str(repo), "--print-logs", "--log-level", "INFO", TASK]
 
 
 def agent_env(agent: str, scratch: Path) -> dict[str, str]:
@@ -132,6 +132,7 @@ def make_proxy(upstream: int, recorder: Recorder) -> ThreadingHTTPServer:
                 if length is None:
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
+                done.set()  # a client that hangs up from here on has its whole answer
                 if kept:
                     record["error_body"] = kept[:4000].decode(errors="replace")
             except (BrokenPipeError, ConnectionResetError, http.client.HTTPException):
@@ -168,7 +169,12 @@ def make_proxy(upstream: int, recorder: Recorder) -> ThreadingHTTPServer:
 
         do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_OPTIONS = do_PATCH = forward
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request, client_address):  # a client hanging up between requests is no news
+            if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+                super().handle_error(request, client_address)
+
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -241,8 +247,9 @@ def run_agent(agent: str, bin_dir: Path, proxy_port: int, scratch: Path, limit: 
     repo = scratch_repo(scratch / f"repo-{agent}")
     recorder.agent = agent
     log_offset = server_log.stat().st_size
+    # PWD as a shell would set it: OpenCode takes its project folder from PWD, not from the process's cwd
     env = {**os.environ, **agent_env(agent, scratch), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-           "LOCALRUN_HOME": str(scratch / "launch-home")}
+           "LOCALRUN_HOME": str(scratch / "launch-home"), "PWD": str(repo)}
     command = [LOCALRUN, "launch", agent, str(MODEL), "--port", str(proxy_port), "--", *agent_args(agent, repo)]
     print(f"\n== {agent}: {' '.join(command[:6])} -- ... (limit {limit:.0f} s)", file=sys.stderr, flush=True)
     out_path = scratch / f"{agent}.out"
