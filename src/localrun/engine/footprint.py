@@ -68,12 +68,20 @@ def _repacks(tensor, features: frozenset[str]) -> bool:
     return False
 
 
+def repack_allowed() -> bool:
+    """LOCALRUN_REPACK=0 keeps the weights in plain CPU buffers (llama.cpp's --no-repack): slower matrix
+    kernels, but the ones an RPC worker's CPU runs, so a model alone computes as one split across workers."""
+    import os
+
+    return os.environ.get("LOCALRUN_REPACK", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
 def repacks_here(rpc: bool = False) -> bool:
     """Whether llama.cpp repacks weights in this process: the CPU is the only device (no GPU, whose pinned host
-    buffer comes first; no RPC worker, for which localrun turns extra buffers off)."""
+    buffer comes first; no RPC worker, for which localrun turns extra buffers off) and repacking is allowed."""
     from .llama import local_gpus
 
-    return not rpc and not local_gpus()
+    return not rpc and not local_gpus() and repack_allowed()
 
 
 def compute_bytes(info, n_ctx: int, n_ubatch: int = 512, n_outputs: int = 1, n_seq: int = 1) -> int:

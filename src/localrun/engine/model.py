@@ -489,11 +489,12 @@ class Engine:
         import ctypes
 
         from . import rpc
+        from .footprint import repack_allowed
         from .llama import device_name, local_gpus
 
         handles = rpc.add_workers(options.rpc) + local_gpus()
         self.devices = [device_name(h) for h in handles]
-        if options.rpc:
+        if options.rpc or not repack_allowed():
             # The CPU's layers beside a worker's stay in plain CPU buffers, not llama.cpp's repacked ones: with
             # those, a split model's greedy output drifted from the same model run here alone (gemma-3 Q4_K_M).
             mparams.use_extra_bufts = False
