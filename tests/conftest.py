@@ -320,6 +320,17 @@ def start_server(model, home, *args: str, sigint=signal.SIG_DFL) -> Server:
 
 
 @pytest.fixture(scope="session")
+def tools_model(smollm2, tmp_path_factory) -> Path:
+    """SmolLM2's weights with Qwen 2.5's Hermes-style tool template (written with the gguf package): a tiny
+    model whose template renders tools, for forced calls (it does not call tools by itself)."""
+    template = Path(__file__).resolve().parent / "data" / "hermes_tools.jinja"
+    out = tmp_path_factory.mktemp("tools-model") / "smollm2-tools.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smollm2), str(out),
+                    "--chat-template-file", str(template), "--force"], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
 def thinking_model(smollm2, tmp_path_factory) -> Path:
     """SmolLM2's weights with a reasoning model's chat template (written with the gguf package): the prompt
     opens a <think> block (as DeepSeek-R1's templates do), and `enable_thinking` false closes it at once

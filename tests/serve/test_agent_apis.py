@@ -9,8 +9,6 @@ forced calls, which must validate."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import anthropic
@@ -23,18 +21,14 @@ from conftest import start_server
 
 pytestmark = pytest.mark.slow
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "hermes_tools.jinja"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"], "additionalProperties": False}
 ASK = "What is the capital of France?"
 GREEDY = {"temperature": 0}  # the anthropic SDK of today takes sampling options only as extra body fields
 
 
 @pytest.fixture(scope="module")
-def model(smollm2, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("agent-model") / "smollm2-tools.gguf"
-    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smollm2), str(out),
-                    "--chat-template-file", str(TEMPLATE), "--force"], check=True, capture_output=True)
-    return out
+def model(tools_model) -> Path:
+    return tools_model
 
 
 @pytest.fixture(scope="module")

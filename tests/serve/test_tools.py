@@ -8,9 +8,6 @@ required call and answers `auto` as text."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -22,7 +19,6 @@ from conftest import start_server
 
 pytestmark = pytest.mark.slow
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "hermes_tools.jinja"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["C", "F"]}},
            "required": ["city", "unit"], "additionalProperties": False}
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": False}
@@ -30,14 +26,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
          {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": ADD}}]
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def tools_model(smollm2, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tools-model") / "smollm2-tools.gguf"
-    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smollm2), str(out),
-                    "--chat-template-file", str(TEMPLATE), "--force"], check=True, capture_output=True)
-    return out
 
 
 @pytest.fixture(scope="module")
