@@ -116,10 +116,10 @@ def test_list_shows_pulled_models_in_the_table_and_as_json(hub_stub, cli, tmp_pa
     assert [(r["name"], r["quant"], r["source"]) for r in records] == [
         (REPO, "Q4_0", "hub"), (REPO, "Q8_0", "hub"), ("tiny", "Q4_0", "mirror")
     ]
-    assert [r["files"] for r in records] == [
-        [{"path": str(q4), "size": len(Q4_0), "sha256": sha(Q4_0)}],
-        [{"path": str(q8), "size": len(Q8_0), "sha256": sha(Q8_0)}],
-        [{"path": str(mirrored), "size": len(Q4_0), "sha256": sha(Q4_0)}],
+    assert [r["files"] for r in records] == [  # size and mtime: the cheap integrity check on use
+        [{"path": str(q4), "size": len(Q4_0), "sha256": sha(Q4_0), "mtime_ns": q4.stat().st_mtime_ns}],
+        [{"path": str(q8), "size": len(Q8_0), "sha256": sha(Q8_0), "mtime_ns": q8.stat().st_mtime_ns}],
+        [{"path": str(mirrored), "size": len(Q4_0), "sha256": sha(Q4_0), "mtime_ns": mirrored.stat().st_mtime_ns}],
     ]
     assert [r["size"] for r in records] == [len(Q4_0), len(Q8_0), len(Q4_0)]
     assert [r["repo"] for r in records] == [REPO] * 3
@@ -215,7 +215,7 @@ def test_pull_alias_from_the_mirror_through_the_cli_verifies_sha256(hub_stub, cl
     assert hub_stub.stub.log == []  # --source mirror never asks the Hub
     [record] = json.loads(ok(cli("list", "--json")).stdout)
     assert (record["name"], record["source"], record["files"]) == (
-        "tiny", "mirror", [{"path": str(mirrored), "size": len(Q4_0), "sha256": sha(Q4_0)}]
+        "tiny", "mirror", [{"path": str(mirrored), "size": len(Q4_0), "sha256": sha(Q4_0), "mtime_ns": mirrored.stat().st_mtime_ns}]
     )
 
     again = ok(cli("pull", "tiny", "--source", "mirror", "-q"))
