@@ -140,3 +140,11 @@ def test_unevenly_doubled_braces_are_read_by_the_calls_shape():
     expected = [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]
     assert parse_tool_calls(text, "hermes", {"get_weather"}) == ("", expected)
     assert streamed(text, [7, 30, 61], {"get_weather"}) == ("", "", expected)
+
+
+def test_a_list_of_calls_cut_short_keeps_the_calls_written_whole():
+    """A forced list of calls (required, parallel) that max_tokens cuts: the whole calls come back."""
+    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Ro'
+    assert parse_tool_calls(text, "generic", {"get_weather"}) == ("", [{"name": "get_weather", "arguments": {"city": "Paris"}}])
+    assert streamed(text, [10, 40], {"get_weather"})[2] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert parse_tool_calls("[1, 2", "generic", {"get_weather"}) == ("[1, 2", [])

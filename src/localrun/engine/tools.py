@@ -201,6 +201,21 @@ def _json_at(text: str, start: int, names: Optional[Collection[str]]) -> tuple[s
     return ("call", end, calls) if calls else (_TEXT, i, [])
 
 
+def _complete_items(text: str, start: int, names: Optional[Collection[str]]) -> list[Call]:
+    """The calls written whole at the head of a list opened at text[start] and never closed."""
+    decoder, calls, i = json.JSONDecoder(), [], start + 1
+    while True:
+        i += len(re.match(r"[\s,]*", text[i:]).group(0))
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return calls
+        found = _calls(item, names)
+        if len(found) != 1:
+            return calls
+        calls += found
+
+
 def _marker_at(text: str, start: int) -> Optional[str]:
     for m in _MARKERS:
         if text.startswith(m, start):
@@ -308,6 +323,11 @@ def _scan(text: str, names: Optional[Collection[str]], final: bool):
             if state == _OPEN and not final:
                 yield i, None, None
                 return
+            if state == _OPEN and text[i] == "[":
+                calls = _complete_items(text, i, names)
+                if calls:  # a list of calls cut short (max_tokens): the calls written whole
+                    yield i, len(text), calls
+                    return
         i += 1
 
 
