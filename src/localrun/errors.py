@@ -23,6 +23,23 @@ class UsageError(LocalrunError):
     exit_code = EXIT_USAGE
 
 
+class SettingError(UsageError):
+    """A setting given a value it cannot take. `setting` names it as the load and sampling options do
+    ("ctx", "kv_type", "threads", "logit_bias", ...; None: a rule across settings), `value` is what was
+    given, `reason` why it is refused. Worded at the edge (`worded`): a flag on the command line
+    (runtime.failures), a field in each HTTP dialect."""
+
+    def __init__(self, setting: "str | None", value: object, reason: str):
+        self.setting, self.value, self.reason = setting, value, reason
+        super().__init__(self.worded(lambda s: s))
+
+    def worded(self, name_of) -> str:
+        """The message with the setting named by `name_of(setting)` (a flag, a request field)."""
+        if self.setting is None:
+            return self.reason
+        return f"invalid {name_of(self.setting)} {self.value!r}: {self.reason}"
+
+
 class ConfigError(LocalrunError):
     """models.yaml (or a user override) is malformed."""
 
@@ -48,11 +65,12 @@ class InvalidModelFile(LocalrunError):
 
 
 class ContextOverflow(LocalrunError):
-    """A prompt that does not fit the context window: `n_prompt` tokens where `n_ctx` fit (where known)."""
+    """A prompt that does not fit the context window: `n_prompt` tokens where `n_ctx` fit (where known);
+    `n_train`: the context the model was trained for (where known: how far the context may be raised)."""
 
-    def __init__(self, message: str, n_prompt: int = 0, n_ctx: int = 0):
+    def __init__(self, message: str, n_prompt: int = 0, n_ctx: int = 0, n_train: int = 0):
         super().__init__(message)
-        self.n_prompt, self.n_ctx = n_prompt, n_ctx
+        self.n_prompt, self.n_ctx, self.n_train = n_prompt, n_ctx, n_train
 
 
 class EngineError(LocalrunError):

@@ -16,6 +16,8 @@ import sys
 import jsonschema
 import pytest
 
+from localrun.runtime.failures import message_for
+
 from conftest import LOCALRUN
 from localrun.cli import bench as front
 from localrun.runtime import bench
@@ -88,7 +90,7 @@ def test_settings_map_to_llama_bench_flags_as_the_engine_resolves_them():
         ({"ctx": "64", "pp": "128"}, "--ctx 64 is too small for pp128"),
         ({"batch": "0"}, "invalid --batch value 0"),
         ({"kv_type": "f16,q5"}, "invalid --kv-type value 'q5'"),
-        ({"gpu_layers": "some"}, "invalid --gpu-layers value 'some'"),
+        ({"gpu_layers": "some"}, "invalid --gpu-layers 'some'"),
         ({"flash_attn": "yes"}, "invalid --flash-attn value 'yes'"),
         ({"kv_type": "q8_0", "flash_attn": "off"}, "needs flash attention"),
         ({"pp": "0", "tg": "0"}, "nothing to measure"),
@@ -98,8 +100,9 @@ def test_settings_map_to_llama_bench_flags_as_the_engine_resolves_them():
 def test_bad_options_are_usage_errors_naming_the_value(options, message):
     with pytest.raises(UsageError) as info:
         bench.make_plan(["m"], **options)
-    assert message in info.value.message
-    assert "\n" not in info.value.message
+    shown = message_for(info.value)[0]  # as the command line words it (errors.SettingError: flags at the edge)
+    assert message in shown
+    assert "\n" not in shown
 
 
 def test_missing_llama_bench_names_the_build_script(monkeypatch, tmp_path):

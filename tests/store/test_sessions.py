@@ -218,11 +218,18 @@ def test_refuses_a_session_from_another_model(smol, gem, store):
 def test_refuses_other_kv_type_swa_full_build_and_too_small_context(smollm2, gemma, smol, gem, store):
     _save_small(store, smol, "smol", "smollm2")
     with Engine(smollm2, LoadOptions(n_ctx=1024, kv_type="q8_0", n_threads=THREADS)) as q8:
-        with pytest.raises(SessionError, match="--kv-type f16, not q8_0"):
+        with pytest.raises(SessionError, match="KV cache type f16, not q8_0") as other_kv:
             store.load("smol", q8)
     with Engine(smollm2, LoadOptions(n_ctx=16, n_threads=THREADS)) as tiny:
-        with pytest.raises(SessionError, match=r"holds \d+ tokens but the context holds 16: resume it with --ctx 1024"):
+        with pytest.raises(SessionError, match=r"holds \d+ tokens but the context holds 16$") as too_small:
             store.load("smol", tiny)
+    # The store names the setting and the value that resumes it; the command line words it as its flag.
+    from localrun.runtime.failures import message_for
+
+    assert (other_kv.value.setting, other_kv.value.saved) == ("kv_type", "f16")
+    assert message_for(other_kv.value)[0].endswith("resume it with --kv-type f16")
+    assert (too_small.value.setting, too_small.value.saved) == ("ctx", 1024)
+    assert message_for(too_small.value)[0].endswith(": resume it with --ctx 1024")
 
     _save_small(store, gem, "gem", "gemma")
     with Engine(gemma, LoadOptions(n_ctx=1024, swa_full=False, n_threads=THREADS)) as windowed:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Union
 
-from ..errors import ContextOverflow, EngineError, UsageError
+from ..errors import ContextOverflow, EngineError, SettingError, UsageError
 from .kv import KVCache
 from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
 
@@ -57,20 +57,18 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         if self.kv_type not in KV_TYPES:
-            raise UsageError(f"invalid --kv-type {self.kv_type!r}: use one of {', '.join(KV_TYPES)}")
+            raise SettingError("kv_type", self.kv_type, f"use one of {', '.join(KV_TYPES)}")
         if self.n_ctx < 16:
-            raise UsageError(f"invalid --ctx {self.n_ctx}: the context must hold at least 16 tokens")
+            raise SettingError("ctx", self.n_ctx, "the context must hold at least 16 tokens")
         if self.n_threads is not None and self.n_threads < 1:
-            raise UsageError(f"invalid --threads {self.n_threads}: use 1 or more")
+            raise SettingError("threads", self.n_threads, "use 1 or more")
         most = max(64, 4 * (os.cpu_count() or 1))  # llama.cpp starts that many threads: 10,000 would stall it
         if self.n_threads is not None and self.n_threads > most:
-            raise UsageError(f"invalid --threads {self.n_threads}: this machine has {os.cpu_count()} CPUs (at most {most})")
+            raise SettingError("threads", self.n_threads, f"this machine has {os.cpu_count()} CPUs (at most {most})")
         if self.pooling is not None and self.pooling not in POOLING:
-            raise UsageError(f"invalid --pooling {self.pooling!r}: use one of {', '.join(POOLING)}")
+            raise SettingError("pooling", self.pooling, f"use one of {', '.join(POOLING)}")
         if self.kv_type != "f16" and self.flash_attn is False:
-            raise UsageError(
-                f"--kv-type {self.kv_type} quantizes the V cache, which needs flash attention: drop --no-flash-attn"
-            )
+            raise SettingError("kv_type", self.kv_type, "it quantizes the V cache, which needs flash attention (leave it on or auto)")
 
 
 def pooling_for(info, asked: Optional[str]) -> str:
@@ -92,7 +90,7 @@ def parse_gpu_layers(value: str) -> Union[int, Literal["auto"]]:
     except ValueError:
         n = -2
     if n < -1:
-        raise UsageError(f"invalid --gpu-layers value {value!r}: use a number of layers, -1 or auto for all, 0 for CPU only")
+        raise SettingError("gpu_layers", value, "use a number of layers, -1 or auto for all, 0 for CPU only")
     return n
 
 
@@ -339,11 +337,8 @@ class Engine:
     def check_fits(self, n_prompt: int, n_ctx: Optional[int] = None) -> None:
         n_ctx = n_ctx or self.n_ctx
         if n_prompt >= n_ctx:
-            raise ContextOverflow(
-                f"the prompt is {n_prompt} tokens but the context holds {n_ctx}: "
-                f"raise --ctx (up to the model's {self.info.context_length}) or pass --truncate to keep its end",
-                n_prompt, n_ctx,
-            )
+            raise ContextOverflow(f"the prompt is {n_prompt} tokens but the context holds {n_ctx}", n_prompt, n_ctx,
+                                  self.info.context_length)
 
     # -- embeddings -----------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from ..errors import EngineError, UsageError
+from ..errors import EngineError, SettingError, UsageError
 from .llama import llama_cpp_module
 from .options import SAMPLING, Option
 
@@ -73,19 +73,18 @@ SamplingOptions = create_model(
 )
 
 
-class OptionError(UsageError):
+class OptionError(SettingError):
     """A sampling value that does not validate. `field` names it (None: a rule across options), `value` is
-    what was given and `reason` why it is refused; the message words it as the command line does."""
+    what was given and `reason` why it is refused; each edge words it (errors.SettingError)."""
 
     def __init__(self, field: Optional[str], value: Any, reason: str):
-        self.field, self.value, self.reason = field, value, reason
-        if field is None:
-            message = reason
-        elif field == "logit_bias":
-            message = f"invalid --logit-bias: {reason}"
-        else:
-            message = f"invalid --{field.replace('_', '-')} {value!r}: {reason}"
-        super().__init__(message)
+        self.field = field
+        super().__init__(field, value, reason)
+
+    def worded(self, name_of) -> str:
+        if self.setting == "logit_bias":  # a map: its reason names the token
+            return f"invalid {name_of(self.setting)}: {self.reason}"
+        return super().worded(name_of)
 
 
 def merge_options(*layers: Optional[dict[str, Any]]) -> SamplingOptions:
@@ -107,10 +106,10 @@ def merge_options(*layers: Optional[dict[str, Any]]) -> SamplingOptions:
 
 
 def check_bias_tokens(bias: dict[int, float], n_vocab: int) -> None:
-    """--logit-bias token ids must be this model's (SamplingOptions cannot know the vocabulary)."""
+    """Logit-bias token ids must be this model's (SamplingOptions cannot know the vocabulary)."""
     for tok in bias:
         if not 0 <= tok < n_vocab:
-            raise UsageError(f"invalid --logit-bias token {tok}: this model's token ids run 0..{n_vocab - 1}")
+            raise OptionError("logit_bias", tok, f"token {tok} is not this model's: its token ids run 0..{n_vocab - 1}")
 
 
 class Sampler:

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Optional
 
 from ..errors import EngineError, UsageError
 from .llama import captured_llama_log, deferred_interrupt, default_threads, llama_cpp_module

@@ -11,6 +11,8 @@ _WHERE = {
     "call_schema": "..engine.tools", "CallStream": "..engine.tools", "parse_tool_calls": "..engine.tools",
     "supports_tools": "..engine.tools", "template_family": "..engine.tools", "markers_for": "..engine.thinking",
     "file_digest": "..store.digests",
+    # what the sampler chain would refuse, checked as a request is translated
+    "SchemaError": "..engine.json_schema", "check_bias_tokens": "..engine.sampling", "json_schema_grammar": "..engine.sampling",
 }
 __all__ = sorted(_WHERE)
 __getattr__ = exports(globals(), _WHERE)

@@ -3,11 +3,25 @@ prints it; the background server sends it to the `run` that asked, so a failure 
 
 from __future__ import annotations
 
-from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, LocalrunError
+from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, ContextOverflow, LocalrunError, SettingError
+
+
+def flag(setting: str) -> str:
+    """The command line's flag for a load or sampling setting."""
+    return "--" + setting.replace("_", "-")
 
 
 def message_for(exc: BaseException) -> tuple[str, int]:
     """Map an exception to (one-line message, exit code). Unknown errors keep their type name."""
+    if isinstance(exc, SettingError):
+        return exc.worded(flag), exc.exit_code
+    from ..store.sessions import SessionMismatch
+
+    if isinstance(exc, SessionMismatch):
+        return f"{exc.message}: resume it with {flag(exc.setting)} {exc.saved}", exc.exit_code
+    if isinstance(exc, ContextOverflow) and exc.n_train:  # (engine.Engine.check_fits) what the command line can change
+        return (f"{exc.message}: raise --ctx (up to the model's {exc.n_train}) or pass --truncate to keep its end",
+                exc.exit_code)
     if isinstance(exc, LocalrunError):
         return exc.message, exc.exit_code
     if isinstance(exc, KeyboardInterrupt):

@@ -13,7 +13,7 @@ from typing import Optional
 from ..engine import Response, generate as engine_generate
 from ..errors import SessionError
 from .loader import Loaded
-from .request import Request, prompt_for, with_stops, with_system
+from .request import Prompt, Request, prompt_for, with_stops, with_system
 from .sessions import EngineSeat, Sessions
 
 
@@ -34,7 +34,11 @@ class InProcess(EngineSeat):
         """Tokens in the KV cache now."""
         return len(self.tokens)
 
-    def generate(self, tokens: list[int], sampling, *, cancelled=None, thinking=None) -> Iterator[Response]:
+    def generate(self, tokens: list[int], sampling, *, cancelled=None, thinking=None, top_logprobs=None) -> Iterator[Response]:
+        if top_logprobs is not None:
+            from ..errors import UsageError
+
+            raise UsageError("log-probabilities are given by the server's slots only")
         if self.engine.vision is not None and any(t < 0 for t in tokens):  # images: engine.vision
             return self._with_images(tokens, sampling, cancelled=cancelled, thinking=thinking)
         return engine_generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled, thinking=thinking)
@@ -59,11 +63,14 @@ class InProcess(EngineSeat):
 
 
 def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[str], None]] = None,
-             cancelled: Optional[Callable[[], bool]] = None, place=None) -> Iterator[Response]:
+             cancelled: Optional[Callable[[], bool]] = None, place=None,
+             on_admitted: Optional[Callable[["Prompt"], None]] = None) -> Iterator[Response]:
     """Answer `request`: continue its named session (KV state restored from disk, saved again after), or else
     look up the automatic prefix cache before prefilling and store the result after. Streams responses; the
     last one has the finish reason and stats. `place`: where it is answered (a resident server's slots; by
-    default this process)."""
+    default this process). `on_admitted(prompt)` hears once that the request was taken, before its first
+    response: its prompt fits and it has a slot or waits for one (a request refused raises before that;
+    what fails after it, a bad grammar or the server stopping, raises as well)."""
     from ..store.sessions import check_name
 
     engine = loaded.engine
@@ -88,11 +95,21 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 if not has_switch(engine.chat_template):
                     on_notice(f"{loaded.name}'s chat template has no thinking switch: --{'' if request.think else 'no-'}think changes nothing")
         prompt = prompt_for(engine, request, n_ctx=place.n_ctx)
+        admitted = False
+
+        def admit() -> None:
+            nonlocal admitted
+            if on_admitted is not None and not admitted:
+                on_admitted(prompt)
+            admitted = True
+
         def waiting() -> None:
+            admit()
             if on_notice:
                 on_notice(f"every slot of {loaded.name} on the server is busy: waiting for one")
 
         with place.hold(prompt.tokens, on_wait=waiting, cancelled=cancelled) as seat:
+            admit()
             if not request.use_cache and not request.session:
                 seat.reset()  # --no-cache: from an empty context, as a freshly loaded model starts
             if request.session and history:
@@ -101,8 +118,9 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 optional_cache(lambda: sessions.lookup_prefix(engine, prompt.tokens, on_notice=on_notice, seat=seat), on_notice)
             answer: list[str] = []
             final = None
-            for response in seat.generate(prompt.tokens, with_stops(request.sampling, prompt.stops), cancelled=cancelled,
-                                          thinking=prompt.splitter(request.sampling)):
+            responses = seat.generate(prompt.tokens, with_stops(request.sampling, prompt.stops), cancelled=cancelled,
+                                      thinking=prompt.splitter(request.sampling), top_logprobs=request.top_logprobs)
+            for response in responses:
                 answer.append(response.text)
                 if response.done:
                     final = response

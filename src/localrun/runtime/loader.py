@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from ..engine import DecodeOptions, Engine, LoadOptions, SamplingOptions, merge_options, parse_gpu_layers
 from ..engine.strategies import PLAIN, context_options, load_draft, make_strategy
-from ..errors import UsageError
+from ..errors import SettingError, UsageError
 
 
 @dataclass
@@ -106,11 +106,11 @@ EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's seque
 def check_slots(batch: int, parallel: int) -> None:
     """--batch and --parallel: each step decodes one token per sequence, so the batch holds them all."""
     if batch < 1:
-        raise UsageError(f"invalid --batch {batch}: use 1 or more")
+        raise SettingError("batch", batch, "use 1 or more")
     if parallel < 1:
-        raise UsageError(f"invalid --parallel {parallel}: use 1 or more")
+        raise SettingError("parallel", parallel, "use 1 or more")
     if parallel > batch:
-        raise UsageError(f"--parallel {parallel} needs --batch of at least {parallel} (one token per sequence per step)")
+        raise SettingError("parallel", parallel, f"each step decodes a token of every sequence: the batch ({batch}) must hold at least {parallel}")
 
 
 def strategy_for(engine: Engine, decoding: DecodeOptions, *, ctx_limit: int, source: str = "auto"):

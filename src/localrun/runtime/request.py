@@ -30,6 +30,7 @@ class Request:
     tools: Optional[list[dict]] = None
     think: Optional[bool] = None  # a reasoning model: thinking on or off where its template has a switch
     reasoning: str = "auto"  # auto: a reasoning model's thinking apart from the answer; none: left inline
+    top_logprobs: Optional[int] = None  # each token's log-probability and that many alternatives' (server slots)
 
 
 @dataclass

@@ -159,7 +159,7 @@ def _turn(resident) -> Iterator[Exclusive]:
     runner = resident.scheduler
     with runner.turn:
         if runner.closed or runner.stopping:
-            raise ServerStopping("the localrun server is stopping: run again to start a new one")
+            raise ServerStopping()
         runner.stats.running = 1
         try:
             yield runner

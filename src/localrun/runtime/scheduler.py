@@ -123,6 +123,7 @@ class Scheduler:
         self.thread = threading.Thread(target=self._run, name="localrun-scheduler", daemon=True)
         self.fatal: Optional[str] = None
         self.calls: collections.deque = collections.deque()  # (fn, result box, done event) for the scheduler thread
+        self.waiters = 0  # requests waiting in `hold` for a free slot
 
     # -- called from other threads --------------------------------------------------------------
 
@@ -194,22 +195,33 @@ class Scheduler:
              cancelled: Optional[Callable[[], bool]] = None) -> Iterator["SlotSeat"]:
         """Hold a slot for one request (waiting for one to be free: `on_wait` hears it once, and a request
         `cancelled` meanwhile stops waiting): the free slot sharing the longest prefix with `tokens`, else
-        the least recently used. Raises ServerStopping once the server stops."""
-        told = False
-        with self.cond:
-            while True:
-                self._check_running()
-                free = [s for s in self.slots if s.job is None and not s.leased]
-                if free:
-                    break
-                if cancelled is not None and cancelled():
-                    raise LocalrunError("the request was cancelled while it waited for a free slot")
-                if on_wait is not None and not told:
-                    told = True
-                    on_wait()
-                self.cond.wait(timeout=0.25)
-            slot = self._closest(free, tokens)
-            slot.leased = True
+        the least recently used. Raises ServerStopping once the server stops, QueueFull when `max_waiting`
+        requests wait already (a request an idle slot takes at once never waits)."""
+        told = waiting = False
+        try:
+            with self.cond:
+                while True:
+                    self._check_running()
+                    free = [s for s in self.slots if s.job is None and not s.leased]
+                    if free:
+                        break
+                    if cancelled is not None and cancelled():
+                        raise LocalrunError("the request was cancelled while it waited for a free slot")
+                    if not waiting:
+                        if self.waiters >= self.max_waiting:
+                            raise QueueFull(self.max_waiting)
+                        waiting = True
+                        self.waiters += 1
+                    if on_wait is not None and not told:
+                        told = True
+                        on_wait()
+                    self.cond.wait(timeout=0.25)
+                slot = self._closest(free, tokens)
+                slot.leased = True
+        finally:
+            if waiting:
+                with self.cond:
+                    self.waiters -= 1
         try:
             yield SlotSeat(self, slot)
         finally:
@@ -229,7 +241,7 @@ class Scheduler:
             self.cond.notify_all()
         while not done.wait(timeout=1.0):
             if not self.thread.is_alive() or self.fatal:
-                raise ServerStopping(self.fatal or "the localrun server is stopping: run again to start a new one")
+                raise ServerStopping(self.fatal)
         if "error" in box:
             raise box["error"]
         return box.get("value")
@@ -238,7 +250,7 @@ class Scheduler:
         if self.fatal:
             raise ServerStopping(self.fatal)
         if self.stopping:
-            raise ServerStopping("the localrun server is stopping: run again to start a new one")
+            raise ServerStopping()
 
     # -- the scheduler thread -------------------------------------------------------------------
 
@@ -277,7 +289,7 @@ class Scheduler:
                 calls, self.calls = self.calls, collections.deque()
                 self.cond.notify_all()
             for _, box, done in calls:
-                box["error"] = ServerStopping(self.fatal or "the localrun server is stopping: run again to start a new one")
+                box["error"] = ServerStopping(self.fatal)
                 done.set()
             # Responses of this step not yet delivered (a failure mid-step), then every job still open.
             reason = "error" if self.fatal else "shutdown"
@@ -304,7 +316,7 @@ class Scheduler:
             job = self.waiting.popleft()
             self._assign(job, free)
             self.running.append(job)
-        self.stats.waiting = len(self.waiting)
+        self.stats.waiting = len(self.waiting) + self.waiters
         self.stats.running = len(self.running)
 
     def _closest(self, free: list[Slot], tokens: Tokens[int]) -> Slot:
@@ -382,7 +394,20 @@ class Scheduler:
 
 
 class ServerStopping(LocalrunError):
-    """The server was stopped (stop --server, SIGTERM) while this request was running or waiting."""
+    """The server was stopped (stop --server, SIGTERM) while this request was running or waiting; or, with
+    `failure`, its scheduler failed (the message says how)."""
+
+    def __init__(self, failure: Optional[str] = None):
+        super().__init__(failure or "the localrun server is stopping: run again to start a new one")
+        self.failure = failure
+
+
+class QueueFull(LocalrunError):
+    """Every slot is busy and `limit` requests wait already (the server's --queue): retry shortly."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the server is busy: {limit} requests are already waiting for a slot; retry shortly")
+        self.limit = limit
 
 
 class SlotSeat:
@@ -421,24 +446,35 @@ class SlotSeat:
 
     reuse = True
 
+    def shared(self, tokens: Tokens[int]) -> int:
+        """The longest prefix of `tokens` any slot holds (the job copies it into this one as it starts)."""
+        return self.scheduler.held(tokens)
+
     def generate(self, tokens: list[int], sampling, *, cancelled: Optional[Callable[[], bool]] = None,
-                 thinking=None) -> Iterator[Response]:
+                 thinking=None, top_logprobs: Optional[int] = None) -> Iterator[Response]:
         """Stream the answer to `tokens` from this slot, decoded in the scheduler's batch; `cancelled` is
-        asked between responses (once true, the job leaves the batch at the next step)."""
+        asked between responses (once true, the job leaves the batch at the next step). The job is made
+        and queued here, before the first response is asked for: a bad grammar or logit bias raises now.
+        `top_logprobs`: each token's log-probability and that many alternatives' in the responses."""
         from ..errors import UsageError
 
         if not tokens:
             raise UsageError("empty prompt: give some text as an argument or on stdin")
         scheduler = self.scheduler
         scheduler.engine.check_fits(len(tokens), self.n_ctx)
-        job = Job.create(scheduler.engine, tokens, sampling, max_tokens=sampling.max_tokens, n_ctx=self.n_ctx)
+        job = Job.create(scheduler.engine, tokens, sampling, max_tokens=sampling.max_tokens, n_ctx=self.n_ctx,
+                         top_logprobs=top_logprobs)
         job.seq.thinking = thinking
         job.leased, job.reuse, self.reuse = self.slot, self.reuse, True
         job.sink = queue.SimpleQueue()
         if not scheduler.submit(job):
             job.sampler.close()
             scheduler._check_running()
-            raise ServerStopping("the localrun server could not take the request: run again")
+            raise ServerStopping()
+        return self._responses(job, cancelled)
+
+    def _responses(self, job: Job, cancelled: Optional[Callable[[], bool]]) -> Iterator[Response]:
+        scheduler = self.scheduler
         try:
             while True:
                 if cancelled is not None and not job.cancelled and cancelled():
@@ -447,7 +483,7 @@ class SlotSeat:
                     response = job.sink.get(timeout=0.05)
                 except queue.Empty:
                     if scheduler.fatal or not scheduler.thread.is_alive():
-                        raise ServerStopping(scheduler.fatal or "the localrun server is stopping: run again to start a new one")
+                        raise ServerStopping(scheduler.fatal)
                     continue
                 if response.done and response.finish_reason == "error":  # as in-process, where llama.cpp's error raises
                     raise EngineError(response.error or "llama.cpp failed during the answer")

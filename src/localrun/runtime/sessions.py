@@ -70,6 +70,10 @@ class EngineSeat:
     def state_bytes(self) -> bytearray:
         return self.engine.kv.state_bytes()
 
+    def shared(self, tokens: Sequence[int]) -> int:
+        """The longest prefix of `tokens` this place holds in memory (a server's slot: any of its slots)."""
+        return common_prefix(self.tokens, tokens)
+
     def keep(self, n: int) -> None:
         """Nothing to cut: in this process the sequence holds only its own conversation (a server slot
         may hold another request's tokens: runtime.scheduler.SlotSeat.keep)."""
@@ -151,7 +155,8 @@ class Sessions:
         if len(tokens) < MIN_PREFIX_TOKENS or not prefix_cache_applies(engine) or cache_max_bytes() <= 0:
             return 0  # LOCALRUN_CACHE_MAX=0 turns the cache off: no lookups either
         # The engine re-evaluates a prompt's last token whatever it holds, so that one never counts.
-        have = min(common_prefix(seat.tokens, tokens), len(tokens) - 1)
+        # What another slot of a server holds is copied into this one as the request starts: no disk read for that.
+        have = min(seat.shared(tokens), len(tokens) - 1)
         store, ident = self.store, identity(self.store, engine)
         with store.prefix_locked():
             best, best_len = None, 0

@@ -13,11 +13,15 @@ from typing import Any, Optional
 _KEY = "localrun.access"
 
 
-def note(request: Any, *, model: Optional[str] = None, tokens: Optional[tuple[int, int]] = None) -> None:
-    """Record for the request's line which model answered it and its (prompt, generated) tokens."""
+def note(request: Any, *, model: Optional[str] = None, tokens: Optional[tuple[int, int]] = None,
+         status: Optional[int] = None) -> None:
+    """Record for the request's line which model answered it and its (prompt, generated) tokens; `status`:
+    how a stream ended when that is not the status its head carried (499: the client went away)."""
     entry = request.scope.get(_KEY)
     if entry is None:
         return
+    if status is not None:
+        entry["status"] = status
     if model is not None:
         entry["model"] = model
     if tokens is not None:
@@ -48,7 +52,7 @@ def access_log(app, out=None):
             if written[0]:
                 return
             written[0] = True
-            print(line(scope["method"], scope["path"], status[0] or 499, time.perf_counter() - started, entry.get("model"),
+            print(line(scope["method"], scope["path"], entry.get("status") or status[0] or 499, time.perf_counter() - started, entry.get("model"),
                        entry.get("tokens")), file=out or sys.stderr, flush=True)
 
         async def sending(message) -> None:

@@ -180,7 +180,7 @@ def message(model: str, text: str, thinking: str, calls: list, final, stops: lis
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage(final.stats)}
 
 
-async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, stops: list[str], on_final) -> AsyncIterator[str]:
+async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, stops: list[str]) -> AsyncIterator[str]:
     """Anthropic's event sequence for an answer: message_start, a content block per thinking/text/tool_use
     (start, deltas, stop), message_delta with the stop reason and usage, message_stop; pings meanwhile."""
     yield sse("message_start", {"type": "message_start", "message": {
@@ -225,13 +225,11 @@ async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, s
                                                   "delta": {"type": "input_json_delta", "partial_json": json.dumps(call["arguments"], ensure_ascii=False)}})
                 yield stop()
         elif event.kind == "failed":
-            on_final(event.final, "500")
             yield sse("error", {"type": "error", "error": {"type": "api_error", "message": event.text}})
             return
         elif event.kind == "done":
             if open_kind is not None:
                 yield stop()
-            on_final(event.final, "200")
             reason, sequence = stop_reason(event.final, calls, stops)
             yield sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                         "usage": {"output_tokens": event.final.stats.generated_tokens}})

@@ -1,9 +1,11 @@
 """`localrun serve`: the HTTP server over the continuous-batching scheduler.
 
 Starlette routes on uvicorn's event loop; the scheduler thread (runtime/scheduler.py) owns llama.cpp. A
-handler validates the body (400 in the dialect's error shape on anything malformed), builds a job (prompt,
-options, sampler chain) and submits it; responses come back on an asyncio queue. A client that disconnects
-cancels its job at once, which frees its slot at the next step. A full waiting queue answers 429.
+handler validates the body (400 in the dialect's error shape on anything malformed), its dialect's
+translator makes it a runtime Request, and the request path `run` and `chat` take answers it
+(serve.stream.Answer: runtime.generate on a slot of the model, with the prefix cache on disk); the answer
+comes back as one stream of events that each dialect writes in its own wire format. A client that
+disconnects stops its answer at once, which frees its slot at the next step. A full waiting queue answers 429.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
 from ..runtime.pool import FOREVER, LoadSpec, ModelPool, Resident, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
+from .stream import Answer, answer_events
 from . import access, anthropic, native, ollama, openai, responses
 from .limits import header_timeout, limit_body, max_body_bytes
 from .metrics import Metrics
@@ -110,11 +114,11 @@ class Service:
             from ..runtime.resident import Exclusive
 
             return Exclusive()
-        # run/chat's requests wait in their own threads, for a slot (a lease), never in the queue
+        # every request waits in its own thread for a slot (a lease: runtime.scheduler.Scheduler.hold)
         scheduler = Scheduler(
             loaded.engine, parallel=spec.parallel, slot_ctx=slot_ctx, max_waiting=self.options.max_waiting,
             prefill_chunk=self.options.prefill_chunk, on_step=self.metrics.step,
-            deliver=_deliver_now if spec.kind == "run" else self._deliver,
+            deliver=_deliver,
         )
         scheduler.start()
         if spec.kind == "batch":  # the HTTP dialects' first request as fast as the next, as llama-server's
@@ -133,27 +137,12 @@ class Service:
         self.pool.release(resident, keep_alive=FOREVER)
         return resident
 
-    # scheduler thread -> event loop: one wake-up per step
-    def _deliver(self, responses: list[tuple[Job, Response]]) -> None:
-        loop = self.loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(_dispatch, responses)
-            except RuntimeError:  # the loop closed in between: shutting down, nobody is listening
-                pass
 
 
-def _deliver_now(responses: list[tuple[Job, Response]]) -> None:
-    """Straight to the jobs' own queues (run/chat: read by their request threads, not the event loop)."""
+def _deliver(responses: list[tuple[Job, Response]]) -> None:
+    """Straight to the jobs' own queues, read by their requests' threads (runtime.scheduler.SlotSeat)."""
     for job, response in responses:
         job.sink.put_nowait(response)
-
-
-def _dispatch(responses: list[tuple[Job, Response]]) -> None:
-    for job, response in responses:
-        job.sink.put_nowait(response)
-        if response.done and job.on_done is not None:
-            job.on_done(response)  # counted whether or not anyone still reads the stream
 
 
 def build_app(service: Service, on_started=None):
@@ -216,55 +205,79 @@ def build_app(service: Service, on_started=None):
             raise ApiError(status, message, param="options" if code == "invalid_options" else "model", code=code,
                            type_="server_error" if status >= 500 else "invalid_request_error") from None
 
-    async def submit(request: Request, resident: Resident, keep_alive: Optional[float], body) -> tuple[Job, Any]:
-        """Make the body a job on `resident`'s scheduler (the reference is given back when it ends, or now on
-        failure): the job and the watcher that cancels it when the client goes away. ApiError otherwise. A
-        large request is rendered and tokenized on a worker thread: other requests go on meanwhile."""
+    async def answer_for(request: Request, resident: Resident, keep_alive: Optional[float], body,
+                         more_context: str = "restart the server with a larger --ctx") -> Answer:
+        """The body's request (its dialect's translator made it ChatBody or CompletionBody) answered on
+        `resident` through the request path run and chat take (serve.stream.Answer), once it is taken;
+        ApiError when it is refused. The reference on the model is given back when the answer ends. A
+        large request is translated on a worker thread: other requests go on meanwhile."""
+        chat = isinstance(body, ChatBody)
         try:
             big = int(request.headers.get("content-length") or 0) > _BIG_BODY
-            job = await run_in_threadpool(openai.job_for, resident, body) if big else openai.job_for(resident, body)
+            wanted, tools = await run_in_threadpool(openai.request_for, resident, body) if big else openai.request_for(resident, body)
         except Exception as exc:  # noqa: BLE001 - the reference is given back whatever went wrong
             pool.release(resident, keep_alive)
-            if isinstance(exc, ApiError):
-                raise
-            if isinstance(exc, LocalrunError):
-                raise ApiError(400, exc.message) from None
-            # e.g. a chat template that raises on these messages
-            raise ApiError(400, f"cannot build the prompt: {type(exc).__name__}: {exc}") from None
-        scheduler = resident.scheduler
-        job.sink = asyncio.Queue()
+            raise openai.refusal(exc, chat, more_context) from None
         access.note(request, model=body.model or resident.name)
 
-        def on_done(final: Response) -> None:
-            metrics.finished(final.stats)
-            access.note(request, tokens=(final.stats.prompt_tokens, final.stats.generated_tokens))
+        def on_end(final: Optional[Response]) -> None:  # on the answer's thread, its state saved
+            if final is not None and final.stats is not None:
+                metrics.finished(final.stats)
             pool.release(resident, keep_alive)
 
-        job.on_done = on_done
-        if not scheduler.submit(job):
-            job.sampler.close()
-            pool.release(resident, keep_alive)
-            if scheduler.fatal:
-                raise ApiError(503, scheduler.fatal, type_="server_error")
-            if scheduler.stopping:
-                raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
-            raise ApiError(429, f"the server is busy: {service.options.max_waiting} requests are already waiting; retry shortly",
-                           type_="rate_limit_error", code="queue_full")
-        return job, asyncio.ensure_future(_cancel_on_disconnect(request, job, scheduler))
-
-    async def collect(job: Job, watcher, scheduler) -> tuple[str, Response]:
-        """The whole answer of a job not streamed; ApiError when it did not finish."""
+        answer = Answer(resident, wanted, tools=tools, on_end=on_end)
         try:
-            text, final = await _collect(job)
+            await answer.start()
+        except BaseException as exc:
+            answer.cancel()
+            if not isinstance(exc, Exception):
+                raise
+            raise openai.refusal(exc, chat, more_context) from None
+        if answer.prompt.dropped:
+            print(f"notice: the conversation did not fit {resident.name}'s context of {resident.slot_ctx} tokens: its"
+                  f" {answer.prompt.dropped} oldest messages were left out ({answer.prompt_tokens} prompt tokens kept)",
+                  file=sys.stderr, flush=True)
+        return answer
+
+    async def whole(request: Request, answer: Answer) -> tuple[str, Response]:
+        """The whole answer (not streamed); the client going away stops it. ApiError when it did not finish."""
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, answer))
+        try:
+            text, final = await answer.collect()
         except BaseException:
-            scheduler.cancel(job)  # the handler itself was cancelled (shutdown): free the slot
+            answer.cancel()  # the handler itself was cancelled (shutdown), or the answer failed: free the slot
             raise
         finally:
             watcher.cancel()
-        if final.finish_reason not in openai.FINISH_REASONS:
-            status = {"error": 500, "shutdown": 503}.get(final.finish_reason, 499)
-            raise ApiError(status, final.error or "the request was cancelled", type_="server_error")
+        access.note(request, tokens=(final.stats.prompt_tokens, final.stats.generated_tokens))
         return text, final
+
+    async def tracked(request: Request, answer: Answer, endpoint: str):
+        """The answer's events, counted as they end (status and tokens) for /metrics and the access log."""
+        async for event in answer_events(answer):
+            if event.kind in ("done", "failed"):
+                metrics.requests.labels(endpoint, "200" if event.kind == "done" else "500").inc()
+                if event.final is not None and event.final.stats is not None:
+                    access.note(request, tokens=(event.final.stats.prompt_tokens, event.final.stats.generated_tokens))
+            yield event
+
+    def streamed(request: Request, answer: Answer, wire, endpoint: str, media_type: str = "text/event-stream") -> StreamingResponse:
+        """A streamed answer written by `wire` (a dialect's writer over `tracked` events); a client that goes
+        away mid-stream stops the answer (499)."""
+        async def body():
+            finished = False
+            try:
+                async for line in wire:
+                    yield line
+                finished = True
+            finally:
+                if not finished:
+                    answer.cancel()
+                    metrics.requests.labels(endpoint, "499").inc()
+                    access.note(request, status=499)
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"} if media_type == "text/event-stream" else None
+        return StreamingResponse(body(), media_type=media_type, headers=headers)
 
     async def generate(request: Request, kind, endpoint: str):
         try:
@@ -275,46 +288,30 @@ def build_app(service: Service, on_started=None):
             if body.n > 1 and not body.stream:
                 return await choices(request, body, endpoint)
             resident, keep_alive, _ = await resident_for(body)
-            job, watcher = await submit(request, resident, keep_alive, body)
+            answer = await answer_for(request, resident, keep_alive, body)
         except ApiError as exc:
             return error_response(exc, endpoint)
-        scheduler = resident.scheduler
         chat = isinstance(body, ChatBody)
         rid = openai.new_id(chat)
         model_id = body.model or resident.name  # the name the client used, as Ollama and OpenAI echo it
+        top_logprobs = answer.request.top_logprobs
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-
-            def on_final(final: Response, status: str) -> None:
-                metrics.requests.labels(endpoint, status).inc()
-
-            def cancel() -> None:  # the client went away mid-stream: 499, as for a plain request
-                watcher.cancel()
-                scheduler.cancel(job)
-                metrics.requests.labels(endpoint, "499").inc()
-
-            async def events():
-                try:
-                    async for event in openai.sse(job, rid, chat, include_usage, model_id, on_final, cancel, resident.engine):
-                        yield event
-                finally:
-                    watcher.cancel()
-
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            wire = openai.sse(tracked(request, answer, endpoint), rid, chat, include_usage, model_id, resident.engine, top_logprobs)
+            return streamed(request, answer, wire, endpoint)
         try:
-            text, final = await collect(job, watcher, scheduler)
+            text, final = await whole(request, answer)
         except ApiError as exc:
             return error_response(exc, endpoint)
         metrics.requests.labels(endpoint, "200").inc()
-        logprobs = openai.logprobs_of(resident.engine, chat, final.logprobs) if job.seq.top_logprobs is not None else None
-        return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, job.tools))
+        logprobs = openai.logprobs_of(resident.engine, chat, final.logprobs) if top_logprobs is not None else None
+        return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, answer.tools))
 
     kept_responses = responses.Kept()
 
     async def translated(request: Request, endpoint: str, dialect: str):
         """Anthropic's /v1/messages and OpenAI's /v1/responses: the body translated into the chat request
-        /v1/chat/completions serves (one prompt rendering, tools, sampling and scheduler), the answer
+        /v1/chat/completions serves (one prompt rendering, tools, sampling and request path), the answer
         written in the dialect's own shapes; errors in its own error shape."""
         from .limits import BadJson, parse_json
 
@@ -334,12 +331,11 @@ def build_app(service: Service, on_started=None):
             else:
                 body, conversation = responses.chat_body(data, kept_responses)
             resident, keep_alive, _ = await resident_for(body)
-            job, watcher = await submit(request, resident, keep_alive, body)
+            answer = await answer_for(request, resident, keep_alive, body)
         except ApiError as exc:
             return fail(exc)
         model = body.model or resident.name
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        scheduler = resident.scheduler
         rid = "resp_" + os.urandom(12).hex()
 
         def keep(text: str, output: list) -> None:
@@ -347,38 +343,20 @@ def build_app(service: Service, on_started=None):
 
         if not body.stream:
             try:
-                text, final = await collect(job, watcher, scheduler)
+                text, final = await whole(request, answer)
             except ApiError as exc:
                 return fail(exc)
-            content, calls = job.tools.calls_in(text) if job.tools is not None else (text, [])
+            content, calls = answer.tools.calls_in(text) if answer.tools is not None else (text, [])
             metrics.requests.labels(endpoint, "200").inc()
             if dialect == "anthropic":
                 return JSONResponse(anthropic.message(model, content or "", final.thinking, calls, final, stops))
-            answer = responses.response(rid, data, model, content or "", final.thinking, calls, final)
-            keep(content or "", answer["output"])
-            return JSONResponse(answer)
-
-        def on_final(final: Response, status: str) -> None:
-            metrics.requests.labels(endpoint, status).inc()
-
-        async def stream():
-            from .stream import answer_events
-
-            finished = False
-            try:
-                answer = answer_events(job)
-                events = (anthropic.events(answer, model, len(job.prompt), stops, on_final) if dialect == "anthropic"
-                          else responses.events(answer, rid, data, model, on_final, keep))
-                async for line in events:
-                    yield line
-                finished = True
-            finally:
-                watcher.cancel()
-                if not finished:  # the client went away mid-stream
-                    scheduler.cancel(job)
-                    metrics.requests.labels(endpoint, "499").inc()
-
-        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            reply = responses.response(rid, data, model, content or "", final.thinking, calls, final)
+            keep(content or "", reply["output"])
+            return JSONResponse(reply)
+        events = tracked(request, answer, endpoint)
+        wire = (anthropic.events(events, model, answer.prompt_tokens, stops) if dialect == "anthropic"
+                else responses.events(events, rid, data, model, keep))
+        return streamed(request, answer, wire, endpoint)
 
     async def messages(request: Request):
         return await translated(request, "/v1/messages", "anthropic")
@@ -389,7 +367,8 @@ def build_app(service: Service, on_started=None):
 
         try:
             try:
-                data = parse_json(await read_body(request))
+                raw = await read_body(request)
+                data = await run_in_threadpool(parse_json, raw) if len(raw) > _BIG_BODY else parse_json(raw)
             except BadJson as exc:
                 raise ApiError(400, f"malformed JSON body: {exc}") from None
             if isinstance(data, dict):
@@ -410,34 +389,26 @@ def build_app(service: Service, on_started=None):
         return await translated(request, "/v1/responses", "responses")
 
     async def choices(request: Request, body, endpoint: str):
-        """`n` choices, each its own job (a fixed seed counts up, so the choices differ), decoded side by side
-        in the model's slots and answered together."""
-        jobs = []
+        """`n` choices, each its own request (a fixed seed counts up, so the choices differ), decoded side by
+        side in the model's slots and answered together."""
+        answers = []
         try:
             for i in range(body.n):
                 one = body.model_copy(update={"n": 1, **({"seed": body.seed + i} if body.seed is not None else {})})
                 resident, keep_alive, _ = await resident_for(one)
-                jobs.append((resident, *await submit(request, resident, keep_alive, one)))
+                answers.append(await answer_for(request, resident, keep_alive, one))
+            results = [(answer, *await whole(request, answer)) for answer in answers]
         except ApiError as exc:
-            for resident, job, watcher in jobs:
-                watcher.cancel()
-                resident.scheduler.cancel(job)
+            for answer in answers:
+                answer.cancel()
             return error_response(exc, endpoint)
         chat = isinstance(body, ChatBody)
-        results = []
-        for resident, job, watcher in jobs:
-            try:
-                results.append((resident, job, *await collect(job, watcher, resident.scheduler)))
-            except ApiError as exc:
-                for other_resident, other, other_watcher in jobs:
-                    other_watcher.cancel()
-                    other_resident.scheduler.cancel(other)
-                return error_response(exc, endpoint)
         metrics.requests.labels(endpoint, "200").inc()
-        answers = [openai.completion("", chat, body.model or resident.name, text, final,
-                                     openai.logprobs_of(resident.engine, chat, final.logprobs) if job.seq.top_logprobs is not None else None,
-                                     job.tools) for resident, job, text, final in results]
-        return JSONResponse(openai.merged(answers, openai.new_id(chat)))
+        replies = [openai.completion("", chat, body.model or answer.resident.name, text, final,
+                                     openai.logprobs_of(answer.resident.engine, chat, final.logprobs)
+                                     if answer.request.top_logprobs is not None else None, answer.tools)
+                   for answer, text, final in results]
+        return JSONResponse(openai.merged(replies, openai.new_id(chat)))
 
     async def embeddings_of(body, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
         """(the model's name, runtime.embed.Embeddings, seconds its load took) for `texts` on the model the
@@ -507,65 +478,27 @@ def build_app(service: Service, on_started=None):
         if not chat and isinstance(body, ChatBody) and resident.engine.chat_template is None:
             body = ollama.without_template(body)
         try:
-            job, watcher = await submit(request, resident, keep_alive, body)
+            answer = await answer_for(request, resident, keep_alive, body,
+                                      more_context="raise options.num_ctx (or restart the server with a larger --ctx)")
         except ApiError as exc:
             return ollama_error(ollama.ollama_names(exc), endpoint)
-        scheduler, model_id = resident.scheduler, body.model  # the name the client used, as Ollama echoes it
-        wants_logprobs = job.seq.top_logprobs is not None
+        model_id = body.model  # the name the client used, as Ollama echoes it
+        wants_logprobs = answer.request.top_logprobs is not None
         if not extra["stream"]:
             try:
-                text, final = await collect(job, watcher, scheduler)
+                text, final = await whole(request, answer)
             except ApiError as exc:
                 return ollama_error(exc, endpoint)
             metrics.requests.labels(endpoint, "200").inc()
             logprobs = ollama.logprobs_of(resident.engine, final.logprobs) if wants_logprobs else None
-            answer = ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs,
-                                  thinking=final.thinking)
-            if job.tools is not None:
-                answer["message"] = ollama.with_tool_calls(answer["message"], *job.tools.calls_in(text))
-            return JSONResponse(answer)
-
-        async def lines():
-            finished = False
-            calls_stream = job.tools.stream() if job.tools is not None else None  # with tools: text that may be a call is held
-            entries: list = []  # tokens whose logprobs are not sent yet
-            try:
-                while True:
-                    response, text, thought, more = await openai.next_piece(job)
-                    entries += more
-                    ended_well = response.done and response.finish_reason in openai.FINISH_REASONS
-                    if thought:
-                        yield ollama.line(ollama.piece(model_id, chat, "", thinking=thought))
-                    calls: list = []
-                    if calls_stream is not None:
-                        text = calls_stream.feed(text)
-                        if ended_well:
-                            rest, calls = job.tools.settle(calls_stream)
-                            text += rest
-                    if (text or calls) and (not response.done or ended_well):
-                        logprobs = ollama.logprobs_of(resident.engine, entries) if wants_logprobs else None
-                        entries.clear()
-                        part = ollama.piece(model_id, chat, text, logprobs)
-                        if calls:
-                            part["message"] = ollama.with_tool_calls(part["message"], text, calls)
-                        yield ollama.line(part)
-                    if not response.done:
-                        continue
-                    finished = True
-                    if response.finish_reason not in openai.FINISH_REASONS:
-                        metrics.requests.labels(endpoint, "500").inc()
-                        yield ollama.line({"error": response.error or "the request was cancelled"})
-                        return
-                    metrics.requests.labels(endpoint, "200").inc()
-                    yield ollama.line(ollama.final(model_id, chat, "", response, started=started, load_s=load_s))
-                    return
-            finally:
-                watcher.cancel()
-                if not finished:  # the client went away mid-stream
-                    scheduler.cancel(job)
-                    metrics.requests.labels(endpoint, "499").inc()
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+            reply = ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs,
+                                 thinking=final.thinking)
+            if answer.tools is not None:
+                reply["message"] = ollama.with_tool_calls(reply["message"], *answer.tools.calls_in(text))
+            return JSONResponse(reply)
+        wire = ollama.lines(tracked(request, answer, endpoint), model_id, chat, started=started, load_s=load_s,
+                            engine=resident.engine, logprobs=wants_logprobs)
+        return streamed(request, answer, wire, endpoint, media_type="application/x-ndjson")
 
     async def ollama_chat(request: Request):
         return await ollama_generate(request, chat=True)
@@ -852,29 +785,13 @@ def _require_key(app, key: str):
     return guarded
 
 
-async def _cancel_on_disconnect(request, job: Job, scheduler: Scheduler) -> None:
+async def _cancel_on_disconnect(request, answer: Answer) -> None:
     """The body is read, so the next ASGI message is the client going away: free the slot at once."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            scheduler.cancel(job)
+            answer.cancel()
             return
-
-
-async def _collect(job: Job) -> tuple[str, Response]:
-    """The whole answer, and its last response (which carries every token's logprobs, when asked for, and
-    the whole of a reasoning model's thinking)."""
-    parts, logprobs, thought = [], [], []
-    while True:
-        response: Response = await job.sink.get()
-        parts.append(response.text)
-        thought.append(response.thinking)
-        logprobs += response.logprobs or []
-        if response.done:
-            if job.seq.top_logprobs is not None:
-                response.logprobs = logprobs
-            response.thinking = "".join(thought)  # the whole thinking, as the whole text
-            return "".join(parts), response
 
 
 # -- running it ------------------------------------------------------------------------------------

@@ -96,15 +96,15 @@ def routes(service) -> list:
             spec.check()
             keep_alive = None if body.get("keep_alive") is None else parse_keep_alive(body["keep_alive"])
         except (LocalrunError, TypeError) as exc:
-            return failed(400, getattr(exc, "message", str(exc)), 2)
+            return failed(400, message_for(exc)[0] if isinstance(exc, LocalrunError) else str(exc), 2)
         service.activity(+1)
         try:
             resident, fresh = await run_in_threadpool(pool.acquire, ref, spec)
         except Exception as exc:  # noqa: BLE001 - any failure to load is this request's, worded as in-process
             service.activity(-1)
-            if isinstance(exc, LocalrunError):
+            if isinstance(exc, LocalrunError):  # worded as the command line words it (flags)
                 status, _, code = load_failure(exc, ref)
-                return failed(status, exc.message, exc.exit_code, code=code)
+                return failed(status, message_for(exc)[0], exc.exit_code, code=code)
             message, exit_code = message_for(exc)
             return failed(500, message, exit_code, code="load_failed")
         if fresh and await request.is_disconnected():

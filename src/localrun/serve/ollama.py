@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from datetime import datetime, timezone
+from collections.abc import AsyncIterator
 from typing import Any, Optional
 
 from pydantic import ValidationError
@@ -174,12 +175,7 @@ def flags(data: dict, *names: str) -> None:
 
 
 def ollama_names(exc: ApiError) -> ApiError:
-    """An error about a request field, worded with the Ollama option it came from (max_tokens -> options.num_predict);
-    a prompt over the context names the option that gives it more (Open WebUI's Context Length)."""
-    if exc.code == "context_length_exceeded":
-        return ApiError(exc.status, exc.message.replace("restart the server with a larger --ctx",
-                                                        "raise options.num_ctx (or restart the server with a larger --ctx)"),
-                        param=exc.param, code=exc.code)
+    """An error about a request field, worded with the Ollama option it came from (max_tokens -> options.num_predict)."""
     name = next((o for o, f in _SAMPLING.items() if f == exc.param), None)
     if name is None:
         return exc
@@ -293,3 +289,23 @@ def loaded(model: str, chat: bool, reason: str) -> dict:
 
 def line(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+async def lines(events, model: str, chat: bool, *, started: float, load_s: float, engine=None,
+                logprobs: bool = False) -> AsyncIterator[str]:
+    """An answer's events (serve.stream.answer_events) as Ollama's NDJSON stream: a line per piece of
+    thinking or text, the tool calls in a line of their own, then the last line with the totals (or
+    {"error"} when the answer failed)."""
+    async for e in events:
+        if e.kind == "thinking":
+            yield line(piece(model, chat, "", thinking=e.text))
+        elif e.kind == "text":
+            yield line(piece(model, chat, e.text, logprobs_of(engine, e.logprobs) if logprobs else None))
+        elif e.kind == "tool_calls":
+            part = piece(model, chat, "")
+            part["message"] = with_tool_calls(part["message"], "", e.calls)
+            yield line(part)
+        elif e.kind == "failed":
+            yield line({"error": e.text})
+        elif e.kind == "done":
+            yield line(final(model, chat, "", e.final, started=started, load_s=load_s))

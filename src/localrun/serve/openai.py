@@ -1,9 +1,9 @@
-"""The OpenAI dialect (/v1): request bodies, how a body becomes a scheduler job, and the JSON and SSE answers
-made from the response stream. Errors answer in OpenAI's shape."""
+"""The OpenAI dialect (/v1): request bodies, how a body becomes the runtime Request the request path answers
+(`request_for`, which the other dialects' translators reach through ChatBody), and the JSON and SSE answers
+written from the answer's events. Errors answer in OpenAI's shape, refusals worded here (`refusal`)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -16,10 +16,9 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
                       create_model, model_validator)
 
-from ..errors import ContextOverflow, LocalrunError
+from ..errors import ContextOverflow, LocalrunError, SettingError, UsageError
 from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
-from ..runtime.request import prompt_for, with_stops
-from ..runtime.scheduler import Job
+from ..runtime.request import prompt_for
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 PING_S = float(os.environ.get("LOCALRUN_PING_S") or 10.0)  # a stream silent this long (a prompt still evaluated) gets a keep-alive
@@ -340,54 +339,79 @@ def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
 # -- a body becomes a job --------------------------------------------------------------------------
 
 
-def job_for(resident, body: Union[CompletionBody, ChatBody]) -> Job:
-    """Prompt tokens, merged options and the sampler chain for a request to a resident model (see
-    runtime.pool); 400 for what cannot be served."""
+def refusal(exc: BaseException, chat: bool, more_context: str = "restart the server with a larger --ctx") -> "ApiError":
+    """Why the request path did not take a request (runtime.generate refused it before its first token),
+    as an error in this dialect's terms: the body's fields named, the numbers given. `more_context`: how a
+    client of this dialect gets a larger context (Ollama's: options.num_ctx, Open WebUI's Context Length)."""
+    from ..runtime.scheduler import QueueFull, ServerStopping
+
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextOverflow):
+        return ApiError(400, f"the prompt is {exc.n_prompt} tokens but a slot's context holds {exc.n_ctx}: "
+                             f"shorten it, or {more_context}",
+                        param="messages" if chat else "prompt", code="context_length_exceeded")
+    if isinstance(exc, QueueFull):
+        return ApiError(429, exc.message, type_="rate_limit_error", code="queue_full")
+    if isinstance(exc, ServerStopping):  # a scheduler that failed says why
+        return ApiError(503, exc.failure or "the server is shutting down: retry later", type_="server_error")
+    if isinstance(exc, OptionError):
+        return ApiError(400, f"invalid {exc.field!r}: {exc.reason}" if exc.field else exc.reason, param=exc.field)
+    if isinstance(exc, UsageError):
+        return ApiError(400, exc.message)
+    if isinstance(exc, LocalrunError):
+        return ApiError(500, exc.message, type_="server_error")
+    # e.g. a chat template that raises on these messages
+    return ApiError(400, f"cannot build the prompt: {type(exc).__name__}: {exc}")
+
+
+def request_for(resident, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Optional["ToolMode"]]:
+    """The runtime request a body asks of a resident model (see runtime.pool), and how its tools are read in
+    the answer; 400 naming the field for what cannot be served. The prompt is made on the request path."""
     feature = _unsupported(body)
     if feature is not None:
         raise ApiError(400, f"{feature!r} is not supported by localrun serve: leave it out", param=feature)
-    engine, slot_ctx = resident.engine, resident.slot_ctx
+    engine = resident.engine
     chat = isinstance(body, ChatBody)
     request, tooling = _request(engine, body)
     request.drop_oldest = chat and body._drop_oldest
-    try:
-        prompt = prompt_for(engine, request, n_ctx=slot_ctx)
-    except ContextOverflow as exc:
-        raise ApiError(
-            400,
-            f"the prompt is {exc.n_prompt} tokens but a slot's context holds {slot_ctx}: "
-            "shorten it, or restart the server with a larger --ctx",
-            param="messages" if chat else "prompt", code="context_length_exceeded",
-        ) from None
-    if not prompt.tokens:
-        raise ApiError(400, "empty prompt", param="prompt")
-    if prompt.dropped:
-        print(f"notice: the conversation did not fit {resident.name}'s context of {slot_ctx} tokens: its {prompt.dropped} oldest"
-              f" messages were left out ({len(prompt.tokens)} prompt tokens kept)", file=sys.stderr, flush=True)
-    options = _options(resident.loaded.sampling, body, prompt.stops)
+    options = _options(resident.loaded.sampling, body)
     if tooling is not None and tooling.forced is not None:
         if options.json_schema is not None or options.grammar is not None:
             raise ApiError(400, "tool_choice required (or a named function) cannot combine with response_format or grammar", param="tool_choice")
         options = options.model_copy(update={"json_schema": tooling.forced, "stop": []})  # the grammar ends the call whole
-    room = slot_ctx - len(prompt.tokens)
-    base = resident.loaded.sampling
     asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
-    if asked is None:
-        asked = base.max_tokens if base.max_tokens > 0 else room
-    asked = max(1, min(asked, room))
+    if asked is not None:
+        options = options.model_copy(update={"max_tokens": asked})
+    elif options.max_tokens <= 0:
+        options = options.model_copy(update={"max_tokens": -1})  # until the slot is full
     if body.ignore_eos:
         if options.grammar is not None or options.json_schema is not None:
             raise ApiError(400, "ignore_eos cannot combine with response_format (the grammar decides where the text ends)", param="ignore_eos")
-        options = options.model_copy(update={"min_tokens": asked})
-    try:
-        job = Job.create(engine, prompt.tokens, options, max_tokens=asked, n_ctx=slot_ctx, top_logprobs=_top_logprobs(body))
-        job.tools = tooling
-        job.seq.thinking = prompt.splitter(options)
-        return job
-    except LocalrunError as exc:
-        param = "logit_bias" if "logit-bias" in exc.message else "response_format"  # the two that can fail here
-        raise ApiError(400, exc.message.replace("--", ""), param=param) from None
+        options = options.model_copy(update={"min_tokens": options.max_tokens if options.max_tokens > 0 else MAX_LENGTH})
+    _check_sampler(engine, options, "tool_choice" if tooling is not None and tooling.forced is not None else "response_format")
+    request.sampling = options
+    request.top_logprobs = _top_logprobs(body)
+    return request, tooling
 
+
+MAX_LENGTH = 10_000_000  # the longest answer an option may ask for (options.SAMPLING's bound)
+
+
+def _check_sampler(engine, options: SamplingOptions, schema_from: str) -> None:
+    """What the sampler chain would refuse, named as the body's field before the request is queued: token ids
+    outside this model's vocabulary, a JSON schema the grammar converter cannot express."""
+    from ..runtime import SchemaError, check_bias_tokens, json_schema_grammar
+
+    try:
+        check_bias_tokens(options.logit_bias, engine.n_vocab)
+    except OptionError as exc:
+        raise ApiError(400, f"invalid logit_bias: {exc.reason}", param="logit_bias") from None
+    if options.json_schema is not None:
+        try:
+            json_schema_grammar(options.json_schema)
+        except SchemaError as exc:
+            raise ApiError(400, f"the JSON schema cannot be followed: {exc}", param=schema_from) from None
 
 
 def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Optional["ToolMode"]]:
@@ -414,8 +438,12 @@ def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Op
 
 
 def prompt_tokens(resident, body: ChatBody) -> int:
-    """How many tokens the prompt of `body` is for this model, whether it fits a slot or not."""
+    """How many tokens the prompt of `body` is for this model, whether it fits a slot or not (with the
+    model's default system prompt where the body has none, as it is answered)."""
+    from ..runtime.request import with_system
+
     request, _ = _request(resident.engine, body)
+    request.messages = with_system(request, resident.loaded.system)
     return len(prompt_for(resident.engine, request, n_ctx=1 << 30).tokens)
 
 
@@ -575,15 +603,16 @@ def load_spec(base, options: Optional[dict[str, Any]]):
     spec = replace(base, **update)
     try:
         spec.check()  # before any model is touched: a bad value never unloads the one in use
-    except LocalrunError as exc:
-        message = exc.message
-        for flag, option in (("--ctx", "num_ctx"), ("--threads", "num_thread"), ("--batch", "num_batch"), ("--gpu-layers", "num_gpu")):
-            message = message.replace(flag, f"options.{option}")  # named as the request named it
-        raise ApiError(400, message.replace("--", ""), param="options") from None
+    except SettingError as exc:  # named as the request names it
+        named = {setting: f"options.{option}" for option, setting in _LOAD_FIELDS.items()}
+        raise ApiError(400, exc.worded(lambda setting: named.get(setting, setting)),
+                       param=named.get(exc.setting, "options")) from None
+    except LocalrunError as exc:  # e.g. an RPC endpoint or a tensor split: the server's own settings
+        raise ApiError(400, exc.message, param="options") from None
     return spec
 
 
-def _options(base: SamplingOptions, body, format_stops: list[str]) -> SamplingOptions:
+def _options(base: SamplingOptions, body) -> SamplingOptions:
     """The server's options (the catalogue's and serve's flags), then the request's own fields: its stops and
     logit biases add to the server's."""
     update: dict[str, Any] = {name: getattr(body, name) for name in _SAMPLING_FIELDS}
@@ -595,7 +624,7 @@ def _options(base: SamplingOptions, body, format_stops: list[str]) -> SamplingOp
         update["logit_bias"] = {**base.logit_bias, **body.logit_bias}
     update.update(_response_format(body.response_format))
     try:
-        return with_stops(merge_options(base.model_dump(), update), format_stops)
+        return merge_options(base.model_dump(), update)
     except OptionError as exc:
         if exc.field is None:
             raise ApiError(400, exc.reason) from None
@@ -672,24 +701,9 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-async def next_piece(job: Job) -> tuple[Response, str, str, list]:
-    """The next response of a job and whatever already waits behind it, as one: (the last response, the
-    text, the thinking, the tokens' logprobs). One write per step instead of one per token."""
-    response: Response = await job.sink.get()
-    text, thought, entries = response.text, response.thinking, list(response.logprobs or [])
-    while not response.done and not job.sink.empty():
-        more = job.sink.get_nowait()
-        text += more.text
-        thought += more.thinking
-        entries += more.logprobs or []
-        if more.done:
-            response = more
-    return response, text, thought, entries
-
-
-async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str, on_final, cancel, engine=None) -> AsyncIterator[str]:
-    """The response stream as OpenAI's server-sent events. `on_final(final, status)` records how it ended;
-    `cancel()` frees the slot when the client goes away mid-stream."""
+async def sse(events, rid: str, chat: bool, include_usage: bool, model_id: str, engine=None,
+              top_logprobs: Optional[int] = None) -> AsyncIterator[str]:
+    """An answer's events (serve.stream.answer_events) as OpenAI's server-sent events."""
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -708,54 +722,30 @@ async def sse(job: Job, rid: str, chat: bool, include_usage: bool, model_id: str
         # with include_usage, as OpenAI streams it: null on every chunk, the totals in a last chunk
         return event([choice], **({"usage": None} if include_usage else {}))
 
-    finished = False
-    wants_logprobs = job.seq.top_logprobs is not None
-    offset = 0
-    entries: list = []  # tokens whose logprobs are not sent yet (text held back goes out with later text)
-    tools: Optional[ToolMode] = job.tools
-    calls_stream = tools.stream() if tools is not None else None  # with tools: text that may be a call is held
-    calls: list[dict] = []
-    try:
-        if chat:
-            yield chunk(None, None, role=True)
-        while True:
-            try:
-                response, text, thought, more = await asyncio.wait_for(next_piece(job), PING_S)
-            except asyncio.TimeoutError:  # a long prompt: an SSE comment keeps clients that give up on silence
-                yield ": keep-alive\n\n"
-                continue
-            entries += more
-            ended_well = response.done and response.finish_reason in FINISH_REASONS
-            if thought and chat and (not response.done or ended_well):
-                yield delta({"reasoning_content": thought})
-            if calls_stream is not None:
-                text = calls_stream.feed(text)
-                if ended_well:
-                    rest, calls = tools.settle(calls_stream)
-                    text += rest
-            if text and (not response.done or ended_well):
-                logprobs = logprobs_of(engine, chat, entries, offset) if wants_logprobs else None
-                offset += len(text)
-                entries = []
-                yield chunk(text, None, logprobs=logprobs)
-            for i, call in enumerate(openai_calls(calls)):  # each call whole, as the openai client assembles them
+    offset, called = 0, False
+    if chat:
+        yield chunk(None, None, role=True)
+    async for e in events:
+        if e.kind == "ping":  # a long prompt: an SSE comment keeps clients that give up on silence
+            yield ": keep-alive\n\n"
+        elif e.kind == "thinking":
+            if chat:
+                yield delta({"reasoning_content": e.text})
+        elif e.kind == "text":
+            logprobs = logprobs_of(engine, chat, e.logprobs, offset) if top_logprobs is not None else None
+            offset += len(e.text)
+            yield chunk(e.text, None, logprobs=logprobs)
+        elif e.kind == "tool_calls":
+            called = True
+            for i, call in enumerate(openai_calls(e.calls)):  # each call whole, as the openai client assembles them
                 yield delta({"tool_calls": [{"index": i, **call}]})
-            if not response.done:
-                continue
-            finished = True
-            if not ended_well:
-                on_final(response, "500")
-                yield _event({"error": {"message": response.error or "cancelled", "type": "server_error", "param": None, "code": None}})
-                return
-            on_final(response, "200")
-            yield chunk(None, "tool_calls" if calls else FINISH_REASONS[response.finish_reason])
+        elif e.kind == "failed":
+            yield _event({"error": {"message": e.text, "type": "server_error", "param": None, "code": None}})
+        elif e.kind == "done":
+            yield chunk(None, "tool_calls" if called else FINISH_REASONS[e.final.finish_reason])
             if include_usage:
-                yield event([], usage=usage(response.stats), timings=timings(response.stats))
+                yield event([], usage=usage(e.final.stats), timings=timings(e.final.stats))
             yield "data: [DONE]\n\n"
-            return
-    finally:
-        if not finished:
-            cancel()  # the client went away mid-stream (or the server is stopping)
 
 
 def _event(data: dict) -> str:

@@ -196,7 +196,7 @@ def response(rid: str, data: dict, model: str, text: str, thinking: str, calls: 
     return envelope(rid, data, model, int(time.time()), "completed", output, final)
 
 
-async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, on_final, on_output) -> AsyncIterator[str]:
+async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, on_output) -> AsyncIterator[str]:
     """The Responses event sequence: response.created and in_progress, each output item added, its deltas
     and done, then response.completed (or response.failed)."""
     created, seq = int(time.time()), 0
@@ -272,7 +272,6 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
                 output.append(item)
                 yield event("response.output_item.done", output_index=index, item=item)
         elif ev.kind == "failed":
-            on_final(ev.final, "500")
             failed = envelope(rid, data, model, created, "failed", output)
             failed["error"] = {"code": "server_error", "message": ev.text}
             yield event("response.failed", response=failed)
@@ -285,7 +284,6 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
                 output.append(item)
                 yield event("response.output_item.added", output_index=0, item={**item, "status": "in_progress", "content": []})
                 yield event("response.output_item.done", output_index=0, item=item)
-            on_final(ev.final, "200")
             on_output("".join(text_parts), output)
             yield event("response.completed", response=envelope(rid, data, model, created, "completed", output, ev.final))
             return

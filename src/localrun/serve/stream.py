@@ -1,18 +1,152 @@
-"""One dialect-neutral answer stream: what a scheduler job produces, as events a dialect writes in its own
-wire format (Anthropic's content blocks, the Responses API's output items): thinking, text, tool calls
-(found in the model's own format as the text streams, engine.tools.CallStream), a ping while nothing comes
-(a long prompt is still being evaluated: clients that give up on a silent connection stay), and the end."""
+"""One request path and one dialect-neutral answer stream for every HTTP dialect.
+
+`Answer` answers a runtime Request on a resident model through runtime.generate (the request path `run` and
+`chat` take: the prefix cache on disk, the slot held for the request, the state saved after), in a thread
+of its own; the event loop reads its responses. `answer_events` turns them into events each dialect writes
+in its own wire format: thinking, text (with its tokens' logprobs), tool calls (found in the model's own
+format as the text streams, engine.tools.CallStream), a ping while nothing comes (a long prompt is still
+being evaluated: clients that give up on a silent connection stay), and the end."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import sys
+import threading
+import traceback
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..errors import LocalrunError, UsageError
 from ..runtime import Response
-from ..runtime.scheduler import Job
-from .openai import FINISH_REASONS, PING_S, ApiError, next_piece
+from .openai import FINISH_REASONS, PING_S, ApiError
+
+FAILURES = {"error": 500, "shutdown": 503}  # how an answer that did not finish ends; otherwise 499 (cancelled)
+
+
+class Answer:
+    """One request on a resident model, answered in its own thread by runtime.generate on the model's slots.
+    `tools`: how the dialect reads tool calls in the answer (serve.openai.ToolMode), or None.
+    `on_end(final or None)` runs on that thread once the request is over (its state saved): the reference
+    on the model is given back there."""
+
+    def __init__(self, resident, request, *, tools=None, on_end: Callable[[Optional[Response]], None]):
+        self.resident, self.request, self.tools = resident, request, tools
+        self.on_end = on_end
+        self.prompt = None  # runtime.request.Prompt, once admitted
+        self.failure_status: Optional[int] = None  # an answer that failed for the request's own fault: 400
+        self.gone = threading.Event()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt.tokens) if self.prompt is not None else 0
+
+    async def start(self) -> None:
+        """Start the request and wait until it is taken (its prompt fits, it has a slot or waits for one);
+        raise what refused it (LocalrunError), the reference given back."""
+        admitted = self._loop.create_future()
+
+        def settle(outcome) -> None:
+            if not admitted.done():
+                admitted.set_result(outcome)
+
+        def on_admitted(prompt) -> None:
+            self.prompt = prompt
+            self._loop.call_soon_threadsafe(settle, None)
+
+        def put(item) -> None:
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            except RuntimeError:  # the loop closed: nobody reads
+                pass
+
+        def work() -> None:
+            from ..runtime.generate import generate
+
+            final = None
+            try:
+                for response in generate(self.resident.loaded, self.request, on_notice=_log, cancelled=self.gone.is_set,
+                                         place=self.resident.scheduler, on_admitted=on_admitted):
+                    if response.done:
+                        final = response
+                    put(response)
+            except BaseException as exc:  # noqa: BLE001 - refused before it was taken, or failed on the way
+                if self.prompt is None:
+                    self._loop.call_soon_threadsafe(settle, exc)
+                else:
+                    if not isinstance(exc, LocalrunError):
+                        traceback.print_exc()
+                    self.failure_status = 400 if isinstance(exc, UsageError) else None  # e.g. a grammar llama.cpp refuses
+                    put(_failed(exc))
+            finally:
+                try:
+                    self.on_end(final)
+                finally:
+                    with contextlib.suppress(RuntimeError):  # (a loop already closed: nobody waits)
+                        self._loop.call_soon_threadsafe(settle, LocalrunError("the request ended before it was taken"))
+
+        threading.Thread(target=work, name="localrun-answer", daemon=True).start()
+        outcome = await admitted
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+    def cancel(self) -> None:
+        """The client went away: the answer stops at its next token (its slot freed)."""
+        self.gone.set()
+
+    async def next_piece(self) -> tuple[Response, str, str, list]:
+        """The next response and whatever already waits behind it, as one: (the last response, the text, the
+        thinking, the tokens' logprobs). One write per step instead of one per token."""
+        response: Response = await self._queue.get()
+        text, thought, entries = response.text, response.thinking, list(response.logprobs or [])
+        while not response.done and not self._queue.empty():
+            more = self._queue.get_nowait()
+            text += more.text
+            thought += more.thinking
+            entries += more.logprobs or []
+            if more.done:
+                response = more
+        return response, text, thought, entries
+
+    async def collect(self) -> tuple[str, Response]:
+        """The whole answer (not streamed) and its last response, which then carries every token's logprobs
+        (when asked for) and the whole thinking. ApiError when it did not finish."""
+        parts, thought, logprobs = [], [], []
+        while True:
+            response, text, thinking, entries = await self.next_piece()
+            parts.append(text)
+            thought.append(thinking)
+            logprobs += entries
+            if response.done:
+                break
+        if response.finish_reason not in FINISH_REASONS:
+            status = self.failure_status or FAILURES.get(response.finish_reason, 499)
+            raise ApiError(status, response.error or "the request was cancelled",
+                           type_="invalid_request_error" if status == 400 else "server_error")
+        if self.request.top_logprobs is not None:
+            response.logprobs = logprobs
+        response.thinking = "".join(thought)
+        return "".join(parts), response
+
+
+def _failed(exc: BaseException) -> Response:
+    """The last response of an answer that failed on the way (llama.cpp's error, the server stopping)."""
+    from ..runtime.failures import message_for
+    from ..runtime.scheduler import ServerStopping
+
+    if isinstance(exc, ServerStopping):  # worded for an HTTP client (the command line's says how to start one again)
+        return Response(finish_reason="shutdown", error=exc.failure or STOPPING)
+    return Response(finish_reason="error", error=message_for(exc)[0])
+
+
+STOPPING = "the server is shutting down: retry later"
+
+
+def _log(message: str) -> None:
+    print(f"notice: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -21,17 +155,21 @@ class Event:
     text: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
     final: Optional[Response] = None
+    logprobs: list = field(default_factory=list)  # the tokens of `text` (with tools: text held back comes later)
 
 
-async def answer_events(job: Job, ping_s: float = PING_S) -> AsyncIterator[Event]:
-    """The job's answer as events, ending with "done" or "failed"."""
-    calls_stream = job.tools.stream() if job.tools is not None else None
+async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator[Event]:
+    """The answer as events, ending with "done" or "failed"."""
+    tools = answer.tools
+    calls_stream = tools.stream() if tools is not None else None
+    entries: list = []
     while True:
         try:
-            response, text, thought, _ = await asyncio.wait_for(next_piece(job), ping_s)
+            response, text, thought, more = await asyncio.wait_for(answer.next_piece(), ping_s)
         except asyncio.TimeoutError:  # queue.get is cancelled before it takes anything: no piece is lost
             yield Event("ping")
             continue
+        entries += more
         ended_well = response.done and response.finish_reason in FINISH_REASONS
         if response.done and not ended_well:
             yield Event("failed", text=response.error or "the request was cancelled", final=response)
@@ -42,10 +180,11 @@ async def answer_events(job: Job, ping_s: float = PING_S) -> AsyncIterator[Event
         if calls_stream is not None:
             text = calls_stream.feed(text)
             if ended_well:
-                rest, calls = job.tools.settle(calls_stream)
+                rest, calls = tools.settle(calls_stream)
                 text += rest
         if text:
-            yield Event("text", text)
+            yield Event("text", text, logprobs=entries)
+            entries = []
         if calls:
             yield Event("tool_calls", calls=calls)
         if response.done:

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from filelock import FileLock, Timeout
 
@@ -407,7 +407,7 @@ class SessionStore:
             if not restore(data, tokens):
                 raise SessionError(
                     f"llama.cpp could not restore session {name!r} into this context: "
-                    f"load the model as it was saved (--ctx {row['n_ctx']}, --kv-type {row['kv_type']}, flash attention {row['flash_attn']})"
+                    f"load the model as it was saved (context {row['n_ctx']}, KV cache type {row['kv_type']}, flash attention {row['flash_attn']})"
                 )
             self._touch(row["id"])
             return json.loads(row["messages"])
@@ -427,6 +427,8 @@ class SessionStore:
         """Session `name`'s row when its state can go into an engine of this identity and context."""
         row = self._row(name)
         reason = _mismatch(row, ident, n_ctx)
+        if isinstance(reason, Mismatch):
+            raise SessionMismatch(f"session {name!r} {reason.reason}", reason.setting, reason.saved)
         if reason:
             raise SessionError(f"session {name!r} {reason}")
         return row
@@ -802,7 +804,24 @@ class SessionStore:
             pass
 
 
-def _mismatch(row: sqlite3.Row, ident: Identity, n_ctx: int) -> Optional[str]:
+@dataclass(frozen=True)
+class Mismatch:
+    """A session saved with another value of a load setting than this engine's: the value that resumes it."""
+
+    reason: str
+    setting: str
+    saved: object
+
+
+class SessionMismatch(SessionError):
+    """A session that resumes only with its `setting` at the `saved` value (the edge says how to give it)."""
+
+    def __init__(self, message: str, setting: str, saved: object):
+        super().__init__(message)
+        self.setting, self.saved = setting, saved
+
+
+def _mismatch(row: sqlite3.Row, ident: Identity, n_ctx: int) -> Union[str, Mismatch, None]:
     """Why a stored state cannot be restored into an engine of this identity and context (completing 'session NAME ...'), or None."""
     if row["model_sha256"] != ident.model_sha256:
         if row["model_file"] == ident.model_file:
@@ -815,7 +834,7 @@ def _mismatch(row: sqlite3.Row, ident: Identity, n_ctx: int) -> Optional[str]:
             f"resume it with {row['model_ref']}"
         )
     if row["kv_type"] != ident.kv_type:
-        return f"was saved with --kv-type {row['kv_type']}, not {ident.kv_type}: resume it with --kv-type {row['kv_type']}"
+        return Mismatch(f"was saved with KV cache type {row['kv_type']}, not {ident.kv_type}", "kv_type", row["kv_type"])
     if bool(row["swa_full"]) != ident.swa_full:
         return (
             f"was saved with swa_full={bool(row['swa_full'])} (full sliding-window cache), "
@@ -826,7 +845,7 @@ def _mismatch(row: sqlite3.Row, ident: Identity, n_ctx: int) -> Optional[str]:
     if row["build"] != ident.build:
         return f"was saved by {row['build']}, this is {ident.build}: KV states do not carry across llama.cpp builds, start a new session"
     if row["n_tokens"] >= n_ctx:
-        return f"holds {row['n_tokens']} tokens but the context holds {n_ctx}: resume it with --ctx {row['n_ctx']}"
+        return Mismatch(f"holds {row['n_tokens']} tokens but the context holds {n_ctx}", "ctx", row["n_ctx"])
     return None
 
 

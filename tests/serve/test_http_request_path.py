@@ -1,0 +1,52 @@
+"""HTTP requests take the request path `run` and `chat` take (runtime.generate through serve.stream.Answer):
+the prefix cache on disk serves HTTP clients, so a long system prompt survives a server restart, and what
+is restored answers exactly as a prompt evaluated from scratch."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import start_server
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+# About 400 tokens: well over the prefix cache's 64-token minimum, short enough for a quick prefill.
+SYSTEM = ("You are the help desk of a small public library. " * 4 + "\n".join(
+    f"Rule {i}: answer in one short sentence, name the shelf {chr(65 + i % 26)}{i} when a book is asked for, "
+    "and never invent opening hours." for i in range(14)))
+
+
+def ask(server, model, question: str):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    return client.chat.completions.create(model=model.name, temperature=0, max_tokens=12,
+                                          messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
+
+
+def test_a_long_system_prompt_is_restored_from_disk_after_a_restart(smollm2, tmp_path):
+    home = tmp_path / "home"
+    first = start_server(smollm2, home, "--ctx", "2048", "--parallel", "1")
+    try:
+        cold = ask(first, smollm2, "Where are the atlases?")
+    finally:
+        assert first.stop() == 130
+    assert cold.usage.prompt_tokens > 350 and cold.usage.prompt_tokens_details.cached_tokens == 0
+
+    again = start_server(smollm2, home, "--ctx", "2048", "--parallel", "1")  # a new process, the same store
+    try:
+        warm = ask(again, smollm2, "Do you lend films?")
+    finally:
+        assert again.stop() == 130
+    # The system prompt (and the first question's start of turn) came from the disk, not from a prefill.
+    shared = cold.usage.prompt_tokens - 20
+    assert warm.usage.prompt_tokens_details.cached_tokens >= shared, warm.usage
+
+    fresh = start_server(smollm2, tmp_path / "other", "--ctx", "2048", "--parallel", "1")  # nothing stored
+    try:
+        reference = ask(fresh, smollm2, "Do you lend films?")
+    finally:
+        assert fresh.stop() == 130
+    assert reference.usage.prompt_tokens_details.cached_tokens == 0
+    assert warm.choices[0].message.content == reference.choices[0].message.content
+    assert warm.usage.prompt_tokens == reference.usage.prompt_tokens
