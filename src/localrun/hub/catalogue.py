@@ -48,7 +48,8 @@ class ModelEntry(BaseModel):
         description="quant name -> file name or glob in the repo (a sharded file: its first shard or a glob)",
     )
     default_quant: str
-    context: int = Field(default=4096, ge=16, le=1 << 21, description="default context window (tokens)")
+    context: Optional[int] = Field(default=None, ge=16, le=1 << 21,
+                                   description="default context window (tokens); none: sized from the model's trained length and free memory")
     sampling: dict[str, Any] = Field(default_factory=dict, description="default sampling options")
     system: Optional[str] = Field(default=None, description="default system prompt")
     license: Optional[str] = None

@@ -68,8 +68,27 @@ def load(
     merged = merge_options(defaults, sampling)
     layers = parse_gpu_layers(gpu_layers)
     check_slots(batch, parallel)
-    n_ctx = ctx if ctx is not None else (entry.context if entry else 4096)
     decoding = decoding or DecodeOptions()
+    sized = ctx is None and (entry is None or entry.context is None) and not embeddings  # by the model and memory
+    n_ctx = ctx if ctx is not None else (entry.context if entry and entry.context else FALLBACK_CONTEXT)
+    options = _context(n_ctx, parallel, batch, threads, layers, flash_attn, kv_type, pooling, placed, embeddings, decoding, merged)
+    local = hub.ensure_local(model, source=source)  # (every option was checked first: nothing is pulled for a bad one)
+    if sized:
+        from ..engine.gguf_info import read_info
+
+        n_ctx = default_context(read_info(local.path), parallel, kv_type)
+        options = _context(n_ctx, parallel, batch, threads, layers, flash_attn, kv_type, pooling, placed, embeddings, decoding, merged)
+    engine = Engine(local.path, options)
+    if engine.gpu_notice and on_notice:
+        on_notice(engine.gpu_notice)
+    strategy = PLAIN if embeddings else strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
+    return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
+                  system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)
+
+
+def _context(n_ctx: int, parallel: int, batch: int, threads, layers, flash_attn, kv_type: str, pooling, placed: dict,
+             embeddings: bool, decoding: DecodeOptions, merged: SamplingOptions) -> LoadOptions:
+    """The context's options for `n_ctx` tokens per slot (checked: a bad value raises here)."""
     if embeddings:  # one pool of cells for every text of a batch; a text must fit one batch
         options = LoadOptions(
             n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads, gpu_layers=layers, flash_attn=flash_attn,
@@ -91,16 +110,33 @@ def load(
                 raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
         answer_room = min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx
         options = context_options(decoding, options, answer_room)
-    local = hub.ensure_local(model, source=source)
-    engine = Engine(local.path, options)
-    if engine.gpu_notice and on_notice:
-        on_notice(engine.gpu_notice)
-    strategy = PLAIN if embeddings else strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
-    return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
-                  system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)
+    return options
 
 
 EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's sequences)
+
+
+FALLBACK_CONTEXT = 4096  # where nothing better is known (no trained length, no memory to size by)
+CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx, num_ctx), not given unasked
+
+
+def default_context(info, parallel: int = 1, kv_type: str = "f16", available: Optional[int] = None) -> int:
+    """A model's context per slot when neither the request nor the catalogue names one (as Ollama sizes its
+    default from the memory it has): the trained length up to CONTEXT_CAP, halved while the KV cache of
+    `parallel` slots would take more than a quarter of the memory free now (`available`); never below
+    FALLBACK_CONTEXT, nor above the trained length."""
+    from ..engine.gguf_info import kv_cache_bytes
+
+    trained = info.context_length or FALLBACK_CONTEXT
+    floor = min(trained, FALLBACK_CONTEXT)
+    if available is None:
+        from .pool import available_memory
+
+        available = available_memory()
+    n_ctx = min(trained, CONTEXT_CAP)
+    while n_ctx > floor and kv_cache_bytes(info, n_ctx * parallel, kv_type) > available // 4:
+        n_ctx //= 2
+    return max(n_ctx, floor)
 
 
 def check_slots(batch: int, parallel: int) -> None:

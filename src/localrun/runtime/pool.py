@@ -118,7 +118,14 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
 
     info = read_info(path)
     entry = hub.entry_for(ref or str(path))  # the catalogue's context, when `ref` is an alias
-    ctx = spec.ctx or (entry.context if entry else 4096)
+    if spec.ctx:
+        ctx = spec.ctx
+    elif entry is not None and entry.context:
+        ctx = entry.context
+    else:  # as runtime.loader sizes it
+        from .loader import FALLBACK_CONTEXT, default_context
+
+        ctx = FALLBACK_CONTEXT if spec.kind == "embed" else default_context(info, spec.parallel, spec.kv_type)
     repack = repacks_here(bool(spec.rpc)) if repack is None else repack
     if spec.kind == "embed":  # one micro-batch holds a whole context; a vocabulary row for each of a batch's rows
         return footprint(info, ctx, spec.kv_type, n_ubatch=ctx, n_outputs=max(1, spec.batch // 2), repack=repack)

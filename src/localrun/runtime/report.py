@@ -30,7 +30,14 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
 
     info = read_info(local.path)
     entry = entry_for(local.name)
-    n_ctx = ctx if ctx is not None else (entry.context if entry else min(info.context_length, 4096))
+    if ctx is not None:
+        n_ctx = ctx
+    elif entry is not None and entry.context:
+        n_ctx = entry.context
+    else:  # as runtime.loader sizes it for one sequence
+        from .loader import default_context
+
+        n_ctx = default_context(info, 1, kv_type)
     from ..engine import LoadOptions
 
     LoadOptions(n_ctx=n_ctx, kv_type=kv_type)  # run's checks and messages: --ctx 0 was taken as the default

@@ -710,6 +710,7 @@ def build_app(service: Service, on_started=None):
         # What the first request would import (anyio's worker threads, tool calls, thinking): imported now.
         await run_in_threadpool(lambda: None)
         from ..runtime import CallStream, markers_for  # noqa: F401
+        await run_in_threadpool(_warm_request_path)
         service.activity(0)  # the idle clock starts when requests can arrive
         if on_started:  # only now: uvicorn handles Ctrl-C from here on, so "Ctrl-C stops" is true once printed
             on_started()
@@ -783,6 +784,18 @@ def _require_key(app, key: str):
         await app(scope, receive, send)
 
     return guarded
+
+
+def _warm_request_path() -> None:
+    """What the first request's path would import and open (runtime.generate, the prefix cache's index,
+    migrated if it is new): done before the port opens, so that the first request is as fast as the next."""
+    from ..runtime.generate import generate  # noqa: F401
+    from ..runtime.sessions import Sessions
+
+    try:
+        Sessions.open().close()
+    except Exception:  # noqa: BLE001 - a store that cannot open is said by the request that needs it, not here
+        pass
 
 
 async def _cancel_on_disconnect(request, answer: Answer) -> None:
