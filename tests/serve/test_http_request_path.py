@@ -50,3 +50,37 @@ def test_a_long_system_prompt_is_restored_from_disk_after_a_restart(smollm2, tmp
     assert reference.usage.prompt_tokens_details.cached_tokens == 0
     assert warm.choices[0].message.content == reference.choices[0].message.content
     assert warm.usage.prompt_tokens == reference.usage.prompt_tokens
+
+
+def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_not(smollm2, tmp_path):
+    """previous_response_id after the server restarted: a response stored (`store` true, the default) is
+    found on disk and its conversation continues, its KV state from the prefix cache; one sent with
+    `store: false` was kept only in memory (404, in OpenAI's shape)."""
+    home = tmp_path / "home"
+
+    def client(server):
+        return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+    first = start_server(smollm2, home, "--ctx", "2048", "--parallel", "1")
+    try:
+        stored = client(first).responses.create(model=smollm2.name, instructions=SYSTEM, input="My name is Ada.",
+                                                temperature=0, max_output_tokens=8)
+        unstored = client(first).responses.create(model=smollm2.name, input="My name is Bo.", store=False,
+                                                  temperature=0, max_output_tokens=8)
+    finally:
+        assert first.stop() == 130
+    assert list((home / "responses").glob("resp_*.json")) == [home / "responses" / f"{stored.id}.json"]
+
+    again = start_server(smollm2, home, "--ctx", "2048", "--parallel", "1")
+    try:
+        follow = client(again).responses.create(model=smollm2.name, instructions=SYSTEM, input="What is my name?",
+                                                previous_response_id=stored.id, temperature=0, max_output_tokens=8)
+        with pytest.raises(openai.NotFoundError) as lost:
+            client(again).responses.create(model=smollm2.name, input="And mine?", previous_response_id=unstored.id)
+    finally:
+        assert again.stop() == 130
+    # The earlier turn is part of the prompt (more tokens than the question alone), and what the first
+    # server evaluated of it came back from the disk instead of a prefill.
+    assert follow.usage.input_tokens > stored.usage.input_tokens + 5
+    assert follow.usage.input_tokens_details.cached_tokens >= stored.usage.input_tokens - 20, follow.usage
+    assert lost.value.body["code"] == "previous_response_not_found"

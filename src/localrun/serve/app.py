@@ -339,7 +339,7 @@ def build_app(service: Service, on_started=None):
         rid = "resp_" + os.urandom(12).hex()
 
         def keep(text: str, output: list) -> None:
-            kept_responses.put(rid, responses.answered(conversation, text, [], output))
+            kept_responses.put(rid, responses.answered(conversation, text, [], output), store=data.get("store") is not False)
 
         if not body.stream:
             try:

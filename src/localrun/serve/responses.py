@@ -2,13 +2,16 @@
 speak), as a translator: a Responses body becomes the chat request the OpenAI dialect serves (ChatBody),
 and the answer stream becomes output items (reasoning, message, function_call) and the Responses events.
 
-`previous_response_id` continues an earlier response kept by this server (the last few hundred, in memory,
-whatever `store` says: a client that sends the id expects it to be found); tools other than functions
+`previous_response_id` continues an earlier response: the last few hundred in memory, whatever `store` says
+(a client that sends the id expects it to be found), and those stored (`store` true, its default) on disk
+too (store.responses), so that they continue after a restart, their KV state restored from the prefix
+cache rather than the conversation evaluated again; tools other than functions
 (web_search, namespace, file_search, ...) are left out, as nothing here can run them."""
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
@@ -19,24 +22,42 @@ from typing import Any, Optional
 from .openai import ApiError, ChatBody, validation_error
 from .stream import Event, function_tools, need, sse
 
-KEPT = 256  # responses kept for previous_response_id
+KEPT = 256  # responses kept in memory for previous_response_id
+STORED = 1024  # and on disk (store.responses.KEEP)
 
 
 class Kept:
-    """Conversations of recent responses (the messages that led to them and their answer), by id."""
+    """Conversations of recent responses (the messages that led to them and their answer), by id: in memory,
+    and the stored ones on disk too."""
 
     def __init__(self, size: int = KEPT):
         self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
 
-    def put(self, rid: str, messages: list[dict]) -> None:
+    def put(self, rid: str, messages: list[dict], store: bool = True) -> None:
         with self.lock:
             self.items[rid] = messages
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
+        if store:  # written beside the answer, not before it: a slow disk holds up no client
+            threading.Thread(target=_stored, args=(rid, messages), name="localrun-store-response", daemon=True).start()
 
     def get(self, rid: str) -> Optional[list[dict]]:
         with self.lock:
-            return self.items.get(rid)
+            found = self.items.get(rid)
+        if found is None:
+            from ..runtime import load_response
+
+            found = load_response(rid)
+        return found
+
+
+def _stored(rid: str, messages: list[dict]) -> None:
+    from ..runtime import save_response
+
+    try:
+        save_response(rid, messages)
+    except OSError as exc:  # a full or read-only disk: the response is still kept in memory
+        print(f"warning: could not store response {rid} ({exc}): it continues only while this server runs", file=sys.stderr, flush=True)
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -110,7 +131,8 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
     if previous is not None:
         earlier = kept.get(previous) if isinstance(previous, str) else None
         if earlier is None:
-            raise ApiError(404, f"previous response {previous!r} not found: this server keeps its last {kept.size} responses",
+            raise ApiError(404, f"previous response {previous!r} not found: this server keeps its last {kept.size} responses"
+                                f" and the last {STORED} stored ones",
                            param="previous_response_id", code="previous_response_not_found")
         messages = [m for m in earlier if m["role"] != "system"]  # this request's instructions replace the old ones
     messages += _input_messages(data)

@@ -1,0 +1,45 @@
+"""Stored responses of the OpenAI Responses API (`store: true`, its default): the conversation that led to
+each and its answer, one JSON file per response id under LOCALRUN_HOME/responses, so that a
+`previous_response_id` still continues after the server restarts (its KV state comes back through the
+prefix cache). Written atomically; the newest KEEP are kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+from .files import atomic_write_bytes
+from .paths import home
+
+KEEP = 1024  # stored responses kept on disk, the least recently written dropped first
+_ID = re.compile(r"^resp_[0-9a-f]{24}$")  # what this server hands out: nothing else names a file
+
+
+def folder() -> Path:
+    return home() / "responses"
+
+
+def save_response(rid: str, messages: list[dict], keep: int = KEEP) -> None:
+    """Store response `rid`'s conversation (its messages, the answer last); drop the oldest beyond `keep`."""
+    if not _ID.match(rid):
+        raise ValueError(f"not a response id: {rid!r}")
+    where = folder()
+    where.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(where / f"{rid}.json", json.dumps(messages, ensure_ascii=False).encode("utf-8"))
+    stored = sorted(where.glob("resp_*.json"), key=lambda p: p.stat().st_mtime_ns)
+    for old in stored[: max(0, len(stored) - keep)]:
+        old.unlink(missing_ok=True)
+
+
+def load_response(rid: str) -> Optional[list[dict]]:
+    """Response `rid`'s conversation, or None when it was not stored (or is no longer, or is unreadable)."""
+    if not _ID.match(rid):
+        return None
+    try:
+        messages = json.loads((folder() / f"{rid}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return messages if isinstance(messages, list) and all(isinstance(m, dict) for m in messages) else None
+
