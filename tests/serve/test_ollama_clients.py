@@ -141,6 +141,13 @@ def test_one_access_log_line_per_request(served, smollm2, tmp_path):
     assert re.search(rf"\| 200 \| .*POST /v1/chat/completions \| {re.escape(name)} \| {prompt} in, 2 out$", lines[1]), lines[1]
     assert "| 404 |" in lines[2] and "POST /api/chat | no-such-model |" in lines[2]
     assert "| 404 |" in lines[3] and "POST /api/create" in lines[3]
+    # A client that goes away mid-stream: its line says 499 (as /metrics counts it), not the 200 its head carried.
+    with httpx.stream("POST", served.url + "/v1/chat/completions", timeout=120, json={
+            "model": name, "messages": HI, "max_tokens": 400, "stream": True, "ignore_eos": True}) as cut:
+        next(cut.iter_lines())
+    wait_until(lambda: len(re.findall(r"^\[access\]", log(served), re.M)) >= 5, what="the cut stream's line")
+    cut_line = [line for line in log(served).splitlines() if line.startswith("[access]")][4]
+    assert "| 499 |" in cut_line and "POST /v1/chat/completions" in cut_line, cut_line
 
     quiet = start_server(smollm2, tmp_path / "quiet-home", "--quiet")
     try:
