@@ -213,8 +213,8 @@ def build_app(service: Service, on_started=None):
         large request is translated on a worker thread: other requests go on meanwhile."""
         chat = isinstance(body, ChatBody)
         try:
-            big = int(request.headers.get("content-length") or 0) > _BIG_BODY
-            wanted, tools = await run_in_threadpool(openai.request_for, resident, body) if big else openai.request_for(resident, body)
+            size = int(request.headers.get("content-length") or 0)
+            wanted, tools = await _off_loop_if_big(size, openai.request_for, resident, body)
         except Exception as exc:  # noqa: BLE001 - the reference is given back whatever went wrong
             pool.release(resident, keep_alive)
             raise openai.refusal(exc, chat, more_context) from None
@@ -283,7 +283,7 @@ def build_app(service: Service, on_started=None):
         try:
             raw = await read_body(request)
             # a large body is parsed off the event loop: other requests (and /health) go on meanwhile
-            body = await run_in_threadpool(openai.parse_body, raw, kind) if len(raw) > _BIG_BODY else openai.parse_body(raw, kind)
+            body = await _off_loop_if_big(len(raw), openai.parse_body, raw, kind)
             access.note(request, model=body.model)  # in the log line also when it fails from here on
             if body.n > 1 and not body.stream:
                 return await choices(request, body, endpoint)
@@ -322,7 +322,7 @@ def build_app(service: Service, on_started=None):
         try:
             raw = await read_body(request)
             try:
-                data = await run_in_threadpool(parse_json, raw) if len(raw) > _BIG_BODY else parse_json(raw)
+                data = await _off_loop_if_big(len(raw), parse_json, raw)
             except BadJson as exc:
                 raise ApiError(400, f"malformed JSON body: {exc}") from None
             conversation: list = []
@@ -368,7 +368,7 @@ def build_app(service: Service, on_started=None):
         try:
             try:
                 raw = await read_body(request)
-                data = await run_in_threadpool(parse_json, raw) if len(raw) > _BIG_BODY else parse_json(raw)
+                data = await _off_loop_if_big(len(raw), parse_json, raw)
             except BadJson as exc:
                 raise ApiError(400, f"malformed JSON body: {exc}") from None
             if isinstance(data, dict):
@@ -448,7 +448,7 @@ def build_app(service: Service, on_started=None):
 
         raw = await read_body(request) or b"{}"
         try:
-            return await run_in_threadpool(parse_json, raw) if len(raw) > _BIG_BODY else parse_json(raw)
+            return await _off_loop_if_big(len(raw), parse_json, raw)
         except BadJson as exc:
             raise ApiError(400, f"invalid JSON body: {exc}") from None
 
@@ -784,6 +784,14 @@ def _require_key(app, key: str):
         await app(scope, receive, send)
 
     return guarded
+
+
+async def _off_loop_if_big(size: int, fn, *args):
+    """`fn(*args)` for a request body of `size` bytes: on a worker thread when the body is large (its parse or
+    prompt takes long enough to hold up every other request, /health included), else here at once."""
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args) if size > _BIG_BODY else fn(*args)
 
 
 def _warm_request_path() -> None:
