@@ -254,6 +254,10 @@ def run_from_cli(models: Sequence[str], **options: Any) -> int:
     from ..console import StatusLine, err, notice
 
     plan = make_plan(models, **options)
+    if options.get("rpc"):
+        from ..runtime.workers import leave_when_workers_lost
+
+        leave_when_workers_lost()
     results: list[Result] = []
     interrupted = False
     told: set[str] = set()

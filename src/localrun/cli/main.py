@@ -597,6 +597,10 @@ def _load(model: str, options: dict, parallel: int = 1):
     from ..runtime import load
     from ..runtime.options import SAMPLING, DecodeOptions, cli_value
 
+    if options["rpc"]:
+        from ..runtime.workers import leave_when_workers_lost
+
+        leave_when_workers_lost()
     decoding = None
     if "beams" in options:
         decoding = DecodeOptions(draft=options["draft"], draft_max=options["draft_max"], beams=options["beams"],

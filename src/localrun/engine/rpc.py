@@ -211,9 +211,10 @@ def endpoint_of(device_name: str) -> Optional[str]:
 # -- a worker lost mid-generation --------------------------------------------------------------------
 #
 # ggml-rpc aborts the process when a worker stops answering (RPC_STATUS_ASSERT -> GGML_ABORT). ggml calls an
-# abort callback first: there, with the workers that no longer answer, a process answering one request
-# prints one line and exits 1; a server (which sets on_lost) fails that model's requests and keeps serving,
-# and the thread that hit it never returns into llama.cpp.
+# abort callback first: there, with the workers that no longer answer, the process's own `on_lost` decides
+# (a server fails that model's requests and keeps serving; `run` says so in one line and leaves: both set
+# in runtime.workers), and the thread that hit it never returns into llama.cpp. With no `on_lost` (and for
+# an abort that is not RPC's) llama.cpp aborts as it would have.
 
 on_lost = None
 _ABORT = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
@@ -228,22 +229,10 @@ def watch_for_lost_workers() -> None:
 
     def aborted(message: bytes) -> None:
         text = (message or b"").decode(errors="replace")
-        if "RPC" not in text and "rpc" not in text:
-            import sys
-
-            sys.stderr.write(f"llama.cpp aborted: {text}\n")
-            sys.stderr.flush()
-            return  # not ours: llama.cpp aborts as it would have
+        if ("RPC" not in text and "rpc" not in text) or on_lost is None:
+            return  # llama.cpp aborts as it would have (and says why)
         lost = [e for e in _added if not _answers(e)] or list(_added)
         _lost.update(lost)
-        if on_lost is None:  # a process answering one request: one line, exit 1, rather than llama.cpp's abort
-            import os
-            import sys
-
-            sys.stderr.write(f"error: lost the RPC worker at {', '.join(lost)} during the answer (it stopped answering):"
-                             " restart it (`localrun worker`) and run again\n")
-            sys.stderr.flush()
-            os._exit(1)
         try:
             on_lost(lost, text)  # a server: it leaves without llama.cpp's teardown when it stops (lost_any)
         except Exception:  # noqa: BLE001 - returning would let llama.cpp abort the whole server

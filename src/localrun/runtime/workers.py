@@ -154,6 +154,20 @@ def fail_over_lost_workers(pool) -> None:
     rpc.on_lost = lost
 
 
+def leave_when_workers_lost() -> None:
+    """In a process answering one request (`run`, `chat`, `bench` in-process): a worker lost mid-generation
+    ends it with one line and exit 1, rather than llama.cpp's abort and its core dump."""
+    from ..engine import rpc
+
+    def lost(endpoints: list[str], detail: str) -> None:
+        sys.stderr.write(f"error: lost the RPC worker at {', '.join(endpoints)} during the answer (it stopped answering):"
+                         " restart it (`localrun worker`) and run again\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    rpc.on_lost = lost
+
+
 def leave_if_workers_lost(code: int) -> None:
     """A server that lost a worker has threads stuck inside llama.cpp for good (waiting on that worker):
     Python's exit would wait for them, and llama.cpp's teardown too. Leave at once with `code` instead."""
