@@ -108,6 +108,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
             if on_notice:
                 on_notice(f"every slot of {loaded.name} on the server is busy: waiting for one")
 
+        snapshot = None
         with place.hold(prompt.tokens, on_wait=waiting, cancelled=cancelled) as seat:
             admit()
             if not request.use_cache and not request.session:
@@ -130,8 +131,12 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
             if request.session:
                 messages = request.messages + [{"role": "assistant", "content": "".join(answer)}]
                 sessions.save(request.session, engine, messages, model_ref=loaded.ref, seat=seat)
-            else:
-                optional_cache(lambda: sessions.save_prefix(engine, seat), on_notice)
+                return
+            snapshot = optional_cache(lambda: sessions.prefix_snapshot(engine, seat), on_notice)
+        # The seat is given back first: a server's next request (an agent's next turn) takes the slot while
+        # this answer's state is written to disk.
+        if snapshot is not None:
+            optional_cache(lambda: sessions.store_prefix(engine, snapshot), on_notice)
     finally:
         if sessions is not None:
             sessions.close()

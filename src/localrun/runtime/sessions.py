@@ -5,6 +5,7 @@ of a prompt (engine.kv's common_prefix, the one prefix comparison)."""
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
@@ -77,6 +78,15 @@ class EngineSeat:
     def keep(self, n: int) -> None:
         """Nothing to cut: in this process the sequence holds only its own conversation (a server slot
         may hold another request's tokens: runtime.scheduler.SlotSeat.keep)."""
+
+
+@dataclass
+class PrefixSnapshot:
+    """A seat's tokens and KV state, read to be stored as a prefix entry once the seat is given back."""
+
+    tokens: list[int]
+    data: bytearray
+    n_ctx: int
 
 
 class Sessions:
@@ -187,6 +197,12 @@ class Sessions:
         """Store the engine's KV cache (`seat`: that sequence of it) as a prefix entry, unless it is shorter than MIN_PREFIX_TOKENS or an
         entry already covers it; entries it extends are replaced. Keeps the prefix cache under
         $LOCALRUN_CACHE_MAX by evicting least-recently-used entries. Returns the new entry, or None."""
+        snapshot = self.prefix_snapshot(engine, seat)
+        return None if snapshot is None else self.store_prefix(engine, snapshot)
+
+    def prefix_snapshot(self, engine: Engine, seat=None) -> Optional["PrefixSnapshot"]:
+        """What save_prefix would store, read from the seat (its tokens and KV state), or None when nothing would
+        be: the seat can then take another request while `store_prefix` writes it to disk."""
         cap = cache_max_bytes()
         store = self.store
         if cap <= 0:
@@ -198,13 +214,25 @@ class Sessions:
             return None
         ident = identity(store, engine)
         with store.prefix_locked():
+            for entry in store.prefix_entries(ident, tokens):
+                if common_prefix(entry.tokens, tokens) == len(tokens):
+                    store.touch(entry)  # already stored, maybe with more after it
+                    return None
+        return PrefixSnapshot(tokens, seat.state_bytes(), seat.n_ctx)
+
+    def store_prefix(self, engine: Engine, snapshot: "PrefixSnapshot") -> Optional[SessionInfo]:
+        """Write a prefix_snapshot to the cache (see save_prefix)."""
+        cap = cache_max_bytes()
+        store, tokens = self.store, snapshot.tokens
+        ident = identity(store, engine)
+        with store.prefix_locked():
             superseded = []
             for entry in store.prefix_entries(ident, tokens):
                 n = common_prefix(entry.tokens, tokens)
                 if n == len(tokens):
-                    store.touch(entry)  # already stored, maybe with more after it
+                    store.touch(entry)  # stored meanwhile (another request's answer)
                     return None
                 if n == len(entry.tokens):
                     superseded.append(entry)
-            return store.add_prefix(ident, tokens, seat.state_bytes(), replaces=superseded,
-                                    model_file=engine.path.name, n_ctx=seat.n_ctx, cap=cap)
+            return store.add_prefix(ident, tokens, snapshot.data, replaces=superseded,
+                                    model_file=engine.path.name, n_ctx=snapshot.n_ctx, cap=cap)
