@@ -132,7 +132,7 @@ def test_one_access_log_line_per_request(served, smollm2, tmp_path):
     httpx.post(served.url + "/v1/chat/completions", timeout=120, json={"model": name, "messages": HI, "max_tokens": 2,
                                                                        "stream": True}).read()
     assert httpx.post(served.url + "/api/chat", json={"model": "no-such-model", "messages": HI}).status_code == 404
-    missing = httpx.post(served.url + "/api/create", json={"model": "x"})
+    missing = httpx.post(served.url + "/api/push", json={"model": "x"})  # Ollama's push: nowhere to push to here
     assert missing.status_code == 404 and isinstance(missing.json()["error"], str)  # Ollama's error shape under /api
     prompt = r.json()["prompt_eval_count"]
     wait_until(lambda: len(re.findall(r"^\[access\]", log(served), re.M)) >= 4, what="four access lines")
@@ -140,7 +140,7 @@ def test_one_access_log_line_per_request(served, smollm2, tmp_path):
     assert re.search(rf"\| 200 \| .*POST /api/chat \| {re.escape(name)} \| {prompt} in, 3 out$", lines[0]), lines[0]
     assert re.search(rf"\| 200 \| .*POST /v1/chat/completions \| {re.escape(name)} \| {prompt} in, 2 out$", lines[1]), lines[1]
     assert "| 404 |" in lines[2] and "POST /api/chat | no-such-model |" in lines[2]
-    assert "| 404 |" in lines[3] and "POST /api/create" in lines[3]
+    assert "| 404 |" in lines[3] and "POST /api/push" in lines[3]
     # A client that goes away mid-stream: its line says 499 (as /metrics counts it), not the 200 its head carried.
     with httpx.stream("POST", served.url + "/v1/chat/completions", timeout=120, json={
             "model": name, "messages": HI, "max_tokens": 400, "stream": True, "ignore_eos": True}) as cut:

@@ -28,8 +28,8 @@ REF = "test/SmolLM2-GGUF:Q4_1"
 SPARE = "test/Spare-GGUF:Q4_1"  # what the recorded delete removes
 
 # What Ollama itself answers where the recording's request cannot succeed: `think` asked of a model that
-# does not think (400, as Ollama's), and /api/create (a Modelfile), which localrun does not do yet.
-EXPECTED_STATUS = {("POST", "/api/create"): 404}
+# does not think (400, as Ollama's).
+EXPECTED_STATUS: dict = {}
 
 
 def recorded() -> list[tuple[str, int, dict]]:
@@ -45,12 +45,12 @@ def mapped(call: dict) -> dict:
     if not isinstance(body, dict):
         return body
     body = dict(body)
+    if call["path"] == "/api/create":  # the new model keeps its name; it is made from this test's model
+        return {**body, "from": REF}
     model = SPARE if call["path"] == "/api/delete" else REF
     for key in ("model", "name"):
         if key in body:
             body[key] = model
-    if call["path"] == "/api/create" and "from" in body:
-        body["from"] = REF
     return body
 
 
@@ -97,7 +97,7 @@ def test_every_recorded_request_is_answered_as_open_webui_reads_it(served):
                 assert isinstance(error, (str, dict)) and error, where  # Ollama's {"error": "..."}; OpenAI's object
                 continue
             _check(http, call["path"], body, raw, streamed, where)
-    assert {"/api/chat", "/api/ps", "/api/tags", "/v1/chat/completions", "/api/pull", "/api/delete"} <= seen_paths
+    assert {"/api/chat", "/api/ps", "/api/tags", "/v1/chat/completions", "/api/pull", "/api/delete", "/api/create"} <= seen_paths
 
 
 def _streams(path: str, body) -> bool:
@@ -140,6 +140,12 @@ def _check(http: httpx.Client, path: str, body, raw: str, streamed: bool, where:
     elif path == "/api/pull":
         lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
         assert lines[-1] == {"status": "success"}, where
+    elif path == "/api/create":  # Open WebUI's "create a model": listed at once, and it answers with its system prompt
+        lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
+        assert lines[-1] == {"status": "success"}, where
+        assert body["model"] in [m["name"] for m in json.loads(http.get("/api/tags").text)["models"]], where
+        shown = http.post("/api/show", json={"model": body["model"]}).json()
+        assert shown["system"] == body["system"], where
     elif path == "/api/show":
         shown = json.loads(raw)
         assert shown["details"]["format"] == "gguf" and "<|im_start|>" in shown["template"], where

@@ -84,14 +84,18 @@ def show(
     gpu_layers: GpuLayersOpt = "auto",
     tensor_split: TensorSplitOpt = None,
     verify: Annotated[bool, typer.Option("--verify", help="hash the model's files again and compare with the pull")] = False,
+    modelfile: Annotated[bool, typer.Option("--modelfile", help="print the model as a Modelfile (what `create` reads)")] = False,
 ) -> None:
     """Show a pulled model's metadata and the memory it needs at a given --ctx (with --rpc: where its
     layers would go, without loading it)."""
     from .. import hub
-    from ..runtime.report import describe
+    from ..runtime.report import describe, modelfile_text
     from . import render
 
     local = hub.resolve_local(model, verify=verify)
+    if modelfile:
+        sys.stdout.write(modelfile_text(local, hub.defaults_for(local.ref if local.source != "path" else model)))
+        return
     details = describe(local, ctx, kv_type, measure and not rpc, verified=verify, rpc=bool(rpc))
     if rpc:
         from ..runtime.workers import parse_endpoints, plan
@@ -123,6 +127,43 @@ def quantize(
 
 
 @app.command()
+def create(
+    name: Annotated[str, typer.Argument(help="the new model's name (Ollama's NAME:latest is NAME)")],
+    file: Annotated[Path, typer.Option("--file", "-f", help="the Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, LICENSE)")] = Path("Modelfile"),
+    source: SourceOpt = "auto",
+) -> None:
+    """Make a model from a Modelfile, as `ollama create` does: FROM a pulled model or a .gguf file, with its
+    own parameters, system prompt and first messages. Its files stay those it was made from."""
+    from ..hub.modelfile import parse_modelfile
+    from ..runtime.create import create_model
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"no Modelfile at {file}: write one (FROM a model, then PARAMETER/SYSTEM/MESSAGE lines) or give -f PATH") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the Modelfile {file}: {getattr(exc, 'strerror', None) or exc}") from None
+    made = create_model(name, parse_modelfile(text), base_dir=file.resolve().parent, source=_source(source), progress=True,
+                        on_notice=notice)
+    _unload_removed([made.name])  # a server holding the old model of this name loads the new one next time
+    err.print("[ok]created[/ok] ", end="")
+    err.print(f"{made.name} ({made.origin}); run it with `localrun run {made.name}`", markup=False)
+
+
+@app.command()
+def cp(
+    source: Annotated[str, typer.Argument(help="the model to copy (any name `localrun list` shows, or a .gguf path)")],
+    destination: Annotated[str, typer.Argument(help="the copy's name")],
+) -> None:
+    """Copy a model under a new name (its defaults too; its files are shared, not copied), as `ollama cp` does."""
+    from ..runtime.create import copy_model
+
+    made = copy_model(source, destination)
+    _unload_removed([made.name])
+    err.print(f"copied {source} to {made.name}", markup=False)
+
+
+@app.command()
 def rm(model: ModelArg) -> None:
     """Delete a pulled model's files (and unload it from the background server, where it is loaded)."""
     from .. import hub
@@ -130,6 +171,8 @@ def rm(model: ModelArg) -> None:
     removed = hub.remove(model)
     for path in removed:
         err.print(f"removed {path}", markup=False)
+    if not removed:  # a made model (create, cp): its files are another model's, or the user's own
+        err.print(f"removed {model}", markup=False)
     _unload_removed([model, *map(str, removed)])
 
 

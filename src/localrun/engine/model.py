@@ -197,6 +197,7 @@ class Engine:
         self.info = read_info(self.path)  # refuses non-GGUF, truncated, unknown arch before llama.cpp sees it
         self.options = options
         self.gpu_notice: Optional[str] = None
+        self.template_override: Optional[str] = None  # a chat template given for the model (a Modelfile's TEMPLATE)
         t0 = time.perf_counter()
 
         mparams = ll.llama_model_default_params()
@@ -614,4 +615,4 @@ class Engine:
 
     @property
     def chat_template(self) -> Optional[str]:
-        return self.info.chat_template
+        return self.template_override or self.info.chat_template

@@ -75,7 +75,7 @@ _QUANT_ARG_RE = re.compile(r"^[\w.-]+$")
 class ModelRef:
     """A parsed model reference. `quant` is upper-case, or None when the reference names none."""
 
-    kind: Literal["alias", "repo", "path", "local"]  # local: a name only the registry knows (made here)
+    kind: Literal["alias", "repo", "path", "local"]  # local: a name only the registry knows (made here: quantize, create, cp)
     name: str  # alias, owner/repo, or the path as given
     quant: Optional[str] = None
     revision: Optional[str] = None
@@ -152,9 +152,11 @@ def parse_ref(ref: str) -> ModelRef:
     models = catalogue().models
     alias = name if name in models else next((a for a in models if a.casefold() == name.casefold()), None)
     if alias is None:
-        made = next((r["name"] for r in _read_registry().values() if r["source"] == "local" and r["name"].casefold() == name.casefold()), None)
+        made = next((r for r in _read_registry().values() if r["source"] in _MADE and r["name"].casefold() == name.casefold()), None)
         if made is not None:
-            return ModelRef(kind="local", name=made, quant=norm_quant, revision=revision or None)
+            if made["source"] == "created" and norm_quant == "LATEST":  # Ollama's default tag: the model itself
+                norm_quant = None
+            return ModelRef(kind="local", name=made["name"], quant=norm_quant, revision=revision or None)
         raise ModelNotFound(
             f"unknown model '{name}': run `localrun list --available` to see aliases, or use owner/repo[:QUANT]"
         )
@@ -204,11 +206,12 @@ class LocalModel:
     files: tuple[Path, ...]  # absolute; first shard first
     sizes: tuple[int, ...]  # bytes, one per file
     sha256: tuple[str, ...]  # one per file; empty for a plain local path (not hashed)
-    source: Literal["hub", "mirror", "path", "local"]  # local: made here (`localrun quantize`)
+    source: Literal["hub", "mirror", "path", "local", "created"]  # local: `localrun quantize`; created: `create`/`cp`
     origin: str = ""  # Hub URL, or the pinned PyPI packages
     pulled_at: Optional[str] = None  # ISO 8601, UTC
     already_present: bool = False  # pull downloaded nothing: every file was already on disk, verified
     mtimes: tuple[Optional[int], ...] = ()  # st_mtime_ns of each file when its hash was last checked (None: unknown)
+    settings: dict[str, Any] = field(default_factory=dict, compare=False)  # a created model's: see ModelDefaults
 
     @property
     def path(self) -> Path:
@@ -249,6 +252,7 @@ class LocalModel:
             ],
             "size": self.size,
             "pulled_at": self.pulled_at,
+            **({"settings": self.settings} if self.settings else {}),
         }
 
     @classmethod
@@ -267,6 +271,7 @@ class LocalModel:
             origin=record.get("origin", ""),
             pulled_at=record.get("pulled_at"),
             mtimes=tuple(f.get("mtime_ns") for f in files),
+            settings=dict(record.get("settings") or {}),
         )
 
 
@@ -388,8 +393,8 @@ def _damaged_files(model: LocalModel, verify: bool = False) -> list[Path]:
 
 
 def _damaged_error(model: LocalModel, damaged: list[Path]) -> IntegrityError:
-    fix = (f"make it again with `localrun quantize`" if model.source == "local"
-           else f"run `localrun pull {model.ref}` to repair it")
+    fix = {"local": "make it again with `localrun quantize`", "created": f"repair what it was made from ({model.origin}), "
+           f"then `localrun create {model.name}` again"}.get(model.source, f"run `localrun pull {model.ref}` to repair it")
     return IntegrityError(f"model '{model.ref}' is damaged ({damaged[0]}: sha256 differs from the pull): {fix}")
 
 
@@ -400,9 +405,96 @@ def register_local(name: str, quant: str, path: Path, sha256: str, *, origin: st
     return _record(model)
 
 
+_MADE = ("local", "created")  # sources of models made on this machine, known by a plain name
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What a model brings to every request that does not say otherwise: the catalogue entry's for an alias,
+    the Modelfile's for a created model (over what it was made from)."""
+
+    sampling: dict[str, Any] = field(default_factory=dict)  # localrun's option names
+    system: Optional[str] = None
+    context: Optional[int] = None  # None: sized from the trained length and free memory (runtime.loader)
+    template: Optional[str] = None  # a Jinja chat template in place of the GGUF's own
+    messages: tuple[dict, ...] = ()  # a conversation's first messages (Modelfile MESSAGE), after the system prompt
+    license: Optional[str] = None
+    embedding: bool = False
+    made: bool = False  # a created model's (create, cp): not the same model as its file by another name
+
+    def to_settings(self) -> dict[str, Any]:
+        out = {"sampling": dict(self.sampling), "system": self.system, "context": self.context, "template": self.template,
+               "messages": [dict(m) for m in self.messages], "license": self.license, "embedding": self.embedding}
+        return {k: v for k, v in out.items() if v not in (None, {}, [], False)}
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> ModelDefaults:
+        return cls(sampling=dict(settings.get("sampling") or {}), system=settings.get("system"), context=settings.get("context"),
+                   template=settings.get("template"), messages=tuple(settings.get("messages") or ()),
+                   license=settings.get("license"), embedding=bool(settings.get("embedding")), made=True)
+
+
+def defaults_for(ref: str) -> ModelDefaults:
+    """The defaults the model `ref` names brings (none for a repo, a path, or a name nothing knows)."""
+    from .catalogue import entry_for
+
+    entry = entry_for(ref)
+    if entry is not None:
+        return ModelDefaults(sampling=dict(entry.sampling), system=entry.system, context=entry.context,
+                             license=entry.license, embedding=entry.embedding)
+    name = ref.split(":", 1)[0]
+    if "/" in name or name.lower().endswith(".gguf") or not name:
+        return ModelDefaults()
+    try:
+        record = next((r for r in _read_registry().values() if r["source"] == "created" and r["name"].casefold() == name.casefold()), None)
+    except ConfigError:
+        return ModelDefaults()
+    return ModelDefaults.from_settings(record.get("settings") or {}) if record else ModelDefaults()
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][\w.-]*$")
+
+
+def register_created(name: str, base: LocalModel, defaults: ModelDefaults, *, origin: str) -> LocalModel:
+    """Record a model made from `base`'s files with its own defaults (`create`, `cp`): `list` and /api/tags show
+    it and NAME (or Ollama's NAME:latest) runs it. Its files stay `base`'s: nothing is copied, and `rm` of
+    either leaves the files the other uses. A created model of the same name is replaced, as Ollama's create
+    replaces it."""
+    name = created_name(name)
+    sha256 = base.sha256 or tuple(hash_file(p, chunk=_CHUNK)[0] for p in base.files)  # a path: hashed once, now
+    model = LocalModel(name=name, quant="", repo=base.repo, revision=base.revision, commit=base.commit, files=base.files,
+                       sizes=base.sizes, sha256=sha256, source="created", origin=origin, pulled_at=_now(),
+                       settings=defaults.to_settings())
+    model = replace(model, mtimes=tuple(_mtime(p) for p in model.files))
+    with _registry_locked() as models:
+        for key, record in list(models.items()):
+            if record["name"].casefold() == name.casefold():
+                if record["source"] != "created":
+                    raise UsageError(f"'{name}' is already the name of a model made by `localrun quantize`: choose another name")
+                del models[key]
+        models[_key(model.name, model.quant)] = model.to_record()
+    return model
+
+
+def created_name(name: str) -> str:
+    """NAME as a created model is called: Ollama's NAME:latest is NAME; a name that would read as a catalogue
+    alias, a repository or a path is refused (UsageError) with what to do."""
+    name = name.strip()
+    if name.lower().endswith(":latest"):
+        name = name[: -len(":latest")]
+    if ":" in name:
+        raise UsageError(f"'{name}': a created model has no tag but :latest (localrun keeps one model per name): "
+                         f"call it {name.replace(':', '-')}")
+    if not _NAME_RE.match(name) or name.lower().endswith(".gguf"):
+        raise UsageError(f"'{name}' cannot name a model: use letters, digits, '.', '-' and '_' (no '/')")
+    if any(alias.casefold() == name.casefold() for alias in catalogue().models):
+        raise UsageError(f"'{name}' is a catalogue alias (`localrun list --available`): choose another name")
+    return name
+
+
 def list_local() -> list[LocalModel]:
     """Every pulled model, by name then quant. Use LocalModel.missing_files() to spot deleted files."""
-    return [LocalModel.from_record(r) for _, r in sorted(_read_registry().items())]
+    return sorted((LocalModel.from_record(r) for r in _read_registry().values()), key=lambda m: (m.name.casefold(), m.quant))
 
 
 def _candidates(mref: ModelRef, models: dict[str, dict[str, Any]]) -> list[LocalModel]:
@@ -589,10 +681,11 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, 
     if mref.kind == "path":
         return _path_model(mref)
     if mref.kind == "local":
-        present = _already_present(mref, verify) if mref.quant else None
+        present = _already_present(mref, verify)
         if present is not None:
             return present
-        raise ModelNotFound(f"model '{mref}' was made here and is not there any more (or is damaged): make it again with `localrun quantize`")
+        raise ModelNotFound(f"model '{mref}' was made here and its files are gone or damaged: make it again "
+                            f"(`localrun quantize`, or `localrun create` for a model made from a Modelfile)")
 
     if mref.kind == "alias":
         assert mref.entry is not None

@@ -88,7 +88,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 request = replace(request, raw=engine.chat_template is None)
                 if request.raw and on_notice:
                     on_notice(f"{loaded.name} has no chat template (a base model): running plain completion")
-            request = replace(request, messages=with_system(request, loaded.system, history))
+            request = replace(request, messages=with_system(request, loaded.system, history, loaded.messages))
             if request.think is not None and on_notice and not request.raw:
                 from ..engine.thinking import has_switch
 

@@ -23,6 +23,8 @@ class Loaded:
     decoding: DecodeOptions = field(default_factory=DecodeOptions)
     strategy: Any = PLAIN
     defaults: dict = field(default_factory=dict)  # the catalogue's sampling: for requests that bring their own options
+    messages: tuple = ()  # a conversation's first messages (a created model's MESSAGEs), after the system prompt
+    brought: Any = None  # hub.ModelDefaults: what the model's name brought (two names of one file may differ)
 
     @property
     def ref(self) -> str:
@@ -62,28 +64,27 @@ def load(
     from ..engine.rpc import parse_endpoints
     from .workers import parse_tensor_split
 
-    entry = hub.entry_for(model)
-    defaults = dict(entry.sampling) if entry else {}
+    brought = hub.defaults_for(model)
+    defaults = dict(brought.sampling)
     placed = dict(rpc=parse_endpoints(rpc), tensor_split=parse_tensor_split(tensor_split))
     merged = merge_options(defaults, sampling)
     layers = parse_gpu_layers(gpu_layers)
     check_slots(batch, parallel)
     decoding = decoding or DecodeOptions()
-    sized = ctx is None and (entry is None or entry.context is None) and not embeddings  # by the model and memory
-    n_ctx = ctx if ctx is not None else (entry.context if entry and entry.context else FALLBACK_CONTEXT)
-    options = _context(n_ctx, parallel, batch, threads, layers, flash_attn, kv_type, pooling, placed, embeddings, decoding, merged)
+    given = context_for(ctx, brought, None, embeddings=embeddings)
+    options = _context(given, parallel, batch, threads, layers, flash_attn, kv_type, pooling, placed, embeddings, decoding, merged)
     local = hub.ensure_local(model, source=source)  # (every option was checked first: nothing is pulled for a bad one)
-    if sized:
-        from ..engine.gguf_info import read_info
-
-        n_ctx = default_context(read_info(local.path), parallel, kv_type)
+    n_ctx = context_for(ctx, brought, local.path, parallel, kv_type, embeddings=embeddings)
+    if n_ctx != given:
         options = _context(n_ctx, parallel, batch, threads, layers, flash_attn, kv_type, pooling, placed, embeddings, decoding, merged)
     engine = Engine(local.path, options)
+    engine.template_override = brought.template
     if engine.gpu_notice and on_notice:
         on_notice(engine.gpu_notice)
     strategy = PLAIN if embeddings else strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
-                  system=entry.system if entry else None, decoding=decoding, strategy=strategy, defaults=defaults)
+                  system=brought.system, decoding=decoding, strategy=strategy, defaults=defaults, messages=brought.messages,
+                  brought=brought)
 
 
 def _context(n_ctx: int, parallel: int, batch: int, threads, layers, flash_attn, kv_type: str, pooling, placed: dict,
@@ -118,6 +119,21 @@ EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's seque
 
 FALLBACK_CONTEXT = 4096  # where nothing better is known (no trained length, no memory to size by)
 CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx, num_ctx), not given unasked
+
+
+def context_for(ctx: Optional[int], brought, path, parallel: int = 1, kv_type: str = "f16", *, embeddings: bool = False) -> int:
+    """A slot's context: the one asked for (--ctx, num_ctx), else the one the model brings (its catalogue
+    entry, a Modelfile's num_ctx), else sized for the model at `path` by default_context (an embeddings
+    context and a model not read yet, `path` None: FALLBACK_CONTEXT)."""
+    if ctx is not None:
+        return ctx
+    if brought.context:
+        return brought.context
+    if embeddings or path is None:
+        return FALLBACK_CONTEXT
+    from ..engine.gguf_info import read_info
+
+    return default_context(read_info(path), parallel, kv_type)
 
 
 def default_context(info, parallel: int = 1, kv_type: str = "f16", available: Optional[int] = None) -> int:

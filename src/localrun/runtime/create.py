@@ -1,0 +1,125 @@
+"""Models made here from others, as Ollama makes them: `create NAME -f Modelfile` and /api/create (FROM a
+pulled model or a .gguf file, with its own PARAMETERs, SYSTEM, TEMPLATE and MESSAGEs), `cp` and /api/copy.
+
+A made model shares its files with what it was made from (nothing is copied) and keeps its own defaults
+(hub.ModelDefaults) in the registry, so `list`, /api/tags and /v1/models show it whether loaded or not and
+every entry point runs it by its name. What localrun cannot honour is refused or noticed in one line naming
+it: ADAPTER (no LoRA yet), a TEMPLATE in Ollama's Go syntax (localrun renders Jinja chat templates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..errors import UsageError
+from ..hub.modelfile import Modelfile, ModelfileError, parse_modelfile
+from .options import OLLAMA_IGNORED, OLLAMA_LOAD, OLLAMA_RENAMED
+
+__all__ = ["Modelfile", "ModelfileError", "copy_model", "create_model", "parse_modelfile"]
+
+_LOAD_FLAGS = {"gpu_layers": "--gpu-layers", "threads": "--threads", "batch": "--batch"}
+
+
+def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, source: str = "auto",
+                 progress: Any = False, on_notice: Optional[Callable[[str], None]] = None):
+    """Register `name` as the model `modelfile` (hub.Modelfile) describes; returns its hub.LocalModel. A FROM
+    that names a model not pulled yet is pulled first; a relative FROM path is read from `base_dir` (the
+    Modelfile's folder). Every value is checked before anything is pulled or written."""
+    from .. import hub
+
+    say = on_notice or (lambda _: None)
+    name = hub.created_name(name)
+    if not modelfile.base:
+        raise UsageError("the Modelfile has no FROM line: FROM a model name (`localrun list`) or a .gguf file")
+    if modelfile.adapters:
+        raise UsageError("ADAPTER (a LoRA adapter) is not supported by localrun yet: remove the ADAPTER line")
+    base_ref = _base_ref(modelfile.base, base_dir)
+    base = hub.defaults_for(base_ref)
+    sampling, context = _parameters(modelfile.parameters, base, say)
+    template = base.template
+    if modelfile.template:
+        template = _template(modelfile.template, say)
+    if modelfile.requires:
+        say(f"ignoring REQUIRES {modelfile.requires} (an Ollama version)")
+    defaults = replace(base, sampling=sampling, context=context, template=template,
+                       system=modelfile.system if modelfile.system is not None else base.system,
+                       messages=tuple(modelfile.messages) or base.messages,
+                       license=modelfile.license if modelfile.license is not None else base.license)
+    local = hub.ensure_local(base_ref, source=source, progress=progress)
+    return hub.register_created(name, local, defaults, origin=f"FROM {local.ref if local.source != 'path' else local.path}")
+
+
+def copy_model(source: str, destination: str):
+    """`cp SOURCE DESTINATION`: DESTINATION runs as SOURCE does (its files, its defaults) under its own name."""
+    from .. import hub
+
+    name = hub.created_name(destination)
+    local = hub.resolve_local(source)
+    return hub.register_created(name, local, hub.defaults_for(source), origin=f"copy of {local.ref}")
+
+
+def _base_ref(base: str, base_dir: Optional[Path]) -> str:
+    """FROM's text as a reference: a path relative to the Modelfile's folder where such a file is there."""
+    path = Path(base).expanduser()
+    if base_dir is not None and not path.is_absolute() and (base_dir / path).is_file():
+        return str((base_dir / path).resolve())
+    return base
+
+
+def _parameters(parameters: list[tuple[str, str]], base, say) -> tuple[dict[str, Any], Optional[int]]:
+    """PARAMETER lines over the base's sampling defaults (localrun's names), and the context num_ctx sets."""
+    from .options import BY_NAME, OptionError, merge_options, text_value
+
+    sampling, context, stops = dict(base.sampling), base.context, []
+    for raw_name, value in parameters:
+        name = OLLAMA_RENAMED.get(raw_name, raw_name)
+        if name == "stop":
+            stops.append(value)
+        elif name in OLLAMA_LOAD:
+            if OLLAMA_LOAD[name] != "ctx":
+                say(f"ignoring PARAMETER {raw_name}: a made model keeps no {OLLAMA_LOAD[name]}; give "
+                    f"{_LOAD_FLAGS[OLLAMA_LOAD[name]]} when it runs")
+                continue
+            try:
+                context = int(value)
+            except ValueError:
+                raise UsageError(f"invalid PARAMETER num_ctx {value!r}: a whole number of tokens") from None
+            if not 16 <= context <= 1 << 21:
+                raise UsageError(f"invalid PARAMETER num_ctx {context}: between 16 and {1 << 21} tokens")
+        elif name in OLLAMA_IGNORED:
+            say(f"ignoring PARAMETER {raw_name}, which localrun (as recent Ollama) does not use")
+        elif name in BY_NAME:
+            try:
+                sampling[name] = text_value(name, value)
+            except ValueError as exc:
+                raise UsageError(f"invalid PARAMETER {raw_name} {value!r}: {exc}") from None
+        else:
+            raise UsageError(f"unknown PARAMETER {raw_name!r}: one of {', '.join(sorted({*BY_NAME, *OLLAMA_RENAMED, *OLLAMA_LOAD} - set(OLLAMA_RENAMED.values())))}")
+    if stops:
+        sampling["stop"] = stops
+    try:
+        checked = merge_options(sampling)
+    except OptionError as exc:
+        raise UsageError(exc.worded(lambda setting: f"PARAMETER {_ollama_name(setting)}")) from None
+    return {k: getattr(checked, k) for k in sampling}, context
+
+
+def _ollama_name(name: str) -> str:
+    return next((o for o, ours in OLLAMA_RENAMED.items() if ours == name), name)
+
+
+def _template(text: str, say) -> Optional[str]:
+    """A Jinja chat template to use instead of the GGUF's own; an Ollama (Go) template is not used, said once."""
+    if any(marker in text for marker in ("{{ .", "{{- .", "{{.", "{{ range", "{{- range", "{{ if .", "{{- if .")):
+        say("ignoring TEMPLATE: it is an Ollama (Go) template, which localrun cannot render; the model's own chat "
+            "template (Jinja, from its GGUF) is used")
+        return None
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise UsageError(f"TEMPLATE is not a valid Jinja chat template (line {exc.lineno}: {exc.message})") from None
+    return text

@@ -1,0 +1,56 @@
+"""`localrun create NAME -f Modelfile`, `cp`, `show --modelfile` and `rm` as a user types them, with the
+real SmolLM2: the made model runs by its name with the Modelfile's system prompt and parameters, token for
+token what the file gives with the same flags, and removing it never touches the file it was made from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = "You are a pirate. Answer like one."
+PROMPT = "What is two plus two?"
+
+
+def _tokens(result) -> list[int]:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])["tokens"]
+
+
+def test_create_runs_by_name_with_its_modelfile_and_rm_keeps_the_file(cli, tmp_path, smollm2):
+    (tmp_path / "model.gguf").symlink_to(smollm2)
+    (tmp_path / "Modelfile").write_text(f'FROM ./model.gguf\nPARAMETER temperature 0\nPARAMETER num_predict 16\nSYSTEM """{SYSTEM}"""\n')
+    made = cli("create", "pirate", "-f", str(tmp_path / "Modelfile"))
+    assert made.returncode == 0 and "created pirate" in made.stderr, made.stderr
+
+    listed = json.loads(cli("list", "--json").stdout)
+    assert [(m["name"], m["source"]) for m in listed] == [("pirate", "created")]
+
+    ours = _tokens(cli("run", "pirate", PROMPT, "--json"))
+    theirs = _tokens(cli("run", str(tmp_path / "model.gguf"), PROMPT, "--json", "--system", SYSTEM, "-t", "0", "-n", "16"))
+    assert ours == theirs and 0 < len(ours) <= 16
+
+    # show --modelfile writes what create reads back: the same model again.
+    text = cli("show", "pirate", "--modelfile").stdout
+    assert f'SYSTEM """{SYSTEM}"""' in text and "PARAMETER num_predict 16" in text
+    (tmp_path / "Again").write_text(text)
+    assert cli("create", "pirate2", "-f", str(tmp_path / "Again")).returncode == 0
+    assert cli("show", "pirate2", "--modelfile").stdout.splitlines()[1:] == text.splitlines()[1:]
+
+    assert cli("cp", "pirate", "pirate3").returncode == 0
+    gone = cli("rm", "pirate")
+    assert gone.returncode == 0 and "removed pirate" in gone.stderr
+    assert smollm2.exists() and (tmp_path / "model.gguf").exists()
+    assert _tokens(cli("run", "pirate3", PROMPT, "--json")) == ours
+    assert {m["name"] for m in json.loads(cli("list", "--json").stdout)} == {"pirate2", "pirate3"}
+
+
+def test_a_missing_or_wrong_modelfile_is_one_line(cli, tmp_path):
+    missing = cli("create", "mine", "-f", str(tmp_path / "Modelfile"))
+    assert missing.returncode == 2 and "no Modelfile at" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+    (tmp_path / "Modelfile").write_text("FROM ./model.gguf\nPARAMETER temperature\n")
+    wrong = cli("create", "mine", "-f", str(tmp_path / "Modelfile"))
+    assert wrong.returncode == 2 and "Modelfile line 2: PARAMETER temperature needs a value" in wrong.stderr
+    assert json.loads(cli("list", "--json").stdout) == []

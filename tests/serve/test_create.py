@@ -1,0 +1,89 @@
+"""Ollama's /api/create and /api/copy against a real server with the real SmolLM2: a made model is listed
+whether loaded or not, answers by its name on every dialect with its own system prompt, first messages and
+parameters (token for token what the file answers when a request gives them itself), survives the model
+it was made from being deleted, and every refusal is Ollama's {"error"} with a 4xx."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import start_server
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = "You are terse."
+FIRST = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello."}]
+QUESTION = {"role": "user", "content": "Name a colour."}
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    srv = start_server(None, tmp_path_factory.mktemp("home"), "--ctx", "1024", "--parallel", "1")
+    yield srv
+    assert srv.stop() == 130
+
+
+def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smollm2):
+    with httpx.Client(base_url=server.url, timeout=300) as http:
+        made = http.post("/api/create", json={"model": "terse", "from": str(smollm2), "system": SYSTEM, "messages": FIRST,
+                                              "parameters": {"temperature": 0, "num_predict": 12, "stop": ["\n\n"]}})
+        assert made.status_code == 200, made.text
+        statuses = [json.loads(line)["status"] for line in made.text.splitlines()]
+        assert statuses[-1] == "success" and len(statuses) > 1  # streamed, as Ollama's create answers
+
+        names = [m["name"] for m in http.get("/api/tags").json()["models"]]
+        assert "terse" in names  # listed before anything loads it
+        assert "terse" in [m["id"] for m in http.get("/v1/models").json()["data"]]
+
+        ours = http.post("/api/chat", json={"model": "terse", "messages": [QUESTION], "stream": False}).json()
+        theirs = http.post("/api/chat", json={"model": str(smollm2), "stream": False,
+                                              "messages": [{"role": "system", "content": SYSTEM}, *FIRST, QUESTION],
+                                              "options": {"temperature": 0, "num_predict": 12, "stop": ["\n\n"]}}).json()
+        assert ours["message"]["content"] == theirs["message"]["content"] and ours["message"]["content"]
+        assert ours["prompt_eval_count"] == theirs["prompt_eval_count"]  # the system prompt and first messages are in it
+        assert ours["model"] == "terse"
+
+        v1 = http.post("/v1/chat/completions", json={"model": "terse:latest", "messages": [QUESTION]}).json()
+        assert v1["choices"][0]["message"]["content"] == ours["message"]["content"]  # its parameters on /v1 too
+        assert v1["usage"]["prompt_tokens"] == ours["prompt_eval_count"]
+
+        loaded = {m["name"] for m in http.get("/api/ps").json()["models"]}
+        assert {"terse", smollm2.name} <= loaded  # one file, two models: neither answers for the other
+
+        assert http.post("/api/copy", json={"source": "terse", "destination": "terse2"}).status_code == 200
+        card = http.post("/api/show", json={"model": "terse2"}).json()
+        assert card["system"] == SYSTEM and "PARAMETER temperature 0" in card["modelfile"]
+        assert "PARAMETER num_predict 12" in card["modelfile"] and card["messages"] == FIRST
+
+        assert http.request("DELETE", "/api/delete", json={"model": "terse"}).status_code == 200
+        names = [m["name"] for m in http.get("/api/tags").json()["models"]]
+        assert "terse" not in names and "terse2" in names and smollm2.exists()  # the file is the user's: kept
+        again = http.post("/api/chat", json={"model": "terse2", "messages": [QUESTION], "stream": False}).json()
+        assert again["message"]["content"] == ours["message"]["content"]
+
+        # An older client's Modelfile text, not streamed.
+        old = http.post("/api/create", json={"name": "terse3", "modelfile": f"FROM terse2\nPARAMETER num_predict 3\n", "stream": False})
+        assert old.status_code == 200 and old.json() == {"status": "success"}
+        short = http.post("/api/generate", json={"model": "terse3", "prompt": QUESTION["content"], "stream": False}).json()
+        assert short["eval_count"] <= 3
+
+
+@pytest.mark.parametrize("path, body, status, words", [
+    ("/api/create", {"model": "x", "from": "nosuchmodel"}, 404, "nosuchmodel"),
+    ("/api/create", {"model": "x", "from": "SMOL", "parameters": {"temperature": "hot"}}, 400, "PARAMETER temperature"),
+    ("/api/create", {"model": "x", "from": "SMOL", "adapters": {"lora.gguf": "sha256:00"}}, 400, "adapters"),
+    ("/api/create", {"model": "x", "files": {"m.gguf": "sha256:00"}}, 400, "files"),
+    ("/api/create", {"model": "x"}, 400, "from"),
+    ("/api/create", {"model": "x", "modelfile": "FROM SMOL\nWARMTH 3\n"}, 400, "Modelfile line 2"),
+    ("/api/create", {"model": "smollm2", "from": "SMOL"}, 400, "catalogue alias"),
+    ("/api/copy", {"source": "nosuchmodel", "destination": "y"}, 404, "nosuchmodel"),
+    ("/api/copy", {"source": "SMOL"}, 400, "destination"),
+])
+def test_what_cannot_be_made_is_ollamas_error_shape(server, smollm2, path, body, status, words):
+    body = json.loads(json.dumps(body).replace("SMOL", str(smollm2)))
+    answer = httpx.post(server.url + path, json=body, timeout=60)
+    assert answer.status_code == status, answer.text
+    assert words in answer.json()["error"], answer.text
