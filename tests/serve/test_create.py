@@ -65,7 +65,7 @@ def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smoll
         assert again["message"]["content"] == ours["message"]["content"]
 
         # An older client's Modelfile text, not streamed.
-        old = http.post("/api/create", json={"name": "terse3", "modelfile": f"FROM terse2\nPARAMETER num_predict 3\n", "stream": False})
+        old = http.post("/api/create", json={"name": "terse3", "modelfile": "FROM terse2\nPARAMETER num_predict 3\n", "stream": False})
         assert old.status_code == 200 and old.json() == {"status": "success"}
         short = http.post("/api/generate", json={"model": "terse3", "prompt": QUESTION["content"], "stream": False}).json()
         assert short["eval_count"] <= 3
