@@ -11,7 +11,7 @@ import typer
 from .. import __version__
 from ..console import err, notice
 from ..errors import EXIT_INTERRUPTED, LocalrunError, UsageError
-from .options import (CtxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt, ThreadsOpt,
+from .options import (CtxOpt, DraftMaxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt, ThreadsOpt,
                       shared_options)
 from .render import render_error
 
@@ -313,7 +313,7 @@ def _resident_settings(keep_alive: str, options: dict) -> Optional[dict]:
     from ..runtime.pool import LOAD_FIELDS, parse_keep_alive
 
     seconds = parse_keep_alive(keep_alive)
-    if seconds == 0 or options.get("draft") is not None or (options.get("beams") or 1) > 1:
+    if seconds == 0 or options.get("draft") not in (None, "lookup") or (options.get("beams") or 1) > 1:
         return None
     return dict(load={name: options[name] for name in LOAD_FIELDS}, keep_alive=seconds, source=_source(options["source"]),
                 sampling={o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None})
@@ -418,6 +418,9 @@ def serve(
     socket_path: Annotated[Optional[Path], typer.Option("--socket", hidden=True, help="the resident server: listen on this Unix socket, no TCP")] = None,
     exit_when_idle: Annotated[Optional[float], typer.Option("--exit-when-idle", hidden=True, help="the resident server: exit after this many seconds with no model loaded")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no access log (one line per request on stderr)")] = False,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="speculative decoding in every slot: lookup (prompt n-grams: "
+                                                 "edits and copies decode faster, the output unchanged)")] = None,
+    draft_max: DraftMaxOpt = 8,
     **options,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
@@ -432,7 +435,7 @@ def serve(
         if value < least or (flag == "--port" and value > 65535):
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
     serve_options = ServeOptions(
-        spec=_load_spec(options, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
+        spec=_load_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
         max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
         exit_when_idle=exit_when_idle, quiet=quiet,
@@ -662,7 +665,8 @@ def _load_spec(options: dict, parallel: int):
 
     spec = LoadSpec(ctx=options["ctx"], parallel=parallel, gpu_layers=options["gpu_layers"], flash_attn=options["flash_attn"],
                     kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
-                    rpc=options["rpc"], tensor_split=options["tensor_split"])
+                    rpc=options["rpc"], tensor_split=options["tensor_split"], draft=options.get("draft"),
+                    draft_max=options.get("draft_max", 8))
     spec.check()
     return spec
 

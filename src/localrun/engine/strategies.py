@@ -163,8 +163,9 @@ class SpeculativeTask(Plain):
     """After the prompt, each step evaluates the last token plus a draft, all with outputs; the target's
     sampler then walks the positions and keeps draft tokens while its own choice agrees."""
 
-    def __init__(self, engine: Engine, seq: Sequence, sampler: Sampler, drafter, draft_max: int):
-        super().__init__(engine, seq, sampler)
+    def __init__(self, engine: Engine, seq: Sequence, sampler: Sampler, drafter, draft_max: int, *,
+                 chunk: Optional[int] = None, reused: Optional[int] = None):
+        super().__init__(engine, seq, sampler, chunk=chunk, reused=reused)
         self.drafter = drafter
         self.length = DraftLength(draft_max)
         self.cap = draft_max + 1

@@ -6,7 +6,7 @@ import os
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -57,6 +57,8 @@ class ModelEntry(BaseModel):
     revision: str = "main"
     embedding: bool = Field(default=False, description="an embedding model (for /v1/embeddings, /api/embed, `localrun embed`)")
     reasoning: bool = Field(default=False, description="a reasoning model: it thinks before it answers")
+    draft: Optional[Literal["lookup"]] = Field(default=None, description="speculative decoding by default: lookup (prompt "
+                                                "n-grams, for code models, whose edits copy their input)")
     mirror: dict[str, MirrorSource] = Field(default_factory=dict, description="quant -> PyPI mirror source")
 
     @model_validator(mode="after")

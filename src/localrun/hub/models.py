@@ -421,17 +421,20 @@ class ModelDefaults:
     license: Optional[str] = None
     embedding: bool = False
     made: bool = False  # a created model's (create, cp): not the same model as its file by another name
+    draft: Optional[str] = None  # "lookup": prompt-lookup speculation unless a load says otherwise
 
     def to_settings(self) -> dict[str, Any]:
         out = {"sampling": dict(self.sampling), "system": self.system, "context": self.context, "template": self.template,
-               "messages": [dict(m) for m in self.messages], "license": self.license, "embedding": self.embedding}
+               "messages": [dict(m) for m in self.messages], "license": self.license, "embedding": self.embedding,
+               "draft": self.draft}
         return {k: v for k, v in out.items() if v not in (None, {}, [], False)}
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> ModelDefaults:
         return cls(sampling=dict(settings.get("sampling") or {}), system=settings.get("system"), context=settings.get("context"),
                    template=settings.get("template"), messages=tuple(settings.get("messages") or ()),
-                   license=settings.get("license"), embedding=bool(settings.get("embedding")), made=True)
+                   license=settings.get("license"), embedding=bool(settings.get("embedding")), made=True,
+                   draft=settings.get("draft"))
 
 
 def defaults_for(ref: str) -> ModelDefaults:
@@ -441,7 +444,7 @@ def defaults_for(ref: str) -> ModelDefaults:
     entry = entry_for(ref)
     if entry is not None:
         return ModelDefaults(sampling=dict(entry.sampling), system=entry.system, context=entry.context,
-                             license=entry.license, embedding=entry.embedding)
+                             license=entry.license, embedding=entry.embedding, draft=entry.draft)
     name = ref.split(":", 1)[0]
     if "/" in name or name.lower().endswith(".gguf") or not name:
         return ModelDefaults()

@@ -71,6 +71,8 @@ def load(
     layers = parse_gpu_layers(gpu_layers)
     check_slots(batch, parallel)
     decoding = decoding or DecodeOptions()
+    if decoding.draft is None and decoding.beams == 1 and brought.draft and not embeddings:  # a code model's default
+        decoding = DecodeOptions(draft=brought.draft, draft_max=decoding.draft_max)
     given = context_for(ctx, brought, None, embeddings=embeddings)
     options = _context(given, parallel, batch, threads, layers, flash_attn, kv_type, pooling, placed, embeddings, decoding, merged)
     local = hub.ensure_local(model, source=source)  # (every option was checked first: nothing is pulled for a bad one)

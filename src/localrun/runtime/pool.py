@@ -50,16 +50,24 @@ class LoadSpec:
     tensor_split: Optional[str] = None
     kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, a slot each;
     # embed: an embeddings context (its requests take turns, each batched)
+    draft: Optional[str] = None  # "lookup": prompt-lookup speculation in every slot (None: the model's default)
+    draft_max: int = 8  # most tokens drafted per slot and step
 
     def check(self) -> None:
         """Refuse bad values before any model loads (the same messages loading would give)."""
         from ..engine.model import LoadOptions, parse_gpu_layers
+        from ..engine.strategies import DecodeOptions
+        from ..errors import UsageError
         from ..engine.rpc import parse_endpoints
         from .loader import check_slots
         from .workers import parse_tensor_split
 
         parse_gpu_layers(self.gpu_layers)
         check_slots(self.batch, self.parallel)
+        if self.draft not in (None, "lookup"):
+            raise UsageError(f"the server's slots draft by prompt lookup only (--draft lookup), not with a draft model "
+                             f"({self.draft}): run it with `localrun run --draft {self.draft} --keep-alive 0`")
+        DecodeOptions(draft=self.draft, draft_max=self.draft_max)  # its checks: --draft-max 1 to 64
         # The context as given, per slot (0 or 10 are refused, not read as 4096 nor checked as 4 slots' 40).
         LoadOptions(n_ctx=4096 if self.ctx is None else self.ctx, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type,
                     rpc=parse_endpoints(self.rpc), tensor_split=parse_tensor_split(self.tensor_split))
@@ -119,12 +127,13 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
     from .loader import context_for
 
     info = read_info(path)
-    ctx = context_for(spec.ctx or None, hub.defaults_for(ref or str(path)), path, spec.parallel, spec.kv_type,
-                      embeddings=spec.kind == "embed")
+    brought = hub.defaults_for(ref or str(path))
+    ctx = context_for(spec.ctx or None, brought, path, spec.parallel, spec.kv_type, embeddings=spec.kind == "embed")
     repack = repacks_here(bool(spec.rpc)) if repack is None else repack
     if spec.kind == "embed":  # one micro-batch holds a whole context; a vocabulary row for each of a batch's rows
         return footprint(info, ctx, spec.kv_type, n_ubatch=ctx, n_outputs=max(1, spec.batch // 2), repack=repack)
-    return footprint(info, ctx * spec.parallel, spec.kv_type, n_ubatch=spec.batch, n_outputs=spec.parallel,
+    rows = spec.draft_max + 1 if (spec.draft or brought.draft) else 1  # a verified draft reads a row per token
+    return footprint(info, ctx * spec.parallel, spec.kv_type, n_ubatch=spec.batch, n_outputs=spec.parallel * rows,
                      n_seq=spec.parallel, repack=repack)
 
 

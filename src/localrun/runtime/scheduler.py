@@ -39,6 +39,7 @@ from ..engine.kv import common_prefix
 from ..engine.model import Batch, DecodeError
 from ..engine.sampling import Sampler
 from ..engine.sequence import Sequence
+from ..engine.strategies import LookupDrafter, SpeculativeTask
 from ..errors import EngineError, LocalrunError
 
 
@@ -103,6 +104,7 @@ class Scheduler:
         prefill_chunk: int,
         deliver: Callable[[list[tuple[Job, Response]]], None],
         on_step: Optional[Callable[[int, int], None]] = None,
+        lookup: int = 0,
     ):
         self.engine = engine
         engine.use_raw_logits()  # each request's own chain (grammar, penalties) reads its slot's logits
@@ -116,9 +118,13 @@ class Scheduler:
         self.cond = threading.Condition()
         self.stopping = False
         self.stats = StepStats()
-        self.capacity = max(engine.n_batch, parallel)
-        # Room for every slot's decode token beside one full chunk, or a prompt could wait forever.
-        self.prefill_chunk = max(1, min(max(1, prefill_chunk), self.capacity - parallel))
+        # Prompt-lookup speculation: each decoding slot proposes up to `lookup` tokens that followed its last
+        # few before (in its prompt or answer) and verifies them in the same step (engine.strategies).
+        self.lookup = lookup
+        decode_rows = parallel * (lookup + 1)
+        self.capacity = max(engine.n_batch, decode_rows)
+        # Room for every slot's decode tokens beside one full chunk, or a prompt could wait forever.
+        self.prefill_chunk = max(1, min(max(1, prefill_chunk), self.capacity - decode_rows))
         self.batch: Optional[Batch] = Batch(self.capacity)
         self.thread = threading.Thread(target=self._run, name="localrun-scheduler", daemon=True)
         self.fatal: Optional[str] = None
@@ -346,7 +352,11 @@ class Scheduler:
             kept = 0
         slot.job, job.slot = slot, slot
         job.seq.seq_id = slot.seq_id
-        job.task = Plain(self.engine, job.seq, job.sampler, chunk=self.prefill_chunk, reused=kept)
+        if self.lookup and job.seq.top_logprobs is None:  # logprobs: one row per token, plainly
+            job.task = SpeculativeTask(self.engine, job.seq, job.sampler, LookupDrafter(), self.lookup,
+                                       chunk=self.prefill_chunk, reused=kept)
+        else:
+            job.task = Plain(self.engine, job.seq, job.sampler, chunk=self.prefill_chunk, reused=kept)
         job.task.job = job
 
     def _step(self, out: list) -> None:

@@ -103,11 +103,12 @@ class Service:
 
     def _load(self, ref: str, spec: LoadSpec):
         from ..runtime.loader import load
+        from ..runtime.options import DecodeOptions
 
         return load(ref, source=self.options.source, ctx=spec.ctx, gpu_layers=spec.gpu_layers, flash_attn=spec.flash_attn,
                     kv_type=spec.kv_type, threads=spec.threads, batch=spec.batch, rpc=spec.rpc, tensor_split=spec.tensor_split,
                     sampling=self.options.sampling if spec.kind == "batch" else None, parallel=spec.parallel,
-                    embeddings=spec.kind == "embed")
+                    embeddings=spec.kind == "embed", decoding=DecodeOptions(draft=spec.draft, draft_max=spec.draft_max))
 
     def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec):
         if spec.kind == "embed":
@@ -118,7 +119,7 @@ class Service:
         scheduler = Scheduler(
             loaded.engine, parallel=spec.parallel, slot_ctx=slot_ctx, max_waiting=self.options.max_waiting,
             prefill_chunk=self.options.prefill_chunk, on_step=self.metrics.step,
-            deliver=_deliver,
+            deliver=_deliver, lookup=loaded.decoding.draft_max if loaded.decoding.draft == "lookup" else 0,
         )
         scheduler.start()
         if spec.kind == "batch":  # the HTTP dialects' first request as fast as the next, as llama-server's
@@ -760,6 +761,9 @@ def build_app(service: Service, on_started=None):
         if on_started:  # only now: uvicorn handles Ctrl-C from here on, so "Ctrl-C stops" is true once printed
             on_started()
         yield
+        from .stream import finish_answers
+
+        await run_in_threadpool(finish_answers, 30.0)  # answers still writing their prefix cache entry
 
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),

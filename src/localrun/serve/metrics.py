@@ -22,6 +22,8 @@ class Metrics:
         self.prompt_tokens = Counter("localrun_prompt_tokens", "prompt tokens received", registry=r)
         self.cached_tokens = Counter("localrun_prompt_tokens_cached", "prompt tokens reused from the KV cache", registry=r)
         self.generated_tokens = Counter("localrun_generated_tokens", "tokens generated", registry=r)
+        self.draft_tokens = Counter("localrun_draft_tokens", "tokens proposed by speculative decoding", registry=r)
+        self.draft_accepted = Counter("localrun_draft_accepted_tokens", "proposed tokens the model agreed with", registry=r)
         self.ttft = Histogram(
             "localrun_time_to_first_token_seconds", "from request to first token", registry=r,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
@@ -64,6 +66,8 @@ class Metrics:
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
         self.generated_tokens.inc(stats.generated_tokens)
+        self.draft_tokens.inc(stats.draft_tokens)
+        self.draft_accepted.inc(stats.draft_accepted)
         if stats.generated_tokens:
             self.ttft.observe(stats.ttft_s)
         if stats.generated_tokens > 1:

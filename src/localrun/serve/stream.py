@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import sys
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,31 @@ from ..runtime import Response
 from .openai import FINISH_REASONS, PING_S, ApiError
 
 FAILURES = {"error": 500, "shutdown": 503}  # how an answer that did not finish ends; otherwise 499 (cancelled)
+
+
+_live: set = set()  # answer threads still running: their state may still be going to disk
+_live_lock = threading.Lock()
+
+
+def _tracked(work: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            work()
+        finally:
+            with _live_lock:
+                _live.discard(threading.current_thread())
+    return run
+
+
+def finish_answers(timeout: float) -> None:
+    """Wait (up to `timeout` seconds in all) for answers still saving their state after their last token
+    went out (the prefix cache written once the slot is given back), so that a server stopped right after
+    a reply keeps what that reply stored."""
+    deadline = time.monotonic() + timeout
+    with _live_lock:
+        threads = list(_live)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Answer:
@@ -88,7 +114,10 @@ class Answer:
                     with contextlib.suppress(RuntimeError):  # (a loop already closed: nobody waits)
                         self._loop.call_soon_threadsafe(settle, LocalrunError("the request ended before it was taken"))
 
-        threading.Thread(target=work, name="localrun-answer", daemon=True).start()
+        thread = threading.Thread(target=_tracked(work), name="localrun-answer", daemon=True)
+        with _live_lock:
+            _live.add(thread)
+        thread.start()
         outcome = await admitted
         if isinstance(outcome, BaseException):
             raise outcome

