@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import io
 import re
 import struct
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,9 +51,36 @@ class BadImage(UsageError):
         self.name, self.reason = name, reason
 
 
+def _is_webp(data: bytes) -> bool:
+    return len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+
+
+def _readable(data: bytes) -> bytes:
+    """The bytes llama.cpp's image reader (stb_image) is given: WebP, which it does not read, as PNG (its first
+    frame) through Pillow where Pillow is installed; anything else as it is."""
+    if not _is_webp(data):
+        return data
+    try:
+        from PIL import Image as Picture
+    except ImportError:
+        return data
+    try:
+        with Picture.open(io.BytesIO(data)) as picture:
+            out = io.BytesIO()
+            picture.convert("RGB").save(out, "PNG")
+            return out.getvalue()
+    except Exception:  # noqa: BLE001 - a damaged WebP: refused below as unreadable, naming it
+        return data
+
+
 def _unreadable(data: bytes) -> str:
-    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WebP is not read by this llama.cpp build (its image reader, stb_image, reads PNG, JPEG, GIF, BMP, TGA, PNM): convert it to PNG"
+    if _is_webp(data):
+        try:
+            import PIL  # noqa: F401
+        except ImportError:
+            return ("WebP is read through Pillow, which is not installed (llama.cpp's own reader, stb_image, reads PNG, JPEG,"
+                    " GIF, BMP, TGA, PNM): pip install pillow, or convert it to PNG")
+        return "a WebP image that could not be read (damaged, or not a WebP after all)"
     if not data:
         return "an empty file, not an image"
     return "not an image llama.cpp can read (PNG, JPEG, GIF, BMP, TGA, PNM), or a damaged one"
@@ -74,6 +103,9 @@ class Projector:
         from . import llama as _llama
 
         self._m = mtmd_cpp
+        # A server tokenizes a request's images in the request's thread while its scheduler thread evaluates
+        # others': one projector call at a time (the kept chunks change under both).
+        self._lock = threading.RLock()
         mtmd_cpp.mtmd_log_set(_llama._log_callback, ctypes.c_void_p(0))  # its chatter goes where llama.cpp's does
         mtmd_cpp.mtmd_helper_log_set(_llama._log_callback, ctypes.c_void_p(0))
         self.engine = engine
@@ -113,9 +145,10 @@ class Projector:
 
     def _bitmap(self, image: Image):
         m = self._m
-        buf = (ctypes.c_uint8 * len(image.data)).from_buffer_copy(image.data) if image.data else (ctypes.c_uint8 * 1)()
+        data = _readable(image.data)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data) if data else (ctypes.c_uint8 * 1)()
         with deferred_interrupt():
-            bitmap = m.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(image.data), False) if image.data else None
+            bitmap = m.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(data), False) if data else None
         if not bitmap:
             raise BadImage(image.name, _unreadable(image.data))
         if m.mtmd_bitmap_is_audio(bitmap):
@@ -126,6 +159,10 @@ class Projector:
     def image_tokens(self, image: Image) -> list[int]:
         """The image's place in a prompt: the projector's text tokens around it (where it has any) and a run
         of negative ids for each of its image chunks, kept evaluable (the last _KEEP_IMAGES images)."""
+        with self._lock:
+            return self._image_tokens(image)
+
+    def _image_tokens(self, image: Image) -> list[int]:
         m = self._m
         bitmap = self._bitmap(image)
         chunks = m.mtmd_input_chunks_init()
@@ -232,6 +269,10 @@ class Projector:
         return keep
 
     def _evaluate_image(self, seq: int, tokens: Sequence[int], at: int) -> int:
+        with self._lock:
+            return self._evaluate_image_held(seq, tokens, at)
+
+    def _evaluate_image_held(self, seq: int, tokens: Sequence[int], at: int) -> int:
         m, engine = self._m, self.engine
         known = self._chunks.get(tokens[at])
         if known is None or tuple(tokens[at : at + len(known.ids)]) != known.ids:
@@ -262,6 +303,10 @@ class Projector:
         m = getattr(self, "_m", None)
         if m is None:
             return
+        with self._lock:
+            self._close(m)
+
+    def _close(self, m) -> None:
         for entry in getattr(self, "_chunks", {}).values():
             m.mtmd_input_chunk_free(entry.chunk)
         self._chunks = OrderedDict()
