@@ -103,7 +103,8 @@ def test_anthropic_errors_in_its_own_shape(server, model):
         claude(server).messages.create(model=model.name, max_tokens=10, messages=[
             {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
     assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "invalid_request_error"
-    assert "image blocks are not supported" in err.value.body["error"]["message"]
+    assert err.value.body["error"]["message"].startswith("messages.0.content.0: the model")  # no projector for it
+    assert "has no image projector" in err.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         claude(server).messages.create(model="no-such-model", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(anthropic.AuthenticationError):

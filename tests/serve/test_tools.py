@@ -115,8 +115,9 @@ def test_a_template_without_tools(smollm2, tmp_path):
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
     ({"functions": [{"name": "f"}]}, "functions"),
-    # a union's branch never shows in the path (pydantic's 'content.list[_Part].0.type'): the deepest branch speaks
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content.0.type"),
+    # a union's branch never shows in the path (pydantic's 'content.list[...].0'): the deepest branch speaks
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content.0"),  # not a data: URL
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, "messages.0.content.0"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "messages"),
 ])

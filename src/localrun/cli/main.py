@@ -418,6 +418,7 @@ def serve(
     socket_path: Annotated[Optional[Path], typer.Option("--socket", hidden=True, help="the resident server: listen on this Unix socket, no TCP")] = None,
     exit_when_idle: Annotated[Optional[float], typer.Option("--exit-when-idle", hidden=True, help="the resident server: exit after this many seconds with no model loaded")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no access log (one line per request on stderr)")] = False,
+    mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="MODEL's vision projector (mmproj GGUF), loaded with the first image; default: the mmproj-*.gguf beside a model")] = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="speculative decoding in every slot: lookup (prompt n-grams: "
                                                  "edits and copies decode faster, the output unchanged)")] = None,
     draft_max: DraftMaxOpt = 8,
@@ -440,6 +441,12 @@ def serve(
         max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
         exit_when_idle=exit_when_idle, quiet=quiet,
     )
+    if mmproj is not None:
+        from ..runtime.images import name_projector
+
+        if model is None:
+            raise UsageError("--mmproj needs the MODEL it was made for: localrun serve MODEL --mmproj FILE")
+        name_projector(model, mmproj)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         notice(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
 

@@ -1,14 +1,29 @@
-"""Images for a request: image files read into engine.vision.Image, and the projector (mmproj GGUF) that lets a
-loaded model read them: the one named, else the one beside the model's file."""
+"""Images for a request: image files read into engine.vision.Image, images sent in a request body (base64, data
+URLs), and the projector (mmproj GGUF) that lets a loaded model read them: the one named (run --mmproj, or
+serve MODEL --mmproj for that model), else the one beside the model's file."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
+from ..engine.vision import BadImage  # noqa: F401 - the request's own fault, which the edges word
 from ..errors import LocalrunError, UsageError
 from .loader import Loaded
+
+
+class NoProjector(UsageError):
+    """Images for a model loaded without a vision projector, none named for it and none beside its file:
+    `model` its file's name, `image` the first image's name. Worded for the command line here."""
+
+    def __init__(self, model: str, image: str):
+        super().__init__(f"{image}: {model} was loaded without an image projector: pass --mmproj FILE"
+                         " (the mmproj-*.gguf made for this model)")
+        self.model, self.image = model, image
 
 
 class ImageNotFound(LocalrunError):
@@ -37,6 +52,77 @@ def read_images(paths: Sequence[Path | str]) -> list:
             raise ImageNotFound(name, f"cannot read it ({exc.strerror or exc})") from None
         images.append(Image(data, name))
     return images
+
+
+def image_from_base64(text: str, name: str):
+    """An image sent as base64 (Ollama's `images`, Anthropic's base64 source) as engine.vision.Image named
+    `name` (the request field it came in); engine.vision.BadImage when it is not base64."""
+    from ..engine.vision import Image
+
+    if not isinstance(text, str):
+        raise BadImage(name, "not a base64 string")
+    try:
+        data = base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise BadImage(name, "not valid base64 (send the image file's bytes base64-encoded)") from None
+    return Image(data, name)
+
+
+def image_from_url(url: str, name: str):
+    """An image sent as a URL (OpenAI's image_url, the Responses API's input_image): a data: URL with base64
+    content. A remote URL is refused (engine.vision.BadImage): the server fetches nothing on a client's
+    behalf (it may run where nothing outside can be reached, and a fetch would reach what the client cannot)."""
+    if not isinstance(url, str):
+        raise BadImage(name, "not a URL string")
+    head, comma, payload = url.partition(",")
+    if url[:5].lower() == "data:" and comma:
+        if not head.lower().endswith(";base64"):
+            raise BadImage(name, "a data: URL without ;base64 (send data:image/png;base64,...)")
+        return image_from_base64(payload, name)
+    if url[:7].lower() == "http://" or url[:8].lower() == "https://":
+        raise BadImage(name, "a remote URL, which localrun does not fetch: send the image itself as a data: URL"
+                             " (data:image/png;base64,...)")
+    raise BadImage(name, f"not a data: URL ({url[:20]!r}...): send data:image/png;base64,...")
+
+
+_named: dict[str, Path] = {}  # serve MODEL --mmproj FILE: the model as named -> its projector
+_attaching = threading.Lock()
+
+
+def name_projector(model: str, mmproj: Path | str) -> None:
+    """The projector for `model`'s images in this process (serve MODEL --mmproj FILE): loaded with the first
+    request that brings an image (a server loads models as requests name them)."""
+    check_projector(mmproj)
+    _named[model] = Path(mmproj)
+
+
+def projector_for(engine):
+    """The engine's vision projector, loaded now when it has none: the one named for its model
+    (name_projector), else the one beside its file. NoProjector when there is none (the caller knows
+    which image asked); UsageError when several lie beside it."""
+    if engine.vision is not None:
+        return engine.vision
+    with _attaching:  # two first requests with images: one load
+        if engine.vision is None:
+            path = _named_for(engine.path) or projector_beside([engine.path])
+            if path is not None:
+                engine.load_projector(path)
+    return engine.vision
+
+
+def _named_for(model_path: Path) -> Optional[Path]:
+    for model, mmproj in _named.items():
+        given = Path(model).expanduser()
+        if not given.is_file():
+            try:
+                from .. import hub
+
+                given = hub.resolve_local(model).path
+            except LocalrunError:
+                continue
+        if given.resolve() == Path(model_path).resolve():
+            return mmproj
+    return None
 
 
 def check_projector(mmproj: Optional[Path | str]) -> None:

@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..engine import Engine, SamplingOptions
 from ..engine.prompt import render
-from ..errors import ContextOverflow, UsageError
+from ..errors import ContextOverflow
 
 
 @dataclass
@@ -91,10 +91,11 @@ def _prompt_with_images(engine: Engine, request: Request, n_ctx: int) -> Prompt:
     the projector's tokens for it. Neither cut nor shortened to fit: a part of an image means nothing."""
     from ..engine.vision import MARKER
 
+    from .images import NoProjector, projector_for
+
     images = [image for m in request.messages for image in m.get("images") or ()]
-    if engine.vision is None:
-        raise UsageError(f"{images[0].name}: {engine.path.name} was loaded without an image projector:"
-                         " pass --mmproj FILE (the mmproj-*.gguf made for this model)")
+    if projector_for(engine) is None:
+        raise NoProjector(engine.path.name, images[0].name)
     messages = [{k: v for k, v in m.items() if k != "images"} | {"content": MARKER * len(m["images"]) + (m.get("content") or "")}
                 if m.get("images") else m for m in request.messages]
     rendered = render(engine, messages, raw=request.raw, tools=request.tools, think=request.think)

@@ -403,6 +403,20 @@ class Scheduler:
             self.cond.notify_all()  # a request waiting for a slot (hold)
 
 
+def _with_image_stats(responses: Iterator[Response], cached: int, spent: float) -> Iterator[Response]:
+    """The stats of a prompt whose images were evaluated before its job: what the KV held before them, and
+    the time they took."""
+    try:
+        for response in responses:
+            if response.stats is not None:
+                response.stats.cached_tokens = cached
+                response.stats.prompt_eval_s += spent
+                response.stats.ttft_s += spent
+            yield response
+    finally:
+        responses.close()  # a consumer that stops early: the job leaves the batch
+
+
 class ServerStopping(LocalrunError):
     """The server was stopped (stop --server, SIGTERM) while this request was running or waiting; or, with
     `failure`, its scheduler failed (the message says how)."""
@@ -472,6 +486,11 @@ class SlotSeat:
             raise UsageError("empty prompt: give some text as an argument or on stdin")
         scheduler = self.scheduler
         scheduler.engine.check_fits(len(tokens), self.n_ctx)
+        images = scheduler.engine.vision is not None and any(t < 0 for t in tokens)
+        if images:
+            t0 = time.perf_counter()
+            cached = scheduler.call(lambda: self._prefill_images(tokens))
+            spent = time.perf_counter() - t0
         job = Job.create(scheduler.engine, tokens, sampling, max_tokens=sampling.max_tokens, n_ctx=self.n_ctx,
                          top_logprobs=top_logprobs)
         job.seq.thinking = thinking
@@ -481,7 +500,22 @@ class SlotSeat:
             job.sampler.close()
             scheduler._check_running()
             raise ServerStopping()
+        if images:
+            return _with_image_stats(self._responses(job, cancelled), cached, spent)
         return self._responses(job, cancelled)
+
+    def _prefill_images(self, tokens: list[int]) -> int:
+        """On the scheduler thread: a prompt's images (and the text before them) into this slot
+        (engine.vision.prefill), after the longest prefix of it any slot holds (an image another slot
+        evaluated is copied, not encoded again); the job then takes the text after the last image in the
+        batch. Returns how many prompt tokens were held already."""
+        seq, kv = self.slot.seq_id, self.kv
+        if self.reuse:
+            kv.reuse_from(seq, tokens, [s.seq_id for s in self.scheduler.slots])
+        else:
+            kv.clear(seq)  # --no-cache: from an empty slot, the images too
+        self.reuse = True  # the job keeps what was put in here
+        return self.scheduler.engine.vision.prefill(seq, tokens)
 
     def _responses(self, job: Job, cancelled: Optional[Callable[[], bool]]) -> Iterator[Response]:
         scheduler = self.scheduler

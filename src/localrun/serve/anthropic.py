@@ -2,8 +2,8 @@
 a Messages body becomes the chat request the OpenAI dialect serves (ChatBody: the same prompt rendering,
 tools, sampling and scheduler), and the answer stream becomes Anthropic's content blocks and events.
 
-What cannot be honoured is refused in Anthropic's error shape naming it (image and document blocks until
-images exist); what only steers Anthropic's own service is accepted and ignored (cache_control,
+What cannot be honoured is refused in Anthropic's error shape naming it (document blocks; an image block
+anywhere but a user's message); a user's image blocks (base64) go to the model as images; what only steers Anthropic's own service is accepted and ignored (cache_control,
 metadata, output_config, context_management, service_tier, server tools such as web_search, which a
 local model cannot run)."""
 
@@ -28,7 +28,7 @@ def error_body(exc: ApiError) -> dict:
 
 
 def _text_of(content: Any, where: str) -> str:
-    """The text of a content given as a string or as blocks (text only: images are refused by name)."""
+    """The text of a content given as a string or as blocks (text only: images here are refused by name)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -41,8 +41,10 @@ def _text_of(content: Any, where: str) -> str:
         if kind == "text":
             need(isinstance(block.get("text"), str), f"{where}.{i}.text must be a string", where)
             parts.append(block["text"])
-        elif kind in ("image", "document"):
-            raise ApiError(400, f"{where}.{i}: {kind} blocks are not supported by localrun yet: send text", param=where)
+        elif kind == "image":
+            raise ApiError(400, f"{where}.{i}: image blocks are read in a user's message content only", param=where)
+        elif kind == "document":
+            raise ApiError(400, f"{where}.{i}: document blocks are not supported by localrun: send text", param=where)
         elif kind in ("thinking", "redacted_thinking"):
             continue  # an earlier answer's thinking: not part of what the model reads again
         else:
@@ -71,9 +73,24 @@ def _tool_choice(choice: Any, has_tools: bool) -> tuple[Any, Optional[bool]]:
     return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
 
 
-def _messages(data: dict) -> list[dict]:
+def _image_url(block: dict, where: str) -> str:
+    """An image block's source as the URL OpenAI's image part takes (a data: URL for base64)."""
+    source = block.get("source")
+    need(isinstance(source, dict), f"{where}.source must be an object", where)
+    if source.get("type") == "base64":
+        need(isinstance(source.get("data"), str), f"{where}.source.data must be a base64 string", where)
+        return f"data:{source.get('media_type') or 'image'};base64,{source['data']}"
+    if source.get("type") == "url":
+        need(isinstance(source.get("url"), str), f"{where}.source.url must be a string", where)
+        return source["url"]
+    raise ApiError(400, f"{where}.source: {source.get('type')!r} sources are not supported by localrun: send the image as base64",
+                   param=where)
+
+
+def _messages(data: dict, names: list[str]) -> list[dict]:
     """Anthropic's system and messages as OpenAI chat messages: tool_use blocks become the assistant's
-    tool_calls, tool_result blocks tool messages (before the rest of that user turn)."""
+    tool_calls, tool_result blocks tool messages (before the rest of that user turn), a user's image blocks
+    image parts before its text (their fields added to `names`, in order)."""
     out: list[dict] = []
     system = _text_of(data.get("system"), "system")
     raw = data.get("messages")
@@ -89,7 +106,7 @@ def _messages(data: dict) -> list[dict]:
             out.append({"role": m["role"], "content": content or ""})
             continue
         need(isinstance(content, list), f"{where}.content must be a string or a list of blocks", where)
-        texts, calls, results = [], [], []
+        texts, calls, results, images = [], [], [], []
         for j, block in enumerate(content):
             need(isinstance(block, dict), f"{where}.content.{j} must be a block", where)
             kind = block.get("type")
@@ -102,6 +119,9 @@ def _messages(data: dict) -> list[dict]:
                 result = _text_of(block.get("content"), f"{where}.content.{j}.content")
                 results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                                 "content": ("Error: " + result) if block.get("is_error") else result})
+            elif kind == "image" and m["role"] == "user":
+                images.append({"type": "image_url", "image_url": {"url": _image_url(block, f"{where}.content.{j}")}})
+                names.append(f"{where}.content.{j}")
             else:
                 texts.append(_text_of([block], f"{where}.content"))
         text = "\n".join(t for t in texts if t)
@@ -109,7 +129,9 @@ def _messages(data: dict) -> list[dict]:
             out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
         else:
             out += results
-            if text or not results:
+            if images:
+                out.append({"role": "user", "content": [*images, {"type": "text", "text": text}]})
+            elif text or not results:
                 out.append({"role": "user", "content": text})
     return ([{"role": "system", "content": system}] if system else []) + out
 
@@ -127,8 +149,9 @@ def chat_body(data: Any) -> ChatBody:
     think = None
     if isinstance(thinking, dict):
         think = {"enabled": True, "disabled": False}.get(thinking.get("type"))  # adaptive: the model's default
+    names: list[str] = []
     openai_body: dict[str, Any] = {
-        "model": data.get("model"), "messages": _messages(data), "max_tokens": max_tokens, "stream": data.get("stream", False),
+        "model": data.get("model"), "messages": _messages(data, names), "max_tokens": max_tokens, "stream": data.get("stream", False),
         **{k: data[k] for k in ("temperature", "top_p", "top_k") if data.get(k) is not None},
     }
     if data.get("stop_sequences"):
@@ -142,9 +165,11 @@ def chat_body(data: Any) -> ChatBody:
     if think is not None:
         openai_body["chat_template_kwargs"] = {"enable_thinking": think}
     try:
-        return ChatBody.model_validate(openai_body)
+        body = ChatBody.model_validate(openai_body)
     except ValidationError as exc:
         raise validation_error(exc, openai_body) from None
+    body._image_names = names
+    return body
 
 
 def stop_reason(final, calls: list, stops: list[str]) -> tuple[str, Optional[str]]:

@@ -3,8 +3,8 @@ OpenAI dialect makes a scheduler job of (so both answer alike), and the response
 Ollama's shapes: NDJSON objects with `message`/`response`, the last with `done_reason` and the durations
 in nanoseconds. Errors are {"error": "..."} with the status Ollama uses (404 for an unknown model).
 
-What Ollama clients send and localrun does not do yet is refused with 400 naming it (images, suffix,
-template, context); Ollama's options that have no meaning here (numa, use_mmap, ...) are accepted and
+What Ollama clients send and localrun does not do yet is refused with 400 naming it (suffix, template,
+context); Ollama's options that have no meaning here (numa, use_mmap, ...) are accepted and
 ignored, as Ollama itself ignores options a runner does not use. Options and top-level fields Ollama does not
 know either (Open WebUI's reasoning_effort and logit_bias in `options`, the AI SDK's top-level
 max_output_tokens) are ignored with one line each on the server's stderr, as Ollama warns and goes on; the
@@ -34,7 +34,7 @@ _SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k":
 _LOAD = ("num_ctx", "num_gpu", "num_thread", "num_batch")
 _IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap", "use_mlock", "tfs_z",
             "f16_kv", "logits_all", "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa")  # older clients send these
-_REFUSED = {"images": "images (localrun has no vision models yet)", "suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
+_REFUSED = {"suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
             "context": "context (send the conversation as messages to /api/chat)"}
 # Top-level fields some Ollama clients send (the AI SDK's ollama-ai-provider-v2) that say what an option says.
 _TOP_LEVEL = {"max_output_tokens": "num_predict", "max_tokens": "num_predict", **{name: name for name in _SAMPLING}}
@@ -106,15 +106,13 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         fields["logprobs"], fields["top_logprobs"] = True, data.get("top_logprobs") or 0
     elif data.get("top_logprobs"):
         raise error(400, "top_logprobs needs logprobs: true")
+    names: list[str] = []  # the images' fields, in order: what an error about one names
     if chat:
         messages = data.get("messages") or []
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise error(400, "messages must be a list of objects")
-        for m in messages:
-            if m.get("images"):
-                raise error(400, f"{_REFUSED['images']} is not supported by localrun")
         extra["empty"] = not messages
-        fields["messages"] = [_message(m) for m in messages] or [{"role": "user", "content": ""}]
+        fields["messages"] = [_message(m, f"messages.{i}.images", names) for i, m in enumerate(messages)] or [{"role": "user", "content": ""}]
         if data.get("tools"):
             fields["tools"] = data["tools"]  # OpenAI's function tools, as Ollama takes them
             fields["tool_choice"] = data.get("tool_choice")  # the AI SDK sends OpenAI's; Ollama's own clients none (auto)
@@ -123,19 +121,21 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         prompt = data.get("prompt") or ""
         if not isinstance(prompt, str):
             raise error(400, "prompt must be a string")
-        extra["empty"] = not prompt
+        extra["empty"] = not prompt and not data.get("images")
         system = data.get("system")
         if system is not None and not isinstance(system, str):
             raise error(400, "system must be a string")
         if data.get("raw"):
+            if data.get("images"):
+                raise error(400, "images cannot combine with raw: true (an image goes where the chat template puts it)")
             fields.pop("chat_template_kwargs", None)  # no template: nothing to switch
             fields["prompt"] = prompt
             if fields.pop("logprobs", None):
                 fields["logprobs"] = fields.pop("top_logprobs")
             kind = CompletionBody
         else:  # through the chat template, as Ollama does unless raw
-            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            fields["messages"] = messages
+            asked = _message({"role": "user", "content": prompt, "images": data.get("images")}, "images", names)
+            fields["messages"] = ([{"role": "system", "content": system}] if system else []) + [asked]
             kind = ChatBody
     given = {k: v for k, v in fields.items() if v is not None}
     try:
@@ -144,13 +144,24 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         raise ollama_names(validation_error(exc, given)) from None
     if chat:
         body._drop_oldest = True  # a conversation over the context keeps its newest messages, as Ollama's does
+    if isinstance(body, ChatBody):
+        body._image_names = names
     return body, extra
 
 
-def _message(m: dict) -> dict:
+def _message(m: dict, where: str, names: list[str]) -> dict:
     """An Ollama message as the OpenAI dialect takes it: tool calls with their arguments object, a tool
-    result's `tool_name` as its name."""
+    result's `tool_name` as its name, its `images` (base64) as image parts before its text, their fields
+    (`where`.0, ...) added to `names`."""
     out: dict[str, Any] = {"role": m.get("role"), "content": m.get("content") or ""}
+    images = m.get("images")
+    if images:
+        if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+            raise error(400, f"{where} must be a list of base64-encoded images")
+        names += [f"{where}.{k}" for k in range(len(images))]
+        text = out["content"] if isinstance(out["content"], str) else ""
+        out["content"] = [*({"type": "image_url", "image_url": {"url": "data:image;base64," + i}} for i in images),
+                          {"type": "text", "text": text}]
     if m.get("tool_calls"):
         out["tool_calls"] = [{"type": "function", "function": c.get("function") if isinstance(c, dict) else c} for c in m["tool_calls"]]
     if m.get("role") == "tool" and m.get("tool_name"):

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
                       create_model, model_validator)
@@ -167,6 +167,24 @@ class _Part(BaseModel):
     text: str
 
 
+class _ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: StrictStr
+    detail: Optional[Literal["auto", "low", "high"]] = None  # how OpenAI sizes it: a projector has its own size
+
+
+class _ImagePart(BaseModel):
+    """An image in a message: a data: URL with the image's bytes in base64 (runtime.images.image_from_url)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image_url"]
+    image_url: Union[StrictStr, _ImageUrl]
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
 class _Function(BaseModel):
     name: StrictStr = Field(min_length=1)
     arguments: Union[StrictStr, dict[str, Any]] = "{}"
@@ -182,7 +200,7 @@ class _ToolCall(BaseModel):
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, ...: harmless
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[_Part], None] = None
+    content: Union[str, list[Annotated[Union[_Part, _ImagePart], Field(discriminator="type")]], None] = None
     tool_calls: Optional[list[_ToolCall]] = None
     tool_call_id: Optional[str] = None
 
@@ -195,8 +213,12 @@ class _Message(BaseModel):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "".join(p.text for p in self.content if isinstance(p, _Part))
         return self.content or ""
+
+    def image_parts(self) -> list[tuple[int, "_ImagePart"]]:
+        """(index in content, part) of each image, in order."""
+        return [(j, p) for j, p in enumerate(self.content) if isinstance(p, _ImagePart)] if isinstance(self.content, list) else []
 
     def for_template(self) -> dict[str, Any]:
         """As chat templates read a message: a tool call's arguments as an object (templates write them with
@@ -235,6 +257,9 @@ class ChatBody(_Body):
     # Ollama's /api/chat (set by that dialect, no request field): a conversation over the context drops its oldest
     # messages rather than being refused, as OpenAI's API and llama-server refuse it.
     _drop_oldest: bool = PrivateAttr(False)
+    # What the body's images are called in errors, in order, where another dialect's translator made the body
+    # (Ollama's messages.0.images.0); by default their place here (messages.0.content.1).
+    _image_names: list = PrivateAttr(default_factory=list)
 
 
 class EmbeddingsBody(BaseModel):
@@ -357,6 +382,14 @@ def refusal(exc: BaseException, chat: bool, more_context: str = "restart the ser
         return ApiError(503, exc.failure or "the server is shutting down: retry later", type_="server_error")
     if isinstance(exc, OptionError):
         return ApiError(400, f"invalid {exc.field!r}: {exc.reason}" if exc.field else exc.reason, param=exc.field)
+    from ..runtime.images import BadImage, NoProjector
+
+    if isinstance(exc, BadImage):
+        return ApiError(400, exc.message, param=exc.name, code="invalid_image")
+    if isinstance(exc, NoProjector):
+        return ApiError(400, f"{exc.image}: the model {exc.model} has no image projector: start the server with"
+                             " --mmproj FILE for it, or put its mmproj-*.gguf beside the model file", param=exc.image,
+                        code="model_without_vision")
     if isinstance(exc, UsageError):
         return ApiError(400, exc.message)
     if isinstance(exc, LocalrunError):
@@ -424,7 +457,7 @@ def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Op
         unknown = sorted(set(kwargs) - {"enable_thinking"})
         if unknown or not isinstance(kwargs.get("enable_thinking", True), bool):
             raise ApiError(400, "chat_template_kwargs takes enable_thinking (true or false)", param="chat_template_kwargs")
-        request = Request(messages=[m.for_template() for m in body.messages],
+        request = Request(messages=_with_images(body),
                           tools=[t.model_dump(exclude_none=True) for t in body.tools] if tooling else None,
                           think=kwargs.get("enable_thinking"), reasoning="none" if body.reasoning_format == "none" else "auto")
     elif isinstance(body.prompt, list):
@@ -435,6 +468,25 @@ def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Op
     else:
         request = Request(messages=[{"role": "user", "content": body.prompt}], raw=True)
     return request, tooling
+
+
+def _with_images(body: ChatBody) -> list[dict]:
+    """The body's messages as templates read them, each message's images (runtime.images: decoded from
+    their data: URLs, named as the client wrote them) beside its text; the prompt puts them before it."""
+    from ..runtime.images import image_from_url
+
+    messages, k = [], 0
+    for i, m in enumerate(body.messages):
+        out = m.for_template()
+        images = []
+        for j, part in m.image_parts():
+            name = body._image_names[k] if k < len(body._image_names) else f"messages.{i}.content.{j}"
+            images.append(image_from_url(part.url, name))
+            k += 1
+        if images:
+            out["images"] = images
+        messages.append(out)
+    return messages
 
 
 def prompt_tokens(resident, body: ChatBody) -> int:

@@ -71,13 +71,41 @@ def _content_text(content: Any, where: str) -> str:
         if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
             need(isinstance(part.get("text"), str), f"{where}.{i}.text must be a string", where)
             parts.append(part["text"])
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise ApiError(400, f"{where}.{i}: {kind} is not supported by localrun yet: send text", param=where)
+        elif kind == "input_image":
+            raise ApiError(400, f"{where}.{i}: input_image is read in a message's content only", param=where)
+        elif kind in ("input_file", "input_audio"):
+            raise ApiError(400, f"{where}.{i}: {kind} is not supported by localrun: send text", param=where)
         elif kind == "refusal":
             parts.append(part.get("refusal") or "")
         else:
             raise ApiError(400, f"{where}.{i}: unexpected content part type {kind!r}", param=where)
     return "\n".join(parts)
+
+
+def _message_content(content: Any, where: str) -> Any:
+    """A message's content: its text, or with input_image parts the OpenAI chat parts (images, then the text)."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+        return _content_text(content, where)
+    images = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            need(isinstance(part.get("image_url"), str),
+                 f"{where}.{j}: input_image needs image_url (a data: URL; file_id is not supported by localrun)", f"{where}.{j}")
+            images.append({"type": "image_url", "image_url": {"url": part["image_url"]}, "where": f"{where}.{j}"})
+    text = _content_text([p for p in content if not (isinstance(p, dict) and p.get("type") == "input_image")], where)
+    return [*images, {"type": "text", "text": text}]
+
+
+def _image_names(messages: list[dict]) -> tuple[list[dict], list[str]]:
+    """The messages without the image parts' field names, and those names in order (an image of an earlier
+    response's conversation is named by previous_response_id)."""
+    names, out = [], []
+    for m in messages:
+        if isinstance(m.get("content"), list):
+            names += [p.get("where", "previous_response_id") for p in m["content"] if p.get("type") == "image_url"]
+            m = {**m, "content": [{k: v for k, v in p.items() if k != "where"} for p in m["content"]]}
+        out.append(m)
+    return out, names
 
 
 def _input_messages(data: dict) -> list[dict]:
@@ -95,7 +123,7 @@ def _input_messages(data: dict) -> list[dict]:
         if kind == "message":
             need(item.get("role") in ("user", "assistant", "system", "developer"), f"{where}.role must be user, assistant, system or developer", where)
             role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": _content_text(item.get("content"), where + ".content")})
+            out.append({"role": role, "content": _message_content(item.get("content"), where + ".content")})
         elif kind == "function_call":
             need(isinstance(item.get("name"), str) and isinstance(item.get("call_id"), str), f"{where}: a function_call needs name and call_id", where)
             call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
@@ -160,10 +188,13 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
     reasoning = data.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") == "none":
         body["chat_template_kwargs"] = {"enable_thinking": False}
+    body["messages"], names = _image_names(messages)
     try:
-        return ChatBody.model_validate(body), messages
+        chat = ChatBody.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc, body) from None
+    chat._image_names = names
+    return chat, body["messages"]
 
 
 def _usage(stats) -> dict:
