@@ -279,3 +279,27 @@ def test_a_non_causal_image_larger_than_the_batch_is_refused_not_aborted(gemma, 
         tokens = eng.vision.tokenize(GEMMA_QUESTION, [Image(red_square(), "x.png")])
         with pytest.raises(UsageError, match="images are 16 tokens, decoded in one batch: raise --batch to 16"):
             eng.vision.prefill(0, tokens)
+
+
+@pytest.mark.parametrize("url, data, said", [
+    ("data:image/png;base64,aGVsbG8=", b"hello", None),
+    ("DATA:image/jpeg;BASE64,aGVs\nbG8=", b"hello", None),  # base64 wrapped in lines, as some clients send it
+    ("data:;base64,aGVsbG8=", b"hello", None),
+    ("https://example.com/cat.png", None, "a remote URL, which localrun does not fetch"),
+    ("data:image/png,hello", None, "without ;base64"),
+    ("data:image/png;base64,hello!", None, "not valid base64"),
+    ("file:///etc/passwd", None, "not a data: URL"),
+])
+def test_images_sent_in_a_request_body(url, data, said):
+    """runtime.images: what the HTTP dialects decode (OpenAI's and the Responses API's image URLs; Ollama's
+    and Anthropic's base64 through the same reader), named as the request field they came in."""
+    from localrun.runtime.images import image_from_url
+
+    if said is None:
+        image = image_from_url(url, "messages.0.content.1")
+        assert (image.data, image.name) == (data, "messages.0.content.1")
+        return
+    with pytest.raises(BadImage) as caught:
+        image_from_url(url, "messages.0.content.1")
+    assert caught.value.name == "messages.0.content.1" and said in caught.value.reason
+    assert caught.value.message.startswith("messages.0.content.1: ") and "\n" not in caught.value.message

@@ -193,9 +193,12 @@ def ollama_names(exc: ApiError) -> ApiError:
     return error(exc.status, exc.message.replace(repr(exc.param), repr(f"options.{name}")))
 
 
-def without_template(body: ChatBody) -> CompletionBody:
+def without_template(body: ChatBody) -> "ChatBody | CompletionBody":
     """/api/generate for a model with no chat template (a base model): the prompt as it is, as Ollama's
-    default template ({{ .Prompt }}) gives it; a system prompt goes before it."""
+    default template ({{ .Prompt }}) gives it; a system prompt goes before it. A body with images stays a chat
+    body: the request path gives it as plain text too, each image before its message's text."""
+    if any(m.image_parts() for m in body.messages):
+        return body
     text = "\n\n".join(m.text() for m in body.messages if m.text())
     fields = body.model_dump(exclude={"messages", "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
                                       "reasoning_format", "reasoning_effort"}, exclude_none=True)
