@@ -38,14 +38,15 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def add_tiny_repo(stub: HubStub, repo: str = REPO):
+def add_tiny_repo(stub: HubStub, repo: str = REPO, projectors: tuple[str, ...] = ()):
+    """A repository of three quants (and the vision projectors named: pulled with the model, never as it)."""
     return stub.add_repo(
         repo,
         [
             StubFile("tiny.Q4_0.gguf", Q4_0),
             StubFile("tiny.Q8_0.gguf", Q8_0),
             StubFile("tiny-Q4_K_M.gguf", Q4_K_M),
-            StubFile("mmproj-tiny-f16.gguf", b"projector"),
+            *(StubFile(name, name.encode()) for name in projectors),
             StubFile("README.md", b"# tiny\n", lfs=False),
         ],
     )
@@ -795,3 +796,20 @@ def test_cli_pull_end_to_end(hub_stub, cli):
     assert result.stderr.strip().splitlines() == [
         f"error: repository 'stub-org/nope' not found on the Hub ({hub_stub.stub.url}): check the name, or set HF_TOKEN if it is private"
     ]
+
+
+@pytest.mark.parametrize("projectors, chosen", [
+    (("mmproj-tiny-f16.gguf",), "mmproj-tiny-f16.gguf"),
+    (("mmproj-tiny-Q8_0.gguf", "mmproj-tiny-F16.gguf", "mmproj-tiny-bf16.gguf"), "mmproj-tiny-F16.gguf"),  # F16 first
+])
+def test_a_vision_models_projector_comes_with_it_beside_it_and_goes_with_rm(hub_stub, projectors, chosen):
+    repo = add_tiny_repo(hub_stub.stub, projectors=projectors)
+    model = hub.pull(f"{REPO}:Q8_0", progress=False)
+    assert model.path.read_bytes() == Q8_0  # the model is the model, never a projector
+    projector = model.files[-1]
+    assert [p.name for p in model.files] == ["tiny.Q8_0.gguf", chosen] and projector.read_bytes() == chosen.encode()
+    assert projector.parent == model.path.parent == hub_stub.repo_cache(REPO) / "snapshots" / repo.commit  # beside it
+    assert model.sha256[-1] == sha(chosen.encode())  # verified as the model is
+    assert hub.resolve_local(f"{REPO}:Q8_0").files == model.files  # and recorded with it
+    hub.remove(f"{REPO}:Q8_0")
+    assert not projector.exists() and not model.path.exists()

@@ -57,6 +57,8 @@ class ModelEntry(BaseModel):
     revision: str = "main"
     embedding: bool = Field(default=False, description="an embedding model (for /v1/embeddings, /api/embed, `localrun embed`)")
     reasoning: bool = Field(default=False, description="a reasoning model: it thinks before it answers")
+    mmproj: Optional[str] = Field(default=None, description="a vision model's projector: file name or glob in the repo "
+                                  "(default: its only mmproj-*.gguf, else the F16 one)")
     draft: Optional[Literal["lookup"]] = Field(default=None, description="speculative decoding by default: lookup (prompt "
                                                 "n-grams, for code models, whose edits copy their input)")
     mirror: dict[str, MirrorSource] = Field(default_factory=dict, description="quant -> PyPI mirror source")

@@ -844,6 +844,29 @@ def _available_quants(files: list[_RemoteFile]) -> list[str]:
     return sorted(quants)
 
 
+_PROJECTOR_PREFERENCE = ("f16", "bf16", "q8_0", "f32")  # the projector's precision, best first (llama.cpp's repos ship F16)
+
+
+def _projector(mref: ModelRef, files: list[_RemoteFile]) -> Optional[_RemoteFile]:
+    """The multimodal projector (mmproj-*.gguf) to fetch with a model: the one its catalogue entry names, else
+    the repository's only one, else the first by precision (F16, BF16, Q8_0, F32); None for a text model."""
+    found = [f for f in files if f.name.lower().endswith(".gguf") and "mmproj" in f.name.rsplit("/", 1)[-1].lower()]
+    named = mref.entry.mmproj if mref.entry is not None else None
+    if named:
+        found = [f for f in found if fnmatch.fnmatchcase(f.name.lower(), named.lower())]
+        if not found:
+            raise QuantNotFound(f"{mref.entry.repo} has no projector matching '{named}' (models.yaml may be stale)")
+    if len(found) <= 1:
+        return found[0] if found else None
+
+    def rank(f: _RemoteFile) -> tuple[int, str]:
+        base = f.name.rsplit("/", 1)[-1].lower()
+        return next((i for i, p in enumerate(_PROJECTOR_PREFERENCE) if re.search(rf"(?:^|[._-]){p}(?:[._-]|$)", base)),
+                    len(_PROJECTOR_PREFERENCE)), f.name
+
+    return min(found, key=rank)
+
+
 def _one_model(files: list[_RemoteFile], what: str) -> list[_RemoteFile]:
     """Order the files of a single (possibly sharded) model; refuse several models or missing shards."""
     groups: dict[str, list[tuple[int, int, _RemoteFile]]] = {}
@@ -913,6 +936,7 @@ def _pull_hub(mref: ModelRef, progress: Union[bool, Callable], verify: bool = Fa
     repo_id, commit, listing = _list_repo(repo, revision)
     quant, chosen = _select(mref, repo_id, listing)
     name = mref.name if mref.kind == "alias" else repo_id
+    projector = _projector(mref, listing)  # a vision model's: fetched with it, beside it, as llama-server -hf does
 
     present = _already_present(replace(mref, name=name, quant=quant), verify)  # hashed once: pull() may have asked
     if present is not None:
@@ -922,7 +946,7 @@ def _pull_hub(mref: ModelRef, progress: Union[bool, Callable], verify: bool = Fa
     digests: list[str] = []
     downloaded = False
     with _Bars(progress) as bars:
-        for remote in chosen:
+        for remote in chosen + ([projector] if projector else []):
             path, digest, fetched = _fetch_verified(repo_id, commit, remote, bars, f"{name}:{quant}")
             paths.append(path)
             digests.append(digest)

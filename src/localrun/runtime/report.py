@@ -40,6 +40,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
         "name": local.ref,
         "path": str(local.path),
         "files": [str(f) for f in local.files],
+        "projector": str(projector) if (projector := projector_of(local)) else None,
         "source": local.source,
         "architecture": info.architecture,
         "model_name": info.name,
@@ -186,7 +187,7 @@ def model_card(ref: str) -> dict[str, Any]:
     from ..engine.thinking import markers_for
     from ..engine.tools import supports_tools
 
-    capabilities = ["completion"] + (["tools"] if supports_tools(info.chat_template) else []) + (
+    capabilities = ["completion"] + (["vision"] if projector_of(local) else []) + (["tools"] if supports_tools(info.chat_template) else []) + (
         ["thinking"] if markers_for(info.chat_template) else []) + (["embedding"] if brought.embedding else [])
     return {
         "modelfile": modelfile_text(local, brought), "parameters": parameters,
@@ -196,6 +197,17 @@ def model_card(ref: str) -> dict[str, Any]:
         "details": model_details(info), "model_info": model_info, "capabilities": capabilities,
         "modified_at": local.pulled_at or _mtime(local.path), "digest": _digest(local),
     }
+
+
+def projector_of(local):
+    """The vision projector a model is run with (the mmproj file beside it, as pulled with it), or None."""
+    from ..errors import UsageError
+    from .images import projector_beside
+
+    try:
+        return projector_beside([local.path, local.path.resolve()])
+    except UsageError:  # several beside it: none is chosen until --mmproj names one
+        return None
 
 
 def modelfile_text(local, brought) -> str:
