@@ -161,7 +161,8 @@ def main() -> None:
     for name, results in runs.items():
         summary[name] = {"tps": statistics.median(r["tps"] for r in results),
                          "ttft_s": statistics.median(r["ttft_s"] for r in results),
-                         "tokens": results[0]["tokens"], "same_output_as_localrun_plain": results[0]["text"] == reference}
+                         "tokens": results[0]["tokens"],
+                         "same_output_as_localrun_plain": all(r["text"] == reference for r in results)}
     print(f"\nmodel {args.model.name}, {args.reps} rounds, {args.threads} threads, greedy, max_tokens {args.max_tokens}")
     print(f"{'server':<20} {'decode t/s':>10} {'TTFT s':>8} {'tokens':>7}  same output as localrun plain")
     for name, s in summary.items():
