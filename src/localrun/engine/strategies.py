@@ -89,7 +89,9 @@ class LookupDrafter:
                 continue
             start = self.index.get(tuple(toks[-n:]))
             if start is not None:
-                return toks[start : start + k]
+                draft = toks[start : start + k]
+                # An image's positions (negative ids in a vision prompt) are no tokens to propose.
+                return next((draft[:i] for i, t in enumerate(draft) if t < 0), draft)
         return []
 
     def close(self) -> None:

@@ -477,7 +477,13 @@ def build_app(service: Service, on_started=None):
                 pool.release(resident, keep_alive)
                 return ollama_error(ApiError(400, f'"{body.model}" does not support thinking'), endpoint)
         if not chat and isinstance(body, ChatBody) and resident.engine.chat_template is None:
-            body = ollama.without_template(body)
+            try:
+                body = ollama.without_template(body)
+            except Exception as exc:  # noqa: BLE001 - the reference on the model is given back whatever failed
+                pool.release(resident, keep_alive)
+                if isinstance(exc, ApiError):
+                    return ollama_error(exc, endpoint)
+                raise
         try:
             answer = await answer_for(request, resident, keep_alive, body,
                                       more_context="raise options.num_ctx (or restart the server with a larger --ctx)")
