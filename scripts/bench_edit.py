@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_serve import free_port, start_llama_server, start_localrun, stop  # noqa: E402
+from bench_serve import start_llama_server, start_localrun, stop  # noqa: E402
 
 FUNCTION = '''def summarize(data, key, threshold=None, include_empty=False, precision=2):
     """Group the records in data by key and summarise a numeric field of each group."""
@@ -138,9 +138,9 @@ def main() -> None:
     try:
         bench_serve.SLOTS = 1
         servers["localrun plain"] = start_localrun(args.model, args)
-        servers["localrun lookup"] = _localrun_lookup(args)
+        servers["localrun lookup"] = start_localrun(args.model, args, ("--draft", "lookup"))
         servers["llama-server plain"] = start_llama_server(args.model, args)
-        servers["llama-server ngram"] = _llama_server_ngram(args)
+        servers["llama-server ngram"] = start_llama_server(args.model, args, ("--spec-type", "ngram-simple"))
         names = list(servers)
         for name in names:  # warm each once (a short request): the rounds time the edit, not a first load
             _warm(servers[name][1], str(args.model))
@@ -190,56 +190,6 @@ def _warm(url: str, model: str) -> None:
 
     httpx.post(url + "/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
                timeout=600).raise_for_status()
-
-
-def _localrun_lookup(args):
-    import re
-    import shutil
-    import subprocess
-
-    exe = shutil.which("localrun") or str(Path(sys.executable).with_name("localrun"))
-    proc = subprocess.Popen(
-        [exe, "serve", str(args.model), "--port", "0", "--parallel", "1", "--threads", str(args.threads), "--ctx", str(args.ctx),
-         "--draft", "lookup"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    for line in proc.stderr:
-        m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
-        if m:
-            return proc, m.group(1)
-    raise SystemExit(f"localrun serve --draft lookup did not start (exit {proc.wait()})")
-
-
-def _llama_server_ngram(args):
-    import subprocess
-
-    import httpx
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(bench_tool()), "-m", str(args.model), "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-c", str(args.ctx),
-         "-t", str(args.threads), "-tb", str(args.threads), "-b", "512", "-ub", "512", "--no-webui", "--spec-type", "ngram-simple"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"llama-server --spec-type ngram-simple did not start (exit {proc.returncode})")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url + "/v1"
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("llama-server did not answer /health within 120 s")
-
-
-def bench_tool():
-    from bench_serve import tool
-
-    return tool("llama-server")
 
 
 if __name__ == "__main__":

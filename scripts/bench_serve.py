@@ -65,11 +65,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_localrun(model: Path, args) -> tuple[subprocess.Popen, str]:
+def start_localrun(model: Path, args, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     exe = shutil.which("localrun") or str(Path(sys.executable).with_name("localrun"))
     proc = subprocess.Popen(
         [exe, "serve", str(model), "--port", "0", "--parallel", str(SLOTS), "--threads", str(args.threads),
-         "--ctx", str(args.ctx), "--gpu-layers", args.gpu_layers],
+         "--ctx", str(args.ctx), "--gpu-layers", args.gpu_layers, *extra],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     for line in proc.stderr:
@@ -79,7 +79,7 @@ def start_localrun(model: Path, args) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"localrun serve did not start (exit {proc.wait()})")
 
 
-def start_llama_server(model: Path, args) -> tuple[subprocess.Popen, str]:
+def start_llama_server(model: Path, args, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
@@ -87,7 +87,7 @@ def start_llama_server(model: Path, args) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [str(tool("llama-server")), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(SLOTS),
          "-c", str(args.ctx * SLOTS), "--no-kv-unified", "-t", str(args.threads), "-tb", str(args.threads),
-         "-b", "512", "-ub", "512", "-ngl", ngl, "--no-webui"],
+         "-b", "512", "-ub", "512", "-ngl", ngl, "--no-webui", *extra],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"

@@ -150,8 +150,8 @@ def test_pull_and_delete(served, hub_stub, smollm2):
 
 @pytest.mark.parametrize("call, status, fragment", [
     (lambda c: c.chat(model="no-such-model", messages=[{"role": "user", "content": "x"}]), 404, 'model "no-such-model" not found'),
-    (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"temperature": -1}), 400, "temperature"),
-    (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"num_predict": "many"}), 400, "num_predict"),
+    (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"temperature": -1}), 400, "invalid 'options.temperature'"),
+    (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"num_predict": "many"}), 400, "options.num_predict"),
     (lambda c: c.generate(model=REF, prompt="x", images=[b"\x89PNG"]), 400, "images"),
     (lambda c: c.generate(model=REF, prompt="x", suffix="y"), 400, "suffix"),
     (lambda c: c.show("no-such-model"), 404, "not found"),

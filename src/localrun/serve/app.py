@@ -207,7 +207,7 @@ def build_app(service: Service, on_started=None):
                            type_="server_error" if status >= 500 else "invalid_request_error") from None
 
     async def answer_for(request: Request, resident: Resident, keep_alive: Optional[float], body,
-                         more_context: str = "restart the server with a larger --ctx") -> Answer:
+                         more_context: str = "restart the server with a larger --ctx", name_of=str) -> Answer:
         """The body's request (its dialect's translator made it ChatBody or CompletionBody) answered on
         `resident` through the request path run and chat take (serve.stream.Answer), once it is taken;
         ApiError when it is refused. The reference on the model is given back when the answer ends. A
@@ -218,7 +218,7 @@ def build_app(service: Service, on_started=None):
             wanted, tools = await _off_loop_if_big(size, openai.request_for, resident, body)
         except Exception as exc:  # noqa: BLE001 - the reference is given back whatever went wrong
             pool.release(resident, keep_alive)
-            raise openai.refusal(exc, chat, more_context) from None
+            raise openai.refusal(exc, chat, more_context, name_of) from None
         access.note(request, model=body.model or resident.name)
 
         def on_end(final: Optional[Response]) -> None:  # on the answer's thread, its state saved
@@ -233,7 +233,7 @@ def build_app(service: Service, on_started=None):
             answer.cancel()
             if not isinstance(exc, Exception):
                 raise
-            raise openai.refusal(exc, chat, more_context) from None
+            raise openai.refusal(exc, chat, more_context, name_of) from None
         if answer.prompt.dropped:
             print(f"notice: the conversation did not fit {resident.name}'s context of {resident.slot_ctx} tokens: its"
                   f" {answer.prompt.dropped} oldest messages were left out ({answer.prompt_tokens} prompt tokens kept)",
@@ -485,10 +485,10 @@ def build_app(service: Service, on_started=None):
                     return ollama_error(exc, endpoint)
                 raise
         try:
-            answer = await answer_for(request, resident, keep_alive, body,
+            answer = await answer_for(request, resident, keep_alive, body, name_of=ollama.option_name,
                                       more_context="raise options.num_ctx (or restart the server with a larger --ctx)")
         except ApiError as exc:
-            return ollama_error(ollama.ollama_names(exc), endpoint)
+            return ollama_error(exc, endpoint)
         model_id = body.model  # the name the client used, as Ollama echoes it
         wants_logprobs = answer.request.top_logprobs is not None
         if not extra["stream"]:
@@ -562,6 +562,16 @@ def build_app(service: Service, on_started=None):
         metrics.requests.labels("/api/delete", "200").inc()
         return JSONResponse({})
 
+    async def making(work):
+        """`work()` (a create, a copy) off the event loop; its failure as Ollama answers it: 404 for a model
+        that is not there, 400 for any other."""
+        try:
+            return await run_in_threadpool(work)
+        except ModelNotFound as exc:
+            raise ApiError(404, exc.message) from None
+        except LocalrunError as exc:
+            raise ApiError(400, exc.message) from None
+
     async def ollama_create(request: Request):
         """Make a model as `localrun create` does, from Ollama's JSON fields or a Modelfile's text; answered as
         Ollama's status objects (streamed unless `stream` is false), a failure in its {"error"} shape."""
@@ -571,13 +581,9 @@ def build_app(service: Service, on_started=None):
         notes: list[str] = []
         try:
             name, modelfile, stream = create_request(await ollama_body(request))
-            made = await run_in_threadpool(lambda: create_model(name, modelfile, source=service.options.source, on_notice=notes.append))
+            made = await making(lambda: create_model(name, modelfile, source=service.options.source, on_notice=notes.append))
         except ApiError as exc:
             return ollama_error(exc, "/api/create")
-        except ModelNotFound as exc:
-            return ollama_error(ApiError(404, exc.message), "/api/create")
-        except LocalrunError as exc:
-            return ollama_error(ApiError(400, exc.message), "/api/create")
         for note in notes:
             print(f"warning: /api/create: {note}", file=sys.stderr, flush=True)
         with contextlib.suppress(ModelNotFound):
@@ -596,13 +602,9 @@ def build_app(service: Service, on_started=None):
         try:
             source, destination = copy_request(await ollama_body(request))
             source = next((r.loaded.ref for r in list(pool.residents) if source.casefold() in r.names), source)  # a name /api/ps lists
-            await run_in_threadpool(copy_model, source, destination)
+            await making(lambda: copy_model(source, destination))
         except ApiError as exc:
             return ollama_error(exc, "/api/copy")
-        except ModelNotFound as exc:
-            return ollama_error(ApiError(404, exc.message), "/api/copy")
-        except LocalrunError as exc:
-            return ollama_error(ApiError(400, exc.message), "/api/copy")
         metrics.requests.labels("/api/copy", "200").inc()
         return HttpResponse(status_code=200)
 

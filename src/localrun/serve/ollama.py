@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
+from ..runtime.options import OLLAMA_IGNORED, OLLAMA_LOAD
 from .openai import ApiError, ChatBody, CompletionBody, validation_error
 
 # Ollama's option names (api.Options and api.Runner) -> localrun's request fields ("load" ones go to `options`,
@@ -31,9 +32,8 @@ _SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k":
              "min_p": "min_p", "typical_p": "typical_p", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop",
              "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
-_LOAD = ("num_ctx", "num_gpu", "num_thread", "num_batch")
-_IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap", "use_mlock", "tfs_z",
-            "f16_kv", "logits_all", "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa")  # older clients send these
+_LOAD = tuple(OLLAMA_LOAD)
+_IGNORED = OLLAMA_IGNORED  # older clients send these
 _REFUSED = {"suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
             "context": "context (send the conversation as messages to /api/chat)"}
 # Top-level fields some Ollama clients send (the AI SDK's ollama-ai-provider-v2) that say what an option says.
@@ -141,7 +141,7 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
     try:
         body = kind.model_validate(given)
     except ValidationError as exc:
-        raise ollama_names(validation_error(exc, given)) from None
+        raise validation_error(exc, given, name_of=option_name) from None
     if chat:
         body._drop_oldest = True  # a conversation over the context keeps its newest messages, as Ollama's does
     if isinstance(body, ChatBody):
@@ -185,12 +185,10 @@ def flags(data: dict, *names: str) -> None:
             raise error(400, f"{name} must be true or false")
 
 
-def ollama_names(exc: ApiError) -> ApiError:
-    """An error about a request field, worded with the Ollama option it came from (max_tokens -> options.num_predict)."""
-    name = next((o for o, f in _SAMPLING.items() if f == exc.param), None)
-    if name is None:
-        return exc
-    return error(exc.status, exc.message.replace(repr(exc.param), repr(f"options.{name}")))
+def option_name(field: str) -> str:
+    """A request field as an Ollama client wrote it: the option it came from (max_tokens -> options.num_predict)."""
+    name = next((o for o, f in _SAMPLING.items() if f == field), None)
+    return field if name is None else f"options.{name}"
 
 
 def without_template(body: ChatBody) -> "ChatBody | CompletionBody":

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -19,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Str
 from ..errors import ContextOverflow, LocalrunError, SettingError, UsageError
 from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
 from ..runtime.request import prompt_for
+from ..runtime.options import OLLAMA_IGNORED, OLLAMA_LOAD
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 PING_S = float(os.environ.get("LOCALRUN_PING_S") or 10.0)  # a stream silent this long (a prompt still evaluated) gets a keep-alive
@@ -43,12 +44,10 @@ class _Tool(BaseModel):
 # Ollama's and llama-server's own top-level parameters, which clients written for them send on /v1 too (Open
 # WebUI's Advanced Params): the load-time ones are taken as `options`, the length as max_tokens, and those
 # that mean nothing here are ignored with one line each on stderr, as Ollama's /v1 and llama-server ignore them.
-_FOREIGN_LOAD = frozenset({"num_ctx", "num_batch", "num_thread", "num_gpu"})
+_FOREIGN_LOAD = frozenset(OLLAMA_LOAD)
 _FOREIGN_LENGTH = frozenset({"num_predict", "n_predict"})
 _FOREIGN_IGNORED = frozenset({
-    "tfs_z", "num_keep", "n_keep", "penalize_newline", "penalize_nl", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap",
-    "use_mlock", "f16_kv", "logits_all", "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa", "cache_prompt",
-    "n_probs", "samplers", "dynatemp_range", "dynatemp_exponent", "id_slot", "slot_id", "t_max_predict_ms", "timings_per_token",
+    *OLLAMA_IGNORED, "n_keep", "penalize_nl", "cache_prompt", "n_probs", "samplers", "dynatemp_range", "dynatemp_exponent", "id_slot", "slot_id", "t_max_predict_ms", "timings_per_token",
     "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "return_progress", "response_fields"})
 _FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED
 
@@ -328,17 +327,17 @@ def _written(error: dict, data: Any) -> list[bool]:
     return written
 
 
-def validation_error(exc: ValidationError, data: Any) -> ApiError:
+def validation_error(exc: ValidationError, data: Any, name_of: Callable[[str], str] = str) -> ApiError:
     """400 for the first field of `data` (the body validated) that failed, named as the client wrote its
-    path. Where that field is a union (a message's content: text or a list of parts), the branch that got
-    furthest says what is wrong."""
+    path (`name_of`: as another dialect's client wrote what was translated into it). Where that field is a
+    union (a message's content: text or a list of parts), the branch that got furthest says what is wrong."""
     errors = exc.errors()
     first = errors[0]
     branch = next((i for i, ok in enumerate(_written(first, data)) if not ok), None)
     if branch is not None:
         same = [e for e in errors if e["loc"][:branch] == first["loc"][:branch]]
         first = max(same, key=lambda e: len(e["loc"]))  # the first of the deepest
-    where = ".".join(str(p) for p, ok in zip(first["loc"], _written(first, data)) if ok)
+    where = name_of(".".join(str(p) for p, ok in zip(first["loc"], _written(first, data)) if ok))
     if first["type"] == "extra_forbidden":
         return ApiError(400, f"unknown or unsupported field {where!r}", param=where)
     if first["type"] == "missing":
@@ -364,10 +363,12 @@ def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
 # -- a body becomes a job --------------------------------------------------------------------------
 
 
-def refusal(exc: BaseException, chat: bool, more_context: str = "restart the server with a larger --ctx") -> "ApiError":
+def refusal(exc: BaseException, chat: bool, more_context: str = "restart the server with a larger --ctx",
+            name_of: Callable[[str], str] = str) -> "ApiError":
     """Why the request path did not take a request (runtime.generate refused it before its first token),
-    as an error in this dialect's terms: the body's fields named, the numbers given. `more_context`: how a
-    client of this dialect gets a larger context (Ollama's: options.num_ctx, Open WebUI's Context Length)."""
+    as an error in this dialect's terms: the body's fields named (`name_of`: as the client wrote a field
+    translated into the body), the numbers given. `more_context`: how a client of this dialect gets a
+    larger context (Ollama's: options.num_ctx, Open WebUI's Context Length)."""
     from ..runtime.scheduler import QueueFull, ServerStopping
 
     if isinstance(exc, ApiError):
@@ -381,7 +382,7 @@ def refusal(exc: BaseException, chat: bool, more_context: str = "restart the ser
     if isinstance(exc, ServerStopping):  # a scheduler that failed says why
         return ApiError(503, exc.failure or "the server is shutting down: retry later", type_="server_error")
     if isinstance(exc, OptionError):
-        return ApiError(400, f"invalid {exc.field!r}: {exc.reason}" if exc.field else exc.reason, param=exc.field)
+        return ApiError(400, f"invalid {name_of(exc.field)!r}: {exc.reason}" if exc.field else exc.reason, param=exc.field)
     from ..runtime.images import BadImage, NoProjector
 
     if isinstance(exc, BadImage):
@@ -630,8 +631,7 @@ def logprobs_of(engine, chat: bool, entries: list, offset: int = 0) -> Optional[
 
 
 # Ollama's names for the load-time options (api.Runner), plus localrun's for the KV cache and flash attention.
-_LOAD_FIELDS = {"num_ctx": "ctx", "num_gpu": "gpu_layers", "num_thread": "threads", "num_batch": "batch",
-                "num_parallel": "parallel", "kv_type": "kv_type", "flash_attn": "flash_attn"}
+_LOAD_FIELDS = {**OLLAMA_LOAD, "num_parallel": "parallel", "kv_type": "kv_type", "flash_attn": "flash_attn"}
 
 
 def load_spec(base, options: Optional[dict[str, Any]]):
@@ -675,12 +675,7 @@ def _options(base: SamplingOptions, body) -> SamplingOptions:
     if body.logit_bias is not None:
         update["logit_bias"] = {**base.logit_bias, **body.logit_bias}
     update.update(_response_format(body.response_format))
-    try:
-        return merge_options(base.model_dump(), update)
-    except OptionError as exc:
-        if exc.field is None:
-            raise ApiError(400, exc.reason) from None
-        raise ApiError(400, f"invalid {exc.field!r}: {exc.reason}", param=exc.field) from None
+    return merge_options(base.model_dump(), update)  # OptionError: worded by `refusal`, the field as the client named it
 
 
 def _response_format(fmt: Optional[dict]) -> dict:
