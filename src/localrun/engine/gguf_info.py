@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import gguf
-from gguf import GGMLQuantizationType, GGUFValueType
+from .llama import llama_cpp_module
+
+llama_cpp_module()  # before gguf imports numpy: see llama_cpp_module (whoever reads a GGUF gets the order right)
+
+import gguf  # noqa: E402
+from gguf import GGMLQuantizationType, GGUFValueType  # noqa: E402
 
 from ..errors import InvalidModelFile, UsageError
 

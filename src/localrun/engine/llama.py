@@ -14,6 +14,25 @@ _log_callback = None  # kept referenced: llama.cpp holds the pointer
 _log_sink: Optional[list] = None
 
 
+def library_fingerprint() -> str:
+    """The llama.cpp libraries llama_cpp would load (each one's path, size and mtime, hashed), found without
+    importing it: two builds of one llama-cpp-python version (a CPU and a CUDA wheel) differ here, so a
+    session or server made by one is not taken for the other's."""
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llama_cpp")
+    where = Path(spec.origin).parent / "lib" if spec and spec.origin else None
+    digest = hashlib.sha256()
+    if where is not None and where.is_dir():
+        for lib in sorted(where.glob("lib*.so*")) + sorted(where.glob("*.dylib")):
+            if lib.is_file() and not lib.is_symlink():
+                st = lib.stat()
+                digest.update(f"{lib}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
 def llama_cpp_module():
     """Import llama_cpp lazily (it loads a shared library) and silence its logging.
 
@@ -114,7 +133,11 @@ def system_info() -> dict:
 
 
 def build_id() -> str:
-    """Identifies the llama.cpp build that made a saved KV state (states are not portable across builds)."""
+    """The llama-cpp-python version that made a saved KV state. A session's identity (runtime.sessions) keeps
+    build_system_info() beside it, which names the backends and CPU features: a CPU and a CUDA wheel of one
+    version are two builds there, and a state from one is refused by the other. That is deliberate: the state
+    format would load, but the KV in it was computed by other kernels, so a resumed answer could differ from
+    one computed here (the reason states are refused across versions too)."""
     return f"llama-cpp-python {llama_cpp_module().__version__}"
 
 

@@ -5,7 +5,6 @@ would cost the client the load time the server exists to save)."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -15,18 +14,12 @@ from .. import __version__
 
 @lru_cache(maxsize=1)
 def build_identity() -> str:
-    """'localrun VERSION, llama.cpp LIBS' where LIBS fingerprints the bundled libraries (path, size, mtime):
-    another build of the same version (cpu, cpu-exact, cuda) gives another identity."""
-    spec = importlib.util.find_spec("llama_cpp")
-    where = Path(spec.origin).parent / "lib" if spec and spec.origin else None
-    digest = hashlib.sha256()
-    if where is not None and where.is_dir():
-        for lib in sorted(where.glob("lib*.so*")) + sorted(where.glob("*.dylib")):
-            if lib.is_file() and not lib.is_symlink():
-                st = lib.stat()
-                digest.update(f"{lib}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    """'localrun VERSION, llama.cpp LIBS' where LIBS fingerprints the bundled libraries (engine.llama): another
+    build of the same version (cpu, cpu-exact, cuda) gives another identity."""
+    from ..engine.llama import library_fingerprint
+
     tag = os.environ.get("LOCALRUN_BUILD_TAG", "")  # marks a build apart (a packager's patch; the tests' "other build")
-    return f"localrun {__version__}{'+' + tag if tag else ''}, llama.cpp {digest.hexdigest()[:16]}, settings {_settings()}"
+    return f"localrun {__version__}{'+' + tag if tag else ''}, llama.cpp {library_fingerprint()}, settings {_settings()}"
 
 
 # The environment a server answers by: it took these from the client that started it, so a client with

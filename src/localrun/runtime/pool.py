@@ -180,7 +180,7 @@ def remove_pulled(ref: str) -> list[Path]:
     return hub.remove(ref)
 
 
-def pulled_models() -> list[tuple[str, str]]:
+def pulled_refs() -> list[tuple[str, str]]:
     """(name a request may use, file) for every pulled model whose files are all there."""
     from .. import hub
 

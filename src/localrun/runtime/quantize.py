@@ -35,9 +35,6 @@ def quantize_model(ref: str, quant: str, *, out: Optional[Path] = None, allow_re
     """Write `ref` (pulled first if need be) in `quant` and register the result. Refuses, before writing
     anything, an unknown quant, a file that is not a usable GGUF, a quantized source without
     allow_requantize, an output that exists, and a disk without room for the result."""
-    from ..engine.llama import llama_cpp_module
-
-    llama_cpp_module()  # before gguf/numpy (see llama_cpp_module)
     from ..engine.gguf_info import read_info
     from ..engine.quantize import UNQUANTIZED, check_quant, estimated_bytes, quantize
     from ..store.files import sha256_file

@@ -20,11 +20,6 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     from ..hub import defaults_for
     from ..store.files import sha256_file
 
-    # llama.cpp may load the model below (and tells which CPU features repack): it must come before gguf/numpy
-    # (see llama_cpp_module())
-    from ..engine import llama_cpp_module
-
-    llama_cpp_module()
     from ..engine.footprint import footprint, repacks_here
     from ..engine.gguf_info import read_info
 
@@ -147,7 +142,7 @@ def _parameter_size(n: int) -> str:
     return str(n)
 
 
-def pulled_models() -> list[dict[str, Any]]:
+def tags_listing() -> list[dict[str, Any]]:
     """The pulled models whose files are all here, as Ollama's /api/tags lists them."""
     from ..engine.gguf_info import read_info
     from ..errors import InvalidModelFile

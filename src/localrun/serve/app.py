@@ -514,11 +514,11 @@ def build_app(service: Service, on_started=None):
         return await ollama_generate(request, chat=False)
 
     async def ollama_tags(request: Request):
-        from ..runtime.report import model_details, pulled_models
+        from ..runtime.report import model_details, tags_listing
         from ..runtime import file_digest
 
         metrics.requests.labels("/api/tags", "200").inc()
-        models = await run_in_threadpool(pulled_models)
+        models = await run_in_threadpool(tags_listing)
         listed = {m["name"] for m in models}
         for r in list(pool.residents):  # loaded from a path: listed too, as the server can answer them
             if r.loaded.ref not in listed and r.name not in listed:  # by the name /api/ps and /v1/models list
@@ -706,7 +706,7 @@ def build_app(service: Service, on_started=None):
         return JSONResponse(found)
 
     async def listed_models() -> list[dict]:
-        from ..runtime.pool import pulled_models
+        from ..runtime.pool import pulled_refs
 
         data, seen = [], set()
         for r in pool.ps():
@@ -714,7 +714,7 @@ def build_app(service: Service, on_started=None):
             data.append({"id": r["name"], "object": "model", "created": service.created, "owned_by": "localrun",
                          "meta": {"n_ctx_slot": r["context_length"], "slots": r["slots"], "file": r["path"], "loaded": True}})
         held = {name for r in list(pool.residents) for name in r.names}  # every name a loaded model answers to
-        for ref, path in await run_in_threadpool(pulled_models):
+        for ref, path in await run_in_threadpool(pulled_refs):
             if ref.casefold() not in held and ref.casefold() not in seen:
                 data.append({"id": ref, "object": "model", "created": service.created, "owned_by": "localrun",
                              "meta": {"file": path, "loaded": False}})
