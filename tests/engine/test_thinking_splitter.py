@@ -59,14 +59,14 @@ def test_gpt_oss_channels_made_of_special_tokens_are_split_by_the_sequence():
     from types import SimpleNamespace
 
     from localrun.engine.sampling import SamplingOptions
-    from localrun.engine.sequence import Sequence
+    from localrun.engine.sequence import SequenceState
 
     control = {1: "<|channel|>", 2: "<|message|>", 3: "<|end|>", 4: "<|start|>", 5: "<|return|>"}
     words = {10: "analysis", 11: "Let me think.", 12: "assistant", 13: "final", 14: "Paris."}
     engine = SimpleNamespace(
         load_s=0.0, is_eog=lambda t: t == 5,
         token_bytes=lambda t, special=False: (control[t] if special else "").encode() if t in control else words[t].encode())
-    seq = Sequence(engine, [0], SamplingOptions(), n_ctx=100)
+    seq = SequenceState(engine, [0], SamplingOptions(), n_ctx=100)
     seq.thinking = ThinkingSplitter(GPT_OSS)
     out = [seq.push(t) for t in (1, 10, 2, 11, 3, 4, 12, 1, 13, 2, 14, 5)]
     assert "".join(r.thinking for r in out) == "Let me think." and "".join(r.text for r in out) == "Paris."

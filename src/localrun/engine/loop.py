@@ -6,13 +6,13 @@ batch of one task; the server's scheduler puts one task per slot in the same ste
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence as Tokens
+from collections.abc import Callable, Iterator, Sequence
 from typing import Optional
 
 from ..errors import UsageError
 from .model import Batch, DecodeError, Engine
 from .sampling import Sampler, SamplingOptions
-from .sequence import Sequence
+from .sequence import SequenceState
 from .types import Response, TokenLogprob
 
 
@@ -21,7 +21,7 @@ class Task:
     `consume` reads its outputs after the decode and returns what it produced."""
 
     done = False
-    seq: Optional[Sequence] = None
+    seq: Optional[SequenceState] = None
 
     def schedule(self, batch: Batch) -> bool:
         raise NotImplementedError
@@ -40,7 +40,7 @@ class Task:
         pass
 
 
-def step(engine: Engine, batch: Batch, tasks: Tokens[Task]) -> list[tuple[Task, Response]]:
+def step(engine: Engine, batch: Batch, tasks: Sequence[Task]) -> list[tuple[Task, Response]]:
     """One batched decode for `tasks` (in batch order), then each task's outputs. A refused batch raises
     DecodeError with `tasks` set to the tasks that were in it."""
     batch.clear()
@@ -59,7 +59,7 @@ class Prefill(Task):
     """Evaluates a prompt into one KV sequence, in chunks of at most `chunk` tokens, reusing the longest
     prefix the sequence already holds. The last prompt token's logits are left to sample from (`row`)."""
 
-    def __init__(self, engine: Engine, prompt: Tokens[int], *, seq_id: int = 0, chunk: Optional[int] = None,
+    def __init__(self, engine: Engine, prompt: Sequence[int], *, seq_id: int = 0, chunk: Optional[int] = None,
                  reused: Optional[int] = None):
         self.engine = engine
         self.prompt = prompt
@@ -122,7 +122,7 @@ def token_logprob(logits, token: int, top_n: int) -> TokenLogprob:
 class Plain(Prefill):
     """Sampling: the prompt, then one token per step, each chosen by the request's sampler chain."""
 
-    def __init__(self, engine: Engine, seq: Sequence, sampler: Sampler, *, chunk: Optional[int] = None,
+    def __init__(self, engine: Engine, seq: SequenceState, sampler: Sampler, *, chunk: Optional[int] = None,
                  reused: Optional[int] = None, prefilter: bool = False):
         super().__init__(engine, seq.prompt, seq_id=seq.seq_id, chunk=chunk, reused=reused)
         self.seq = seq
@@ -164,7 +164,7 @@ class Plain(Prefill):
         self.sampler.close()
 
 
-def drive(engine: Engine, tasks: Tokens[Task], cancelled: Optional[Callable[[], bool]] = None) -> Iterator[Response]:
+def drive(engine: Engine, tasks: Sequence[Task], cancelled: Optional[Callable[[], bool]] = None) -> Iterator[Response]:
     """Step the tasks with the engine's own batch until every one is done. `cancelled` is asked before each
     step: once true, each task ends with finish reason 'interrupted'. A consumer that stops early (a closed
     pipe) leaves the KV cache consistent: it is only ever touched between yields."""
@@ -183,11 +183,11 @@ def drive(engine: Engine, tasks: Tokens[Task], cancelled: Optional[Callable[[], 
 class PlainStrategy:
     """One token per step with the request's sampler chain: the default."""
 
-    def task(self, engine: Engine, prompt: Tokens[int], sampling: SamplingOptions, n_ctx: Optional[int] = None) -> Task:
+    def task(self, engine: Engine, prompt: Sequence[int], sampling: SamplingOptions, n_ctx: Optional[int] = None) -> Task:
         sampler = Sampler(engine, sampling)
         try:
             prefilter = engine.prefilter_for(sampler.prefilter)
-            return Plain(engine, Sequence(engine, prompt, sampling, n_ctx=n_ctx), sampler, prefilter=prefilter)
+            return Plain(engine, SequenceState(engine, prompt, sampling, n_ctx=n_ctx), sampler, prefilter=prefilter)
         except BaseException:
             sampler.close()
             raise
@@ -199,7 +199,7 @@ class PlainStrategy:
 PLAIN = PlainStrategy()
 
 
-def generate(engine: Engine, prompt: Tokens[int], sampling: SamplingOptions, *, strategy=None,
+def generate(engine: Engine, prompt: Sequence[int], sampling: SamplingOptions, *, strategy=None,
              cancelled: Optional[Callable[[], bool]] = None, thinking=None) -> Iterator[Response]:
     """Stream the answer to `prompt` (token ids): text responses, then one with the finish reason and stats.
     `strategy` (strategies.make_strategy) decodes instead of plain sampling: speculative decoding, beams.
@@ -218,7 +218,7 @@ def generate(engine: Engine, prompt: Tokens[int], sampling: SamplingOptions, *, 
         task.close()
 
 
-def evaluate(engine: Engine, tokens: Tokens[int], seq_id: int = 0) -> int:
+def evaluate(engine: Engine, tokens: Sequence[int], seq_id: int = 0) -> int:
     """Put `tokens` in a sequence's KV (reusing what it holds), logits of the last one ready; returns how
     many were reused."""
     task = Prefill(engine, tokens, seq_id=seq_id)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Sequence as Tokens
+from collections.abc import Sequence
 from typing import Optional
 
 from .stops import StopMatcher
 from .types import FinishReason, Response, Stats
 
 
-class Sequence:
-    def __init__(self, engine, prompt: Tokens[int], sampling, *, seq_id: int = 0, n_ctx: Optional[int] = None,
+class SequenceState:
+    def __init__(self, engine, prompt: Sequence[int], sampling, *, seq_id: int = 0, n_ctx: Optional[int] = None,
                  max_tokens: Optional[int] = None, t0: Optional[float] = None):
         self.engine = engine
         self.prompt = list(prompt)

@@ -25,7 +25,7 @@ log-probability / length ** length_penalty, and the best is returned.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence as Tokens
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -33,7 +33,7 @@ from ..errors import ContextOverflow, EngineError, UsageError
 from .loop import PLAIN, Plain, Prefill, Task, drive, generate
 from .model import Batch, Engine, LoadOptions
 from .sampling import Sampler, SamplingOptions, check_bias_tokens
-from .sequence import Sequence
+from .sequence import SequenceState
 from .stops import StopMatcher
 from .types import Response, Stats
 
@@ -112,10 +112,10 @@ class ModelDrafter:
         self.engine = draft
         self.tokens: list[int] = []
 
-    def reset(self, prompt: Tokens[int]) -> None:
+    def reset(self, prompt: Sequence[int]) -> None:
         self.tokens = list(prompt)
 
-    def extend(self, tokens: Tokens[int]) -> None:
+    def extend(self, tokens: Sequence[int]) -> None:
         self.tokens.extend(tokens)
 
     def propose(self, k: int) -> list[int]:
@@ -165,7 +165,7 @@ class SpeculativeTask(Plain):
     """After the prompt, each step evaluates the last token plus a draft, all with outputs; the target's
     sampler then walks the positions and keeps draft tokens while its own choice agrees."""
 
-    def __init__(self, engine: Engine, seq: Sequence, sampler: Sampler, drafter, draft_max: int, *,
+    def __init__(self, engine: Engine, seq: SequenceState, sampler: Sampler, drafter, draft_max: int, *,
                  chunk: Optional[int] = None, reused: Optional[int] = None):
         super().__init__(engine, seq, sampler, chunk=chunk, reused=reused)
         self.drafter = drafter
@@ -225,11 +225,11 @@ class Speculative:
         self.drafter = drafter
         self.draft_max = draft_max
 
-    def task(self, engine: Engine, prompt: Tokens[int], sampling: SamplingOptions, n_ctx: Optional[int] = None) -> Task:
+    def task(self, engine: Engine, prompt: Sequence[int], sampling: SamplingOptions, n_ctx: Optional[int] = None) -> Task:
         engine.use_raw_logits()  # it reads every drafted position's logits
         sampler = Sampler(engine, sampling)
         try:
-            return SpeculativeTask(engine, Sequence(engine, prompt, sampling, n_ctx=n_ctx), sampler, self.drafter, self.draft_max)
+            return SpeculativeTask(engine, SequenceState(engine, prompt, sampling, n_ctx=n_ctx), sampler, self.drafter, self.draft_max)
         except BaseException:
             sampler.close()
             raise
@@ -257,7 +257,7 @@ class BeamTask(Prefill):
     """The prompt in sequence 0, then each step extends the live beams (two banks of N sequences: the live
     ones in one, their children forked into the other) by one token each, all in one batch."""
 
-    def __init__(self, engine: Engine, seq: Sequence, beams: int, length_penalty: float, allowed=None):
+    def __init__(self, engine: Engine, seq: SequenceState, beams: int, length_penalty: float, allowed=None):
         import numpy as np
 
         super().__init__(engine, seq.prompt, seq_id=0)
@@ -395,7 +395,7 @@ class BeamSearch:
         self.length_penalty = length_penalty
         self.ctx_limit = ctx_limit  # the --ctx asked for (the context itself holds N answers more)
 
-    def task(self, engine: Engine, prompt: Tokens[int], sampling: SamplingOptions, n_ctx: Optional[int] = None,
+    def task(self, engine: Engine, prompt: Sequence[int], sampling: SamplingOptions, n_ctx: Optional[int] = None,
              allowed=None) -> BeamTask:
         if engine.options.n_seq_max < 2 * self.beams + 1:
             raise EngineError(f"beam search with {self.beams} beams needs a context made for {2 * self.beams + 1} sequences")
@@ -403,10 +403,10 @@ class BeamSearch:
         if len(prompt) >= n_ctx:
             raise ContextOverflow(f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}: raise --ctx or pass --truncate")
         engine.use_raw_logits()
-        return BeamTask(engine, Sequence(engine, prompt, sampling, n_ctx=n_ctx), self.beams, self.length_penalty, allowed)
+        return BeamTask(engine, SequenceState(engine, prompt, sampling, n_ctx=n_ctx), self.beams, self.length_penalty, allowed)
 
-    def search(self, engine: Engine, prompt: Tokens[int], sampling: SamplingOptions,
-               allowed: Optional[Tokens[int]] = None) -> tuple[Hypothesis, Stats]:
+    def search(self, engine: Engine, prompt: Sequence[int], sampling: SamplingOptions,
+               allowed: Optional[Sequence[int]] = None) -> tuple[Hypothesis, Stats]:
         """The best finished hypothesis. `allowed` restricts the vocabulary (tests compare against brute
         force on a few tokens); `sampling` contributes max_tokens, stop and logit_bias."""
         if not prompt:

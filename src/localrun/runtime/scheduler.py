@@ -28,7 +28,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence as Tokens
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -38,7 +38,7 @@ from ..engine.loop import Plain, step
 from ..engine.kv import common_prefix
 from ..engine.model import Batch, DecodeError
 from ..engine.sampling import Sampler
-from ..engine.sequence import Sequence
+from ..engine.sequence import SequenceState
 from ..engine.strategies import LookupDrafter, SpeculativeTask
 from ..errors import EngineError, LocalrunError
 
@@ -47,7 +47,7 @@ from ..errors import EngineError, LocalrunError
 class Job:
     """One request inside the scheduler: its sequence (prompt, limits, output), sampler and progress."""
 
-    seq: Sequence
+    seq: SequenceState
     sampler: Sampler
     sink: object = None  # opaque to the scheduler: where `deliver` routes this job's responses
     on_done: object = None  # opaque to the scheduler: what the deliverer calls with the final response
@@ -71,7 +71,7 @@ class Job:
         caller's thread, before anything is queued); its time to first token counts from now.
         `top_logprobs`: report each token's log-probability and that many alternatives'."""
         sampler = Sampler(engine, sampling)
-        seq = Sequence(engine, prompt, sampling, seq_id=-1, n_ctx=n_ctx, max_tokens=max_tokens)
+        seq = SequenceState(engine, prompt, sampling, seq_id=-1, n_ctx=n_ctx, max_tokens=max_tokens)
         seq.top_logprobs = top_logprobs
         return cls(seq, sampler)
 
@@ -188,7 +188,7 @@ class Scheduler:
         """The context of one slot: what one request may fill."""
         return self.slot_ctx
 
-    def held(self, tokens: Tokens[int]) -> int:
+    def held(self, tokens: Sequence[int]) -> int:
         """The longest prefix of `tokens` a slot holds (read without the lock: a glance, not a promise)."""
         kv = self.engine.kv
         return max((common_prefix(list(kv.tokens[s.seq_id]), tokens) for s in self.slots), default=0)
@@ -197,7 +197,7 @@ class Scheduler:
         return sum(1 for s in self.slots if s.job is None and not s.leased)
 
     @contextmanager
-    def hold(self, tokens: Tokens[int] = (), *, on_wait: Optional[Callable[[], None]] = None,
+    def hold(self, tokens: Sequence[int] = (), *, on_wait: Optional[Callable[[], None]] = None,
              cancelled: Optional[Callable[[], bool]] = None) -> Iterator["SlotSeat"]:
         """Hold a slot for one request (waiting for one to be free: `on_wait` hears it once, and a request
         `cancelled` meanwhile stops waiting): the free slot sharing the longest prefix with `tokens`, else
@@ -325,7 +325,7 @@ class Scheduler:
         self.stats.waiting = len(self.waiting) + self.waiters
         self.stats.running = len(self.running)
 
-    def _closest(self, free: list[Slot], tokens: Tokens[int]) -> Slot:
+    def _closest(self, free: list[Slot], tokens: Sequence[int]) -> Slot:
         """The slot among `free` sharing the longest prefix with `tokens` (its last token never counts: it is
         always evaluated, its logits sampled), else the least recently used (an empty one first). A slot's
         prefix counts only where it is longer than what taking the slot throws away: a prompt that shares
@@ -453,7 +453,7 @@ class SlotSeat:
 
     # The state's rewriting between formats (engine.kv) happens here, in the request's thread: only
     # llama.cpp's own reading and writing holds up the other slots.
-    def restore(self, data: bytearray, tokens: Tokens[int]) -> bool:
+    def restore(self, data: bytearray, tokens: Sequence[int]) -> bool:
         ready = self.kv.for_this_context(data)
         return self.scheduler.call(lambda: self.kv.restore(ready, tokens, self.slot.seq_id, ready=True))
 
@@ -470,7 +470,7 @@ class SlotSeat:
 
     reuse = True
 
-    def shared(self, tokens: Tokens[int]) -> int:
+    def shared(self, tokens: Sequence[int]) -> int:
         """The longest prefix of `tokens` any slot holds (the job copies it into this one as it starts)."""
         return self.scheduler.held(tokens)
 
