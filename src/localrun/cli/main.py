@@ -697,7 +697,9 @@ def read_prompt(args: list[str], stdin) -> str:
 
 
 def _source(value: str) -> str:
-    if value not in ("auto", "hub", "mirror"):
+    from ..hub import SOURCES
+
+    if value not in SOURCES:
         raise UsageError(f"invalid --source {value!r}: use auto, hub or mirror")
     return value
 

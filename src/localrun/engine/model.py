@@ -14,8 +14,8 @@ from typing import Literal, Optional, Union
 from ..errors import ContextOverflow, EngineError, SettingError, UsageError
 from .kv import KVCache
 from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
+from .options import KV_TYPES
 
-KV_TYPES = ("f16", "q8_0", "q4_0")
 POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
 _GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 # The backend-sampling prefilter keeps this many candidates (more where a chain needs more): wider than

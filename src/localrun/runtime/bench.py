@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
+from ..engine.options import KV_TYPES
 from ..errors import EngineError, LocalrunError, UsageError
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ RESULT_SCHEMA: dict[str, Any] = {
                     "ctx": {"type": "integer", "minimum": 16, "description": "context of the speed tests "
                             "(a ppl row's chunk is the C of its test name)"},
                     "batch": {"type": "integer", "minimum": 1},
-                    "kv_type": {"enum": ["f16", "q8_0", "q4_0"]},
+                    "kv_type": {"enum": list(KV_TYPES)},
                     "gpu_layers": {"type": ["integer", "string"]},
                     "flash_attn": {"enum": list(FLASH_ATTN)},
                     "decode": {"type": "string", "description": "plain, lookup, draft:MODEL or beamsN"},

@@ -39,7 +39,7 @@ class PoolBusy(LocalrunError):
 class LoadSpec:
     """The load-time options (Ollama's api.Runner): a request asking for other values reloads the model."""
 
-    ctx: Optional[int] = None  # per slot; None = the catalogue's context (or 4096)
+    ctx: Optional[int] = None  # per slot; None = the model's own (runtime.loader.context_for)
     parallel: int = 4
     gpu_layers: str = "auto"
     flash_attn: Optional[bool] = None
@@ -59,7 +59,7 @@ class LoadSpec:
         from ..engine.strategies import DecodeOptions
         from ..errors import UsageError
         from ..engine.rpc import parse_endpoints
-        from .loader import check_slots
+        from .loader import FALLBACK_CONTEXT, check_slots
         from .workers import parse_tensor_split
 
         parse_gpu_layers(self.gpu_layers)
@@ -69,7 +69,7 @@ class LoadSpec:
                              f"({self.draft}): run it with `localrun run --draft {self.draft} --keep-alive 0`")
         DecodeOptions(draft=self.draft, draft_max=self.draft_max)  # its checks: --draft-max 1 to 64
         # The context as given, per slot (0 or 10 are refused, not read as 4096 nor checked as 4 slots' 40).
-        LoadOptions(n_ctx=4096 if self.ctx is None else self.ctx, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type,
+        LoadOptions(n_ctx=FALLBACK_CONTEXT if self.ctx is None else self.ctx, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type,
                     rpc=parse_endpoints(self.rpc), tensor_split=parse_tensor_split(self.tensor_split))
 
     def differences(self, other: "LoadSpec") -> list[str]:

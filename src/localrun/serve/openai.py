@@ -19,7 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Str
 from ..errors import ContextOverflow, LocalrunError, SettingError, UsageError
 from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
 from ..runtime.request import prompt_for
-from ..runtime.options import OLLAMA_IGNORED, OLLAMA_LOAD
+from ..runtime.options import KV_TYPES, OLLAMA_IGNORED, OLLAMA_LOAD
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 PING_S = float(os.environ.get("LOCALRUN_PING_S") or 10.0)  # a stream silent this long (a prompt still evaluated) gets a keep-alive
@@ -646,7 +646,7 @@ def load_spec(base, options: Optional[dict[str, Any]]):
     update = {}
     for name, value in options.items():
         field = _LOAD_FIELDS[name]
-        ok = {"kv_type": lambda v: v in ("f16", "q8_0", "q4_0"), "flash_attn": lambda v: v is None or isinstance(v, bool),
+        ok = {"kv_type": lambda v: v in KV_TYPES, "flash_attn": lambda v: v is None or isinstance(v, bool),
               "gpu_layers": lambda v: isinstance(v, int) and not isinstance(v, bool) or v == "auto"}.get(
             field, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
         if not ok(value):
