@@ -421,7 +421,7 @@ def serve(
     mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="MODEL's vision projector (mmproj GGUF), loaded with the first image; default: the mmproj-*.gguf beside a model")] = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="speculative decoding in every slot: lookup (prompt n-grams: "
                                                  "edits and copies decode faster, the output unchanged)")] = None,
-    draft_max: DraftMaxOpt = 8,
+    draft_max: DraftMaxOpt = 16,
     **options,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
@@ -673,7 +673,7 @@ def _load_spec(options: dict, parallel: int):
     spec = LoadSpec(ctx=options["ctx"], parallel=parallel, gpu_layers=options["gpu_layers"], flash_attn=options["flash_attn"],
                     kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
                     rpc=options["rpc"], tensor_split=options["tensor_split"], draft=options.get("draft"),
-                    draft_max=options.get("draft_max", 8))
+                    draft_max=options.get("draft_max", 16))
     spec.check()
     return spec
 

@@ -86,7 +86,7 @@ def sampling_parameters() -> list[inspect.Parameter]:
 
 
 def _decoding(
-    draft: DraftOpt = None, draft_max: DraftMaxOpt = 8, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
+    draft: DraftOpt = None, draft_max: DraftMaxOpt = 16, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
 ) -> None:
     """The decoding strategy options run and chat share."""
 

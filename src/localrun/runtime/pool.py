@@ -51,7 +51,7 @@ class LoadSpec:
     kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, a slot each;
     # embed: an embeddings context (its requests take turns, each batched)
     draft: Optional[str] = None  # "lookup": prompt-lookup speculation in every slot (None: the model's default)
-    draft_max: int = 8  # most tokens drafted per slot and step
+    draft_max: int = 16  # most tokens drafted per slot and step
 
     def check(self) -> None:
         """Refuse bad values before any model loads (the same messages loading would give)."""
