@@ -17,14 +17,23 @@ Behaviour a user (and a script) can rely on:
   fails); slash commands work too and print only on stderr, as do notices and stats.
 - --session NAME: loaded at start when it exists (a session made by another model is refused, never
   overwritten), saved after every answer.
+- Images (a vision model, chat --mmproj): `/image PATH` attaches a file to the next message (repeat for more),
+  `/image` lists what is attached, `/image clear` drops it; a message naming an existing image file (quoted or
+  not, spaces escaped with a backslash as a terminal drops a file, .png .jpg .jpeg .gif .bmp .webp) attaches
+  it and leaves its path out of the text, as Ollama's REPL does. The images go with that message, before its
+  text, and stay in the conversation (their KV is reused, not encoded again) and in its session. A message
+  takes what is attached with it, answered or not: a bad image fails it in one line naming the image.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ..console import err, notice, warn
@@ -44,6 +53,8 @@ HELP = """\
                    (Ollama's /set parameter NAME VALUE, /set system TEXT, /set verbose|quiet work too)
 /show              model, options, context used and left, session
 /system TEXT       set the system prompt (/system alone shows it)
+/image PATH        attach an image to the next message (repeat for more; /image alone lists them, /image clear
+                   drops them); a message naming an image file attaches it too
 /clear             forget the conversation (the system prompt stays)
 /save NAME         save the conversation (and its KV cache)
 /load NAME         continue a saved conversation
@@ -155,10 +166,11 @@ class Chat:
         self.system_flag = system
         conv.set_system(system if system is not None else conv.default_system)
         self.last: Optional["Response"] = None  # the last answer's final response (its stats)
+        self.attached: list = []  # images (engine.vision.Image, read by runtime.images) for the next message
         self.commands: dict[str, Callable[[str], Optional[int]]] = {
             "help": self.cmd_help, "?": self.cmd_help, "set": self.cmd_set, "show": self.cmd_show,
             "system": self.cmd_system, "clear": self.cmd_clear, "save": self.cmd_save, "load": self.cmd_load,
-            "stats": self.cmd_stats, "bye": self.cmd_bye, "exit": self.cmd_bye, "quit": self.cmd_bye,
+            "stats": self.cmd_stats, "image": self.cmd_image, "bye": self.cmd_bye, "exit": self.cmd_bye, "quit": self.cmd_bye,
         }
 
     # -- start -----------------------------------------------------------------------------------
@@ -191,17 +203,20 @@ class Chat:
         if line.startswith("/") and not message:
             name, _, rest = line[1:].partition(" ")
             command = self.commands.get(name.lower())
+            if command is None and _starts_with_image(line):  # a dropped file's path, as Ollama's REPL takes it
+                return self.handle(line, message=True)
             if command is None:
                 err.print(f"unknown command /{name}: /help lists them (start the line with a space to send it as a message)", markup=False)
                 return None
             return command(rest.strip())
         text = line.strip()
-        if text:
+        if text or self.attached:
             self.answer(text)
         return None
 
     def answer(self, text: str) -> None:
-        answer, final = self._to_terminal(text) if self.interactive else self._to_line(text)
+        images, self.attached = self.attached, []  # the message takes them, answered or not
+        answer, final = self._to_terminal(text, images) if self.interactive else self._to_line(text, images)
         self.last = final
         interrupted = final.finish_reason == "interrupted"
         if interrupted:
@@ -216,7 +231,7 @@ class Chat:
             spacer.write("\n")
             spacer.flush()
 
-    def _to_terminal(self, text: str) -> tuple[str, "Response"]:
+    def _to_terminal(self, text: str, images: list) -> tuple[str, "Response"]:
         """Stream the answer as plain text, flushed per piece; Ctrl-C stops it."""
         out = sys.stdout
         at_line_start = True
@@ -236,24 +251,36 @@ class Chat:
             at_line_start = piece.endswith("\n")
 
         try:
+            text, images = self.dropped_images(text, images)
             with soft_interrupts() as cancelled, quiet_typeahead():
                 return self.conv.send(text, self.sampling, on_piece, cancelled, self.dropped, save_as=self.session,
-                                      on_save_failed=warn, on_thinking=thinking.write)
+                                      on_save_failed=warn, on_thinking=thinking.write, **_with(images))
         finally:
             thinking.end()
             if not at_line_start:
                 out.write("\n")
             out.flush()
 
-    def _to_line(self, text: str) -> tuple[str, "Response"]:
+    def _to_line(self, text: str, images: list) -> tuple[str, "Response"]:
         line = OneLineWriter(sys.stdout)
         thinking = ThinkingWriter()
         try:
+            text, images = self.dropped_images(text, images)
             return self.conv.send(text, self.sampling, line.write, on_dropped=self.dropped, save_as=self.session,
-                                  on_save_failed=warn, on_thinking=thinking.write)
+                                  on_save_failed=warn, on_thinking=thinking.write, **_with(images))
         finally:
             thinking.end()
             line.end()  # even after an error: a script reads one line per message
+
+    def dropped_images(self, text: str, images: list) -> tuple[str, list]:
+        """The message's text without the image files it names, and `images` followed by theirs."""
+        text, paths = image_paths_in(text)
+        if not paths:
+            return text, images
+        found = read_image_files(paths)
+        for image in found:
+            err.print(f"added image {image.name}", markup=False, highlight=False)
+        return text, [*images, *found]
 
     def dropped(self, n: int) -> None:
         notice(
@@ -340,7 +367,7 @@ class Chat:
             ("template", "the model's chat template" if self.conv.templated else "none: plain User:/Assistant: transcript"),
             ("system", self.conv.system or "(none)"),
             ("session", self.session or "(none: /save NAME to keep this conversation)"),
-            ("conversation", f"{self.conv.turns} turn(s)"),
+            ("conversation", f"{self.conv.turns} turn(s)" + _images_said(self.conv.messages, self.attached)),
             ("context", f"{used} of {n_ctx} tokens used, {n_ctx - used} left ({self.conv.kv_tokens} in the KV cache)"),
             ("options", options),
         ]
@@ -359,6 +386,30 @@ class Chat:
         render.stats(self.last.stats)
         used = self.conv.context_used()
         err.print(f"[dim]{'context:':<24}[/dim]{used} of {self.conv.n_ctx} tokens used", highlight=False)
+
+    def cmd_image(self, args: str) -> None:
+        """/image PATH attaches; /image lists what is attached; /image clear drops it."""
+        if not args:
+            if not self.attached:
+                err.print("no image attached: /image PATH attaches one to the next message", markup=False, highlight=False)
+            for image in self.attached:
+                err.print(f"{image.name} ({_size(len(image.data))})", markup=False, highlight=False)
+            return
+        if args == "clear" and not _is_file(args):
+            n, self.attached = len(self.attached), []
+            err.print(f"dropped {n} attached image(s)", markup=False, highlight=False)
+            return
+        paths = _command_paths(args)
+        if paths is None:
+            return
+        try:
+            images = read_image_files(paths)
+        except LocalrunError as exc:
+            render_error(exc)
+            return
+        self.attached.extend(images)
+        for image in images:
+            err.print(f"attached {image.name} ({_size(len(image.data))}) to the next message", markup=False, highlight=False)
 
     def cmd_save(self, name: str) -> None:
         if not name:
@@ -386,6 +437,94 @@ _OLLAMA_SET: dict[str, Callable[[Chat, str], None]] = {
 }
 _OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}  # Ollama's names that are not localrun's
 _OLLAMA_LOAD = {"num_ctx": "--ctx", "num_gpu": "--gpu-layers", "num_thread": "--threads", "num_batch": "--batch"}
+
+
+def _with(images: list) -> dict:
+    """send's images argument, given only when there are some (a conversation without vision takes none)."""
+    return {"images": images} if images else {}
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{max(1, round(n / 1e3))} KB"
+
+
+def _images_said(messages: list[dict], attached: list) -> str:
+    kept = sum(len(m.get("images") or ()) for m in messages)
+    said = [f"{kept} image(s)"] if kept else []
+    if attached:
+        said.append(f"{len(attached)} attached for the next message")
+    return f" ({', '.join(said)})" if said else ""
+
+
+# -- images named in the input ----------------------------------------------------------------------
+
+_IMAGE_SUFFIX = r"\.(?:png|jpe?g|gif|bmp|webp)"
+# A quoted path, or an unquoted one (a backslash escapes the next character: a terminal drops `my\ photo.png`)
+# that starts a word and ends one (punctuation after it, as in "look at a.png, then ...", is not the path's).
+_NAMED_IMAGE = re.compile(
+    rf"""(['"])(?P<quoted>(?:(?!\1).)+?{_IMAGE_SUFFIX})\1"""
+    rf"""|(?<![^\s(\[])(?P<bare>(?:\\.|[^\s'"\\(\[])(?:\\.|[^\s'"\\])*?{_IMAGE_SUFFIX})(?=$|[\s,;:!?)\]]|\.(?:\s|$))""",
+    re.IGNORECASE,
+)
+
+
+def image_paths_in(text: str) -> tuple[str, list[str]]:
+    """The image files `text` names (ones that exist), and the text without them, as Ollama's REPL takes a
+    dropped file: a name that is no file stays text."""
+    paths: list[str] = []
+    out: list[str] = []
+    at = 0
+    for match in _NAMED_IMAGE.finditer(text):
+        name = match.group("quoted") or re.sub(r"\\(.)", r"\1", match.group("bare"))
+        if not _is_file(name):
+            continue
+        paths.append(name)
+        out.append(text[at : match.start()])
+        at = match.end()
+        if at < len(text) and text[at] in " \t" and (not out[-1] or out[-1][-1] in " \t"):
+            at += 1  # one of the two spaces around it
+    if not paths:
+        return text, []
+    out.append(text[at:])
+    return "".join(out).strip(), paths
+
+
+def _starts_with_image(line: str) -> bool:
+    match = _NAMED_IMAGE.match(line)
+    return match is not None and _is_file(match.group("quoted") or re.sub(r"\\(.)", r"\1", match.group("bare")))
+
+
+def _is_file(name: str) -> bool:
+    try:
+        return Path(name).expanduser().is_file()
+    except (OSError, ValueError, RuntimeError):  # a name too long, a NUL in it, ~user unknown
+        return False
+
+
+def _command_paths(args: str) -> Optional[list[str]]:
+    """/image's arguments: the whole of them as one path where that is a file (a name with spaces), else
+    shell words (quotes, backslash escapes); None (said) when they do not parse."""
+    whole = args.strip()
+    if len(whole) > 1 and whole[0] == whole[-1] and whole[0] in "'\"":
+        whole = whole[1:-1]
+    if _is_file(whole):
+        return [whole]
+    try:
+        return shlex.split(args)
+    except ValueError as exc:
+        err.print(f"/image {args}: {exc}", markup=False, highlight=False)
+        return None
+
+
+def read_image_files(paths: list[str]) -> list:
+    """The files' bytes as images (runtime.images.read_images), each named as given; ImageNotFound naming a
+    file that is not there."""
+    from ..runtime.images import ImageNotFound, read_images
+
+    for path in paths:
+        if not Path(path).expanduser().exists():
+            raise ImageNotFound(path, "no such file")
+    return read_images([Path(p).expanduser() for p in paths])
 
 
 def _short(value, width: int = 40) -> str:

@@ -327,12 +327,17 @@ def chat(
     session: Annotated[Optional[str], typer.Option("--session", help="resume and keep saving this named session")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="timing stats after each answer")] = False,
     keep_alive: KeepAliveOpt = "5m",
+    mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="the vision model's projector (mmproj GGUF) for /image; default: the mmproj-*.gguf beside the model")] = None,
     **options,
 ) -> None:
     """Chat interactively with the model's own chat template (/help lists the commands)."""
     from . import chat as chat_repl
 
     _check_before_loading(session, use_cache=True, options=options)
+    if mmproj is not None:
+        from ..runtime.images import check_projector
+
+        check_projector(mmproj)
     conv = None
     settings = _resident_settings(keep_alive, options)
     if settings is not None:
@@ -340,13 +345,13 @@ def chat(
         from ..runtime.remote import RemoteConversation
 
         try:
-            conv = RemoteConversation(model, **settings, on_notice=notice)
+            conv = RemoteConversation(model, **settings, on_notice=notice, mmproj=mmproj)
         except InProcess as exc:
             notice(str(exc))
     if conv is None:  # in this process, as with --keep-alive 0
         from ..runtime.conversation import Conversation
 
-        conv = Conversation(_load(model, options), None)
+        conv = Conversation(_load(model, options), None, mmproj=mmproj)
         _UNTIL_EXIT.append(conv)
     code = chat_repl.chat_loop(conv, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)

@@ -8,6 +8,12 @@ new system prompt), the whole conversation is tokenised again and the engine sti
 matches. When the conversation no longer fits the context, the oldest turns after the system prompt are
 dropped, down to half the context so that it does not happen again on the next turn.
 
+A user message may carry images ("images": engine.vision.Image, placed before its text as `run --image` places
+them): they stay in the conversation, so every later prompt holds them too, as negative ids keyed by the
+sha256 of their bytes (engine.vision), and the KV they were evaluated into is reused like text's, not encoded
+again. A session keeps them inside its messages (each as its sha256, name and bytes in base64: `stored`), so
+a resumed session's prompt, and its answers, are the same.
+
 A conversation answered in this process is this process's chat: it holds the writer lock of every session it
 opens, loads or saves until it ends (store.writers), so no other chat or run can write them meanwhile. One the
 background server keeps for a chat client (`place` given) takes none: its client holds them (runtime.remote).
@@ -15,14 +21,19 @@ background server keeps for a chat client (`place` given) takes none: its client
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import base64
+import binascii
+import hashlib
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Optional
 
 from ..engine import Response, SamplingOptions
 from ..engine.kv import common_prefix, extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
 from ..engine.thinking import splitter_for, thinking_in
-from ..errors import ContextOverflow, LocalrunError
+from ..engine.vision import MARKER, Image
+from ..errors import ContextOverflow, LocalrunError, SessionError, UsageError
 from ..store.writers import SessionClaims
 from .loader import Loaded
 from .messages import Messages
@@ -33,10 +44,13 @@ from .sessions import Sessions
 class Conversation(Messages):
     """The messages, and the tokens that the engine's KV cache mirrors for them."""
 
-    def __init__(self, loaded: Loaded, system: Optional[str], place=None):
+    def __init__(self, loaded: Loaded, system: Optional[str], place=None, mmproj: Optional[Path | str] = None):
+        """`mmproj`: the projector for the conversation's images (chat --mmproj); by default the one named for
+        the model in this process (serve MODEL --mmproj) or the one beside its file, loaded with the first image."""
         from .generate import InProcess
 
         self.loaded = loaded
+        self.mmproj = mmproj
         self.engine = loaded.engine
         self.place = place or InProcess(loaded)  # where its turns are answered (a resident server's slots)
         self.claims = SessionClaims() if place is None else None  # None: the chat client holds them
@@ -106,14 +120,56 @@ class Conversation(Messages):
     # -- prompt --------------------------------------------------------------------------------
 
     def prompt(self, messages: list[dict]) -> tuple[list[int], str]:
-        """The prompt tokens for `messages` and the text they spell."""
-        full = render(self.engine, messages).text
-        return extend_tokens(self._tokens, self._text, full, self.engine.tokenize), full
+        """The prompt tokens for `messages` and the text they spell (an image as its MARKER)."""
+        marked, images = _marked(messages)
+        full = render(self.engine, marked).text
+        if not images:
+            return extend_tokens(self._tokens, self._text, full, self.engine.tokenize), full
+        self.projector(images[0].name)
+        if self._tokens and full.startswith(self._text):  # only the new part: its images are the last ones
+            new = images[self._text.count(MARKER):]
+            return [*self._tokens, *self._tokenize(full[len(self._text):], new, start=False)], full
+        return self._tokenize(full, images, start=True), full
+
+    def _tokenize(self, text: str, images: Sequence[Image], *, start: bool) -> list[int]:
+        """`text` with one MARKER per image: as engine.vision tokenizes a whole prompt (`start`), or else as the
+        continuation of one (no BOS, each piece of text tokenized as extend_tokens tokenizes it)."""
+        vision, engine = self.engine.vision, self.engine
+        if start:
+            return vision.tokenize(text, images)
+        pieces = text.split(MARKER)
+        if len(pieces) - 1 != len(images):
+            raise UsageError(f"the conversation has {len(pieces) - 1} image markers ({MARKER}) for {len(images)} images:"
+                             f" leave {MARKER} out of the text")
+        tokens = engine.tokenize(pieces[0], add_special=False, parse_special=True)
+        for image, piece in zip(images, pieces[1:]):
+            tokens.extend(vision.image_tokens(image))
+            if piece:
+                tokens.extend(engine.tokenize(piece, add_special=False, parse_special=True))
+        return tokens
+
+    def projector(self, image: str) -> None:
+        """Load the projector for the conversation's images (`image`: the first one's name, for the error that
+        there is none): --mmproj, else as engine.vision's other users find one (runtime.images.projector_for)."""
+        from .images import NoProjector, name_projector, projector_for
+
+        engine = self.engine
+        if self.mmproj is not None:
+            if engine.vision is None:
+                name_projector(str(engine.path), self.mmproj)
+            elif engine.vision.path.resolve() != Path(self.mmproj).resolve():
+                raise UsageError(f"{self.name} is loaded with the projector {engine.vision.path}, not --mmproj {self.mmproj}:"
+                                 f" stop it first (localrun stop {self.ref}), or leave --mmproj out")
+        if projector_for(engine) is None:
+            raise NoProjector(engine.path.name, image)
 
     def context_used(self) -> int:
         if not self.messages:
             return 0
-        text = render(self.engine, self.messages, add_generation_prompt=False).text
+        marked, images = _marked(self.messages)
+        text = render(self.engine, marked, add_generation_prompt=False).text
+        if images and self.engine.vision is not None:
+            return len(self._tokenize(text, images, start=True))
         return len(self.engine.tokenize(text, add_special=True, parse_special=True))
 
     def fit(self, messages: list[dict], reserve: int) -> tuple[list[dict], list[int], str, int]:
@@ -152,11 +208,12 @@ class Conversation(Messages):
         save_as: Optional[str] = None,
         on_save_failed: Callable[[str], None] = lambda message: None,
         on_thinking: Callable[[str], None] = lambda text: None,
+        images: Sequence[Image] = (),
     ) -> tuple[str, Response]:
-        """Generate the answer to `text`, calling on_piece with each piece of it, and record the exchange.
-        Returns the answer and the last response (finish reason 'interrupted' once `cancelled` said so; an
-        answer stopped before its first word is dropped together with its question). `on_dropped` hears how
-        many old turns made room, first. `save_as`: then save the conversation as that session (a failure
+        """Generate the answer to `text` (and `images`, which stay with it in the conversation), calling on_piece
+        with each piece of it, and record the exchange. Returns the answer and the last response (finish reason
+        'interrupted' once `cancelled` said so; an answer stopped before its first word is dropped together with
+        its question). `on_dropped` hears how many old turns made room, first. `save_as`: then save the conversation as that session (a failure
         to save is reported to `on_save_failed`, the answer stands). A reasoning model's thinking goes to
         `on_thinking` and stays out of the conversation (its template leaves it out of earlier turns)."""
         if save_as:
@@ -164,7 +221,8 @@ class Conversation(Messages):
         sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
         reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.n_ctx // 4
         reserve = min(reserve, self.n_ctx // 2)
-        messages, tokens, full, dropped = self.fit([*self.messages, {"role": "user", "content": text}], reserve)
+        asked = {"role": "user", "content": text, **({"images": list(images)} if images else {})}
+        messages, tokens, full, dropped = self.fit([*self.messages, asked], reserve)
         if dropped:
             self.messages = messages[:-1]
             self._forget_tokens()
@@ -229,13 +287,80 @@ class Conversation(Messages):
         # not saved with its messages.
         seat.keep(common_prefix(list(seat.tokens), self._tokens) if self._tokens else 0)
         with Sessions.open() as sessions:
-            info = sessions.save(name, self.engine, self.messages, model_ref=self.ref, seat=seat)
+            info = sessions.save(name, self.engine, stored(self.messages), model_ref=self.ref, seat=seat)
         return f"saved session {name} ({self.turns} turn(s), {info.tokens} tokens of KV cache)"
 
     def load(self, name: str) -> str:
         """Continue session `name`: its messages, and its KV cache restored into the engine."""
         self.hold_session(name)
         with Sessions.open() as sessions, self.place.hold() as seat:
-            self.replace(sessions.load(name, self.engine, seat))
+            self.replace(live(sessions.load(name, self.engine, seat)))
             held = len(seat.tokens)
         return f"loaded session {name} ({self.turns} turn(s), {held} tokens cached)"
+
+
+# -- images in messages --------------------------------------------------------------------------
+
+
+def _marked(messages: Sequence[dict]) -> tuple[list[dict], list[Image]]:
+    """The messages as the template renders them (a message's images as MARKERs before its text, as
+    runtime.request places them) and their images in order."""
+    images = [image for m in messages for image in m.get("images") or ()]
+    if not images:
+        return list(messages), []
+    marked = [{k: v for k, v in m.items() if k != "images"} | {"content": MARKER * len(m["images"]) + (m.get("content") or "")}
+              if m.get("images") else m for m in messages]
+    return marked, images
+
+
+def stored(messages: Sequence[dict], *, leave_out: Collection[str] = ()) -> list[dict]:
+    """The messages as JSON keeps them (a session's, the resident server's wire): each image as stored_images
+    gives it."""
+    return [{**m, "images": stored_images(m["images"], leave_out=leave_out)} if m.get("images") else m for m in messages]
+
+
+def stored_images(images: Sequence[Image], *, leave_out: Collection[str] = ()) -> list[dict]:
+    """Each image as {"sha256", "name", "data": base64 of its bytes}, without "data" for the digests in
+    `leave_out` (the other side has them)."""
+    out = []
+    for image in images:
+        digest = image.digest.hex()
+        out.append({"sha256": digest, "name": image.name} | ({} if digest in leave_out else {"data": base64.b64encode(image.data).decode()}))
+    return out
+
+
+def live(messages: Sequence[dict], known: Mapping[str, Image] = {}) -> list[dict]:
+    """`stored` messages with engine.vision.Image again (live_images)."""
+    return [{**m, "images": live_images(m["images"], known)} if m.get("images") else dict(m) for m in messages]
+
+
+def live_images(items: Sequence, known: Mapping[str, Image] = {}) -> list[Image]:
+    """`stored_images` as engine.vision.Image: from an image's data, else `known` by its sha256. SessionError
+    when neither gives bytes of that sha256 (a damaged session, or a client that left out data the server no
+    longer has)."""
+    images = []
+    for item in items:
+        if isinstance(item, Image):
+            images.append(item)
+            continue
+        if not isinstance(item, dict):
+            raise UsageError("an image of the conversation is not an object with sha256, name and data")
+        digest, name = str(item.get("sha256")), str(item.get("name") or "image")
+        if "data" not in item:
+            if digest not in known:
+                raise SessionError(f"{name}: an image of the conversation (sha256 {digest[:12]}) whose bytes were not given")
+            images.append(known[digest])
+            continue
+        try:
+            data = base64.b64decode(item["data"], validate=True)
+        except (binascii.Error, ValueError, TypeError):
+            raise SessionError(f"{name}: an image of the conversation whose bytes are not base64") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise SessionError(f"{name}: an image of the conversation whose bytes do not match its sha256 {digest[:12]}")
+        images.append(Image(data, name))
+    return images
+
+
+def images_in(messages: Sequence[dict]) -> dict[str, Image]:
+    """The messages' images by the hex sha256 of their bytes (what `live` knows without their data)."""
+    return {image.digest.hex(): image for m in messages for image in m.get("images") or () if isinstance(image, Image)}

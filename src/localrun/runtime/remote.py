@@ -7,6 +7,12 @@ answer ends as 'interrupted' and what was shown stays in the conversation, as in
 closes the connection, which stops it too, and the message is dropped here (the server's copy is replaced
 by these messages on the next request).
 
+Images go with their message as base64 bytes (runtime.conversation.stored), read here when the user attaches
+them: the server runs on this machine, but the bytes are what was attached (a file changed or moved later
+changes nothing), a path relative to the chat's folder needs no translating, and the server keeps them for
+the conversation and its session either way. They are sent with every request, as the messages are (over a
+local socket; the server sends none back that it was sent).
+
 The sessions it opens, loads or saves are held for writing here, in the chat's own process (store.writers):
 the server saves them for this chat, and refuses any other writer of them while this process lives.
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,12 +32,14 @@ from .messages import Messages
 
 class RemoteConversation(Messages):
     def __init__(self, model: str, *, load: dict, sampling: dict, keep_alive: float, source: str,
-                 on_notice: Callable[[str], None]):
+                 on_notice: Callable[[str], None], mmproj: Optional[Path] = None):
         """Ask the server for the model (loading it there); raises client.InProcess where this process
-        should chat instead."""
+        should chat instead. `mmproj`: the projector for the chat's images (the server loads it with the first)."""
         from . import merge_options
 
         self.key = uuid.uuid4().hex
+        self.mmproj = str(Path(mmproj).expanduser().resolve()) if mmproj is not None else None
+        self._sending: list[dict] = []  # the images of the message being sent (a message of their own, for images_in)
         self.model, self.load_options, self.keep_alive, self.source = model, load, keep_alive, source
         self.on_notice = on_notice
         self.claims = SessionClaims(on_wait=on_notice)
@@ -50,7 +58,14 @@ class RemoteConversation(Messages):
     # -- the requests -------------------------------------------------------------------------------
 
     def _stream(self, op: str, **fields: Any):
-        request = {"op": op, "conversation": self.key, "messages": self.messages, **fields}
+        messages = self.messages
+        if any(m.get("images") for m in messages):
+            from .conversation import stored
+
+            messages = stored(messages)
+        request = {"op": op, "conversation": self.key, "messages": messages, **fields}
+        if self.mmproj is not None:
+            request["mmproj"] = self.mmproj
         return resident_stream("/api/converse", self.model, load=self.load_options, request=request,
                                keep_alive=self.keep_alive, source=self.source, on_notice=self.on_notice)
 
@@ -63,7 +78,12 @@ class RemoteConversation(Messages):
 
     def _learn(self, result: dict) -> None:
         if "messages" in result:
-            self.messages = result["messages"]
+            messages = result["messages"]
+            if any(m.get("images") for m in messages):  # the bytes of those this client sent are not sent back
+                from .conversation import images_in, live
+
+                messages = live(messages, {**images_in(self.messages), **images_in(self._sending)})
+            self.messages = messages
         if "kv_tokens" in result:
             self.kv_tokens = result["kv_tokens"]
         if "context_used" in result:
@@ -92,12 +112,19 @@ class RemoteConversation(Messages):
 
     def send(self, text: str, sampling, on_piece: Callable[[str], None], cancelled: Callable[[], bool] = lambda: False,
              on_dropped: Callable[[int], None] = lambda n: None, save_as: Optional[str] = None,
-             on_save_failed: Callable[[str], None] = lambda message: None, on_thinking: Callable[[str], None] = lambda t: None):
+             on_save_failed: Callable[[str], None] = lambda message: None, on_thinking: Callable[[str], None] = lambda t: None,
+             images: Sequence = ()):
         from . import Response, Stats
 
         if save_as:
             self.claims.hold(save_as)
-        items = self._stream("send", text=text, sampling=sampling.model_dump(mode="json"), session=save_as)
+        fields: dict[str, Any] = {}
+        if images:
+            from .conversation import stored_images
+
+            fields["images"] = stored_images(images)
+        self._sending = [{"images": list(images)}]
+        items = self._stream("send", text=text, sampling=sampling.model_dump(mode="json"), session=save_as, **fields)
         answered = threading.Event()
         threading.Thread(target=self._cancel_when, args=(cancelled, answered), daemon=True).start()
         shown: list[str] = []
@@ -119,6 +146,7 @@ class RemoteConversation(Messages):
             answered.set()
             items.close()
         self._learn(result)
+        self._sending = []
         done = result["done"]
         stats = Stats(**done["stats"]) if done.get("stats") else None
         return "".join(shown), Response(text="", tokens=[], finish_reason=done["finish_reason"], stats=stats,

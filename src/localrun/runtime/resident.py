@@ -12,6 +12,9 @@ expires and evicts every kind alike).
 evaluates only what is new, as in-process. The client keeps the messages too and sends them with every
 request: a conversation this server no longer has (restarted, or one of more than CONVERSATIONS_KEPT) is
 rebuilt from them, and one whose tokens another run displaced from the KV cache reuses what still matches.
+A message's images come as runtime.conversation.stored gives them (base64 bytes and sha256: the client read
+the files, the bytes are what it attached, wherever this server's working folder is); the answer's messages
+go back without the bytes the client sent.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
     """Do what a chat client asks of its conversation on `resident`, as the REPL in-process would: `put`
     receives {"notice"}, {"warning"}, {"dropped": n}, {"text"} items and the op's result."""
     from ..engine import merge_options
-    from .conversation import Conversation
+    from .conversation import Conversation, images_in, live, live_images, stored
 
     op, key, messages = payload.get("op"), payload.get("conversation"), payload.get("messages")
     if op not in CONVERSE_OPS or not isinstance(key, str) or not isinstance(messages, list):
@@ -104,6 +107,15 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
     loaded, scheduler = resident.loaded, resident.scheduler
     conv = _conversation(resident, key, lambda: Conversation(loaded, None, place=scheduler))
     with conv.busy:
+        conv.mmproj = payload.get("mmproj") or None  # chat --mmproj: a path on this machine
+        known = images_in(conv.messages)
+        messages = live(messages, known)
+        images = live_images(payload.get("images") or [], known)
+        sent = {*images_in(messages), *(image.digest.hex() for image in images)}  # the client has these: not sent back
+
+        def put_messages(item: dict) -> None:
+            put({**item, "messages": stored(conv.messages, leave_out=sent)})
+
         if messages != conv.messages:
             conv.replace(messages)
         sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
@@ -114,16 +126,16 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             return
         if op in ("save", "load"):
             said = conv.save(str(payload.get("name"))) if op == "save" else conv.load(str(payload.get("name")))
-            put({"said": said, "messages": conv.messages, "kv_tokens": conv.kv_tokens})
+            put_messages({"said": said, "kv_tokens": conv.kv_tokens})
             return
         answer, final = conv.send(
             str(payload.get("text")), sampling, lambda piece: put({"text": piece}),
             cancelled=cancelled, on_dropped=lambda n: put({"dropped": n}),
             save_as=payload.get("session") or None, on_save_failed=lambda m: put({"warning": m}),
-            on_thinking=lambda t: put({"thinking": t}),
+            on_thinking=lambda t: put({"thinking": t}), images=images,
         )
         _settle(final, scheduler, cancelled, fresh)
-        put({"done": wire(final), "messages": conv.messages, "kv_tokens": conv.kv_tokens})
+        put_messages({"done": wire(final), "kv_tokens": conv.kv_tokens})
 
 
 _conversations_lock = threading.Lock()
