@@ -335,7 +335,7 @@ def live(messages: Sequence[dict], known: Mapping[str, Image] = {}) -> list[dict
 
 
 def live_images(items: Sequence, known: Mapping[str, Image] = {}) -> list[Image]:
-    """`stored_images` as engine.vision.Image: from an image's data, else `known` by its sha256. SessionError
+    """`stored_images` as engine.vision.Image: `known`'s of its sha256, else from its data. SessionError
     when neither gives bytes of that sha256 (a damaged session, or a client that left out data the server no
     longer has)."""
     images = []
@@ -346,10 +346,13 @@ def live_images(items: Sequence, known: Mapping[str, Image] = {}) -> list[Image]
         if not isinstance(item, dict):
             raise UsageError("an image of the conversation is not an object with sha256, name and data")
         digest, name = str(item.get("sha256")), str(item.get("name") or "image")
+        if digest in known and known[digest].name == name:  # by its hash, as llama-server keys its images: not decoded again
+            images.append(known[digest])
+            continue
         if "data" not in item:
             if digest not in known:
                 raise SessionError(f"{name}: an image of the conversation (sha256 {digest[:12]}) whose bytes were not given")
-            images.append(known[digest])
+            images.append(Image(known[digest].data, name))
             continue
         try:
             data = base64.b64decode(item["data"], validate=True)

@@ -1,0 +1,109 @@
+"""`localrun chat` with images (#34): `/image PATH`, a path named in a message, the images kept in the
+conversation (their KV reused on the next turn, not encoded again) and in a session, in-process and through the
+background server. SmolLM2-135M with the random-weight projector of tests/projector.py: the answers mean
+nothing, so each is compared token for token (greedy text) with `run --image`'s for the same image and question."""
+
+from __future__ import annotations
+
+import pytest
+
+from localrun.cli.chat import image_paths_in
+from projector import red_square, stripes, write_projector
+from test_chat import stats
+
+ARGS = ("-t", "0", "-n", "8", "--ctx", "512", "--threads", "1")
+QUESTION = "Look at this picture carefully and describe it"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    where = tmp_path_factory.mktemp("chat-images")
+    (where / "red.png").write_bytes(red_square())
+    (where / "my stripes.png").write_bytes(stripes())
+    (where / "broken.png").write_bytes(red_square()[:50])
+    write_projector(where / "mmproj-test.gguf")
+    return where
+
+
+@pytest.fixture(scope="module")
+def run_answer(smollm2, files):
+    """`run --image FILE QUESTION`'s greedy answer, in-process."""
+    from conftest import run_cli
+
+    def answer(name: str) -> str:
+        r = run_cli("run", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), "--image", str(files / name),
+                    *ARGS, "--no-cache", QUESTION)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    return {name: answer(name) for name in ("red.png", "my stripes.png")}
+
+
+def chat(cli, smollm2, files, *lines: str, extra=()):
+    r = cli("chat", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), *ARGS, "-v", *extra, input="\n".join(lines) + "\n")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    return r
+
+
+def stats_blocks(stderr: str) -> list[dict]:
+    return [stats(block) for block in stderr.split("load duration:")[1:]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("via", ["in-process", "server"])
+def test_chat_answers_about_images_as_run_does_and_keeps_them(cli, smollm2, files, run_answer, via, request):
+    if via == "server":
+        request.getfixturevalue("resident")
+    red, striped = files / "red.png", files / "my stripes.png"
+    r = chat(cli, smollm2, files,
+             f"/image {red}", QUESTION,  # attached, then asked about
+             "And what else?",  # the image stays in the prompt: its KV is reused
+             f"{files / 'broken.png'} what is this?",  # a bad image: one line, the chat goes on
+             "/clear", f"'{striped}' {QUESTION}",  # a quoted path in the message (with a space in it)
+             "/save pics")
+    answers = r.stdout.split("\n")[:-1]
+    assert answers[0] == run_answer["red.png"]
+    assert answers[2] == ""  # the failed message's line
+    assert answers[3] == run_answer["my stripes.png"]
+    first, second, third = stats_blocks(r.stderr)
+    assert first["cached"] == 0
+    assert second["cached"] == first["prompt"] + first["generated"] - 1  # the image and the first exchange not evaluated again
+    broken = [line for line in r.stderr.splitlines() if "broken.png" in line and "error" in line]
+    assert len(broken) == 1 and "not an image" in broken[0]
+    assert f"added image {striped}" in r.stderr
+    if via == "server":
+        from test_chat import served
+
+        served(via)
+
+    # The session keeps the image: resumed in this process (saved by the server in the other case), its KV is
+    # restored (the image is not encoded again) and it answers as the chat that saved it would have.
+    resumed = chat(cli, smollm2, files, "And what else?", extra=["--session", "pics", "--keep-alive", "0"])
+    same = chat(cli, smollm2, files, f"/image {striped}", QUESTION, "And what else?", extra=["--keep-alive", "0"])
+    assert resumed.stdout == same.stdout.split("\n", 1)[1]
+    assert stats_blocks(resumed.stderr)[0]["cached"] >= third["prompt"]
+
+
+@pytest.mark.slow
+def test_image_command(cli, smollm2, files):
+    r = chat(cli, smollm2, files, "/image", f"/image {files / 'red.png'}", f"/image {files / 'nothere.png'}", "/image",
+             "/image clear", "/image", "/show")
+    lines = r.stderr.splitlines()
+    assert r.stdout == ""
+    assert [line for line in lines if "nothere.png" in line] == [f"error: {files / 'nothere.png'}: no such file"]
+    assert lines.count("no image attached: /image PATH attaches one to the next message") == 2
+    assert f"{files / 'red.png'} (1 KB)" in lines and "dropped 1 attached image(s)" in lines
+
+
+def test_image_paths_named_in_a_message(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"")
+    (tmp_path / "my photo (1).JPG").write_bytes(b"")
+    a, photo = tmp_path / "a.png", tmp_path / "my photo (1).JPG"
+    assert image_paths_in(f"look at {a} please") == ("look at please", [str(a)])
+    assert image_paths_in(f"{a}, and then?") == (", and then?", [str(a)])
+    assert image_paths_in(f"'{photo}' what is it?") == ("what is it?", [str(photo)])
+    escaped = str(photo).replace(" ", "\\ ").replace("(", "\\(").replace(")", "\\)")
+    assert image_paths_in(f"compare {escaped} with {a}.") == ("compare with .", [str(photo), str(a)])
+    for text in (f"{tmp_path}/none.png here", "see https://example.com/a.png", f"x{a}", "a .png file"):
+        assert image_paths_in(text) == (text, [])
