@@ -9,7 +9,7 @@ import pytest
 
 from localrun.cli.chat import image_paths_in
 from projector import red_square, stripes, write_projector
-from test_chat import stats
+from test_chat import stats, term  # noqa: F401 - term: a fixture
 
 ARGS = ("-t", "0", "-n", "8", "--ctx", "512", "--threads", "1")
 QUESTION = "Look at this picture carefully and describe it"
@@ -107,3 +107,16 @@ def test_image_paths_named_in_a_message(tmp_path):
     assert image_paths_in(f"compare {escaped} with {a}.") == ("compare with .", [str(photo), str(a)])
     for text in (f"{tmp_path}/none.png here", "see https://example.com/a.png", f"x{a}", "a .png file"):
         assert image_paths_in(text) == (text, [])
+
+
+@pytest.mark.slow
+def test_in_a_terminal(smollm2, files, run_answer, term):
+    """Typed in a terminal: /image, the answer streamed as run's, a line starting with an image's path is a
+    message (not an unknown command), and /show counts the images kept."""
+    t = term(smollm2, "--mmproj", str(files / "mmproj-test.gguf"), *ARGS)
+    assert t.say(f"/image {files / 'red.png'}").strip() == f"attached {files / 'red.png'} (1 KB) to the next message"
+    assert t.say(QUESTION).strip() == run_answer["red.png"]
+    said = t.say(f"{files / 'broken.png'} what is it?").strip().splitlines()
+    assert said[0] == f"added image {files / 'broken.png'}" and said[1].startswith(f"error: {files / 'broken.png'}: not an image")
+    assert "conversation: 1 turn(s) (1 image(s))" in t.say("/show")
+    assert t.bye() == 0
