@@ -5,6 +5,8 @@ nothing, so each is compared token for token (greedy text) with `run --image`'s 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from localrun.cli.chat import image_paths_in
@@ -83,6 +85,10 @@ def test_chat_answers_about_images_as_run_does_and_keeps_them(cli, smollm2, file
     same = chat(cli, smollm2, files, f"/image {striped}", QUESTION, "And what else?", extra=["--keep-alive", "0"])
     assert resumed.stdout == same.stdout.split("\n", 1)[1]
     assert stats_blocks(resumed.stderr)[0]["cached"] >= third["prompt"]
+    # `run --session` goes on with the same session: its images come back from it (no --image given).
+    ran = cli("run", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), *ARGS, "--session", "pics", "--json", "Anything else?")
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    assert json.loads(ran.stdout.splitlines()[-1])["stats"]["cached_tokens"] >= third["prompt"]
 
 
 @pytest.mark.slow

@@ -261,17 +261,19 @@ def run(
     text = read_prompt(prompt or [], sys.stdin)
     asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
                  use_cache=not no_cache, system=system, think=think)
-    responses = None if images else _resident_answer(model, asked, keep_alive, options)  # images: in this process
+    # Images (given, or a session's with --mmproj) are answered in this process.
+    responses = None if images or mmproj else _resident_answer(model, asked, keep_alive, options)
     if responses is None:  # in this process, as with --keep-alive 0
         from ..runtime import Request
         from ..runtime.generate import generate
 
         loaded = _load(model, options)
         _UNTIL_EXIT.append(loaded)  # freed by the process's end, not when run() returns (see _leave)
-        if images:
+        if images or mmproj:
             from ..runtime.images import attach_projector
 
             attach_projector(loaded, mmproj, model)
+        if images:
             asked["messages"][0]["images"] = images
         responses = generate(loaded, Request(sampling=loaded.sampling, **asked), on_notice=notice)
     render.stream_answer(responses, as_json=as_json, verbose=verbose, hide_thinking=hide_thinking)

@@ -130,7 +130,9 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 return
             if request.session:
                 messages = request.messages + [{"role": "assistant", "content": "".join(answer)}]
-                sessions.save(request.session, engine, messages, model_ref=loaded.ref, seat=seat)
+                from .conversation import stored
+
+                sessions.save(request.session, engine, stored(messages), model_ref=loaded.ref, seat=seat)
                 return
             snapshot = optional_cache(lambda: sessions.prefix_snapshot(engine, seat), on_notice)
         # The seat is given back first: a server's next request (an agent's next turn) takes the slot while
@@ -148,7 +150,9 @@ def _history(sessions: Sessions, name: str, engine, n_ctx: int) -> list[dict]:
         sessions.show(name)
     except SessionError:
         return []  # a new session: created after this answer
-    return sessions.messages(name, engine, n_ctx)  # refused here when made by another model or settings
+    from .conversation import live
+
+    return live(sessions.messages(name, engine, n_ctx))  # refused here when made by another model or settings; images as chat keeps them
 
 
 def optional_cache(action, on_notice):
