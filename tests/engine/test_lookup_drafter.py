@@ -39,3 +39,11 @@ def test_the_latest_occurrence_wins_and_extend_keeps_the_index():
 def test_an_images_positions_are_never_proposed():
     assert drafted([1, 2, 3, -5, -6, 4, 1, 2, 3]) == []
     assert drafted([1, 2, 3, 7, -5, -6, 1, 2, 3]) == [7]
+
+
+def test_a_pause_after_misses_stops_short_drafts_but_not_a_copied_run():
+    d = LookupDrafter()
+    d.reset([1, 2, 3, 7, 8, 4, 9, 1, 2, 3])
+    assert d.propose(16, long_only=True) == []  # a 3-token match: paused
+    d.reset(COPIED + [7] + COPIED[:14])
+    assert d.propose(16, long_only=True) == COPIED[14:] + [7] + COPIED[:9]

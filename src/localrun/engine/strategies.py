@@ -88,7 +88,8 @@ class LookupDrafter:
                     index[tuple(toks[p - n : p])] = p
             toks.append(t)
 
-    def propose(self, k: int) -> list[int]:
+    def propose(self, k: int, long_only: bool = False) -> list[int]:
+        """Up to `k` tokens; `long_only`: only for a run being copied (short drafts are paused after misses)."""
         toks = self.tokens
         for n in range(self.MAX_N, self.MIN_N - 1, -1):
             if len(toks) < n:
@@ -96,7 +97,7 @@ class LookupDrafter:
             start = self.index.get(tuple(toks[-n:]))
             if start is not None:
                 agree = self._agreement(start)
-                if agree < 3:
+                if agree < (self.LONG if long_only else 3):
                     return []
                 draft = toks[start : start + (k if agree >= self.LONG else min(k, self.SHORT))]
                 # An image's positions (negative ids in a vision prompt) are no tokens to propose.
@@ -233,8 +234,11 @@ class SpeculativeTask(Plain):
         held = len(self.engine.kv.tokens[self.seq_id])
         room = min(seq.limit - len(seq.generated), seq.n_ctx - held - 1, self.cap - 1)
         allowed = self.length.next()  # 0: drafting is paused after misses
-        k = min(room if getattr(self.drafter, "sizes_itself", False) and allowed else allowed, room)
-        self.draft = self.drafter.propose(k) if k > 0 else []
+        if getattr(self.drafter, "sizes_itself", False):  # it drafts by its match; a pause stops only short guesses
+            self.draft = self.drafter.propose(room, long_only=not allowed) if room > 0 else []
+        else:
+            k = min(allowed, room)
+            self.draft = self.drafter.propose(k) if k > 0 else []
         return out
 
 
