@@ -176,3 +176,17 @@ def test_langchain_ollama_chat_and_stream(served, cli):
     want = run_here(cli, REF, QUESTION)
     assert llm.invoke(QUESTION).content == want
     assert "".join(chunk.content for chunk in llm.stream(QUESTION)) == want
+
+
+def test_a_model_deleted_while_it_answers_leaves_the_listings_whole(served):
+    """Open WebUI deletes a model its title and follow-up requests still use: /api/tags stays 200 without it
+    (it was a 500 on the vanished file), and the answer under way ends."""
+    body = {"model": REF, "messages": [{"role": "user", "content": "Count to a hundred."}],
+            "options": {"num_predict": 200, "temperature": 0}}
+    with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=300) as answer:
+        lines = answer.iter_lines()
+        assert json.loads(next(lines))["done"] is False  # under way
+        assert httpx.request("DELETE", served.url + "/api/delete", json={"model": REF}, timeout=60).status_code == 200
+        tags = httpx.get(served.url + "/api/tags", timeout=60)
+        assert tags.status_code == 200 and REF not in [m["name"] for m in tags.json()["models"]], tags.text
+        assert json.loads(list(lines)[-1])["done"] is True

@@ -223,3 +223,17 @@ def _count(c: httpx.Client, name: str, messages: list) -> int:
     r = c.post("/api/chat", json={"model": name, "messages": messages, "stream": False, "options": {"num_predict": 1}})
     assert r.status_code == 200, r.text
     return r.json()["prompt_eval_count"]
+
+
+def test_an_ejected_command_line_model_answers_again_by_its_name_pinned(served, smollm2):
+    """Open WebUI's Eject (generate with keep_alive 0 and no prompt) unloads the model the server was started
+    with; the name it was listed by loads it again, pinned as it was (found by a real Open WebUI session)."""
+    name = smollm2.name
+    ejected = httpx.post(served.url + "/api/generate", json={"model": name, "keep_alive": 0, "prompt": ""}, timeout=120)
+    assert ejected.status_code == 200 and ejected.json()["done_reason"] == "unload"
+    wait_until(lambda: not httpx.get(served.url + "/api/ps").json()["models"], what="the model unloaded")
+    again = httpx.post(served.url + "/api/chat", timeout=120, json={"model": name, "messages": HI, "stream": False,
+                                                                    "options": {"num_predict": 2}})
+    assert again.status_code == 200, again.text
+    (loaded,) = httpx.get(served.url + "/api/ps").json()["models"]
+    assert loaded["name"] == name and loaded["keep_alive"] is None  # None: never expires (pinned again)

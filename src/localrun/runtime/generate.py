@@ -159,7 +159,7 @@ def optional_cache(action, on_notice):
     """The prefix cache only saves time: when its index is damaged, say so once and answer without it."""
     try:
         return action()
-    except (SessionError, sqlite3.DatabaseError) as exc:
+    except (SessionError, sqlite3.DatabaseError, OSError) as exc:  # OSError: e.g. the model's file deleted under it
         if on_notice:
-            on_notice(f"prefix cache skipped: {getattr(exc, 'message', exc)}")
+            on_notice(f"prefix cache skipped: {getattr(exc, 'message', None) or exc}")
         return None

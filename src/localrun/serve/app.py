@@ -77,6 +77,26 @@ class Service:
         self.inflight = 0
         self.counting = threading.Lock()
         self.last_activity = time.monotonic()
+        # Every name a loaded model answered to -> what loads it again: a name /api/ps or /v1/models listed
+        # (a path model's file name) still works after the model unloads (an eject, its keep-alive).
+        self.known: dict[str, str] = {}
+        self.served: Optional[str] = None  # what loads the command line's model: pinned again when reloaded
+
+    def remember(self, resident: Resident) -> None:
+        for name in list(resident.names):
+            self.known[name] = resident.loaded.ref
+
+    def forget(self, ref: str) -> None:
+        """A deleted model's names name nothing any more."""
+        for name in [n for n, r in self.known.items() if r.casefold() == ref.casefold() or n == ref.casefold()]:
+            del self.known[name]
+
+    def resolve(self, name: str) -> str:
+        """What a request's model name loads: a loaded model's ref by any of its names, else a name a model
+        answered to before it unloaded, else the name as given."""
+        wanted = name.casefold()
+        loaded = next((r.loaded.ref for r in list(self.pool.residents) if wanted in r.names), None)
+        return loaded or self.known.get(wanted, name)
 
     def activity(self, delta: int) -> None:
         """A run request began (+1) or ended (-1): the resident server is idle only with none in flight."""
@@ -136,6 +156,8 @@ class Service:
         pull_if_needed(self.options.model, self.options.source)  # as `serve ALIAS` always did
         resident, _ = self.pool.acquire(self.options.model, self.options.spec, pinned=True)
         self.pool.release(resident, keep_alive=FOREVER)
+        self.served = resident.loaded.ref
+        self.remember(resident)
         return resident
 
 
@@ -175,8 +197,8 @@ def build_app(service: Service, on_started=None):
         if not ref:
             raise ApiError(400, "no model given and this server was started without one: name one in 'model'", param="model")
         # The id /v1/models and /api/ps list for a model loaded from a path (its file name) names it on
-        # every endpoint, whichever kind of context (chat, embeddings) it was loaded for.
-        ref = next((r.loaded.ref for r in list(pool.residents) if ref.casefold() in r.names), ref)
+        # every endpoint, whichever kind of context (chat, embeddings) it was loaded for, loaded or not.
+        ref = service.resolve(ref)
         keep_alive = None
         if body.keep_alive is not None:
             try:
@@ -199,7 +221,9 @@ def build_app(service: Service, on_started=None):
             return resident, keep_alive, 0.0
         try:
             t0 = time.perf_counter()
-            resident, fresh = await run_in_threadpool(pool.acquire, ref, spec)
+            # The command line's model, back after an eject: pinned again, as it was.
+            resident, fresh = await run_in_threadpool(lambda: pool.acquire(ref, spec, pinned=ref == service.served))
+            service.remember(resident)
             return resident, keep_alive, (time.perf_counter() - t0) if fresh else 0.0
         except LocalrunError as exc:  # e.g. a file that would not load: this request fails, the server goes on
             status, message, code = native.load_failure(exc, ref)
@@ -521,18 +545,23 @@ def build_app(service: Service, on_started=None):
         models = await run_in_threadpool(tags_listing)
         listed = {m["name"] for m in models}
         for r in list(pool.residents):  # loaded from a path: listed too, as the server can answer them
-            if r.loaded.ref not in listed and r.name not in listed:  # by the name /api/ps and /v1/models list
-                listed.add(r.name)
-                digest = await run_in_threadpool(file_digest, r.path)
-                models.append({"name": r.name, "model": r.name, "modified_at": ollama.now(), "size": r.path.stat().st_size,
-                               "digest": digest or "", "details": model_details(r.engine.info)})
+            if r.retiring or r.loaded.ref in listed or r.name in listed:  # (by the name /api/ps and /v1/models list)
+                continue  # a model being unloaded (deleted while it answers) is not offered any more
+            try:
+                size = r.path.stat().st_size
+            except OSError:  # its file is gone (deleted under it): it answers its open requests, nothing new
+                continue
+            listed.add(r.name)
+            digest = await run_in_threadpool(file_digest, r.path)
+            models.append({"name": r.name, "model": r.name, "modified_at": ollama.now(), "size": size,
+                           "digest": digest or "", "details": model_details(r.engine.info)})
         return JSONResponse({"models": models})
 
     async def on_named_model(request: Request, action):
         """The model an Ollama body names (`model`, or the older `name`), and what `action(ref)` gives, done off
         the event loop: 404 for a model that is not there, 400 for any other failure."""
         ref = ollama.model_named(await ollama_body(request))
-        ref = next((r.loaded.ref for r in list(pool.residents) if ref.casefold() in r.names), ref)  # a name /api/ps lists
+        ref = service.resolve(ref)  # a name /api/ps or /v1/models lists
         try:
             return ref, await run_in_threadpool(action, ref)
         except ModelNotFound:
@@ -559,6 +588,7 @@ def build_app(service: Service, on_started=None):
             return ollama_error(exc, "/api/delete")
         with contextlib.suppress(ModelNotFound):
             pool.stop(ref)  # loaded: unloaded once its requests end
+        service.forget(ref)
         metrics.requests.labels("/api/delete", "200").inc()
         return JSONResponse({})
 
@@ -601,7 +631,7 @@ def build_app(service: Service, on_started=None):
 
         try:
             source, destination = copy_request(await ollama_body(request))
-            source = next((r.loaded.ref for r in list(pool.residents) if source.casefold() in r.names), source)  # a name /api/ps lists
+            source = service.resolve(source)  # a name /api/ps or /v1/models lists
             await making(lambda: copy_model(source, destination))
         except ApiError as exc:
             return ollama_error(exc, "/api/copy")
