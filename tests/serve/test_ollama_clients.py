@@ -232,6 +232,9 @@ def test_an_ejected_command_line_model_answers_again_by_its_name_pinned(served, 
     ejected = httpx.post(served.url + "/api/generate", json={"model": name, "keep_alive": 0, "prompt": ""}, timeout=120)
     assert ejected.status_code == 200 and ejected.json()["done_reason"] == "unload"
     wait_until(lambda: not httpx.get(served.url + "/api/ps").json()["models"], what="the model unloaded")
+    # Still the server's model: still listed (Open WebUI's model list is /api/tags), by the same name.
+    assert [m["name"] for m in httpx.get(served.url + "/api/tags").json()["models"]] == [name]
+    assert [m["id"] for m in httpx.get(served.url + "/v1/models").json()["data"]] == [name]
     again = httpx.post(served.url + "/api/chat", timeout=120, json={"model": name, "messages": HI, "stream": False,
                                                                     "options": {"num_predict": 2}})
     assert again.status_code == 200, again.text

@@ -161,6 +161,18 @@ def tags_listing() -> list[dict[str, Any]]:
     return out
 
 
+def file_entry(name: str, path) -> dict[str, Any]:
+    """/api/tags' entry for a model file served under `name` (the command line's, not pulled)."""
+    from pathlib import Path
+
+    from ..engine.gguf_info import read_info
+    from ..store.digests import file_digest
+
+    path = Path(path)
+    return {"name": name, "model": name, "modified_at": _mtime(path), "size": path.stat().st_size,
+            "digest": file_digest(path) or "", "details": model_details(read_info(path))}
+
+
 def model_card(ref: str) -> dict[str, Any]:
     """What Ollama's /api/show answers for a pulled model (or a .gguf path): details, the GGUF metadata as
     model_info (arrays the size of a vocabulary left out, as Ollama does), the chat template, the catalogue's

@@ -81,6 +81,11 @@ class Service:
         # (a path model's file name) still works after the model unloads (an eject, its keep-alive).
         self.known: dict[str, str] = {}
         self.served: Optional[str] = None  # what loads the command line's model: pinned again when reloaded
+        self.served_name: Optional[str] = None  # the name it is listed by, loaded or not (ejected)
+
+    def served_unloaded(self) -> bool:
+        """The command line's model is not loaded now (ejected): still listed, as it is still served."""
+        return self.served is not None and not any(r.loaded.ref == self.served for r in list(self.pool.residents))
 
     def remember(self, resident: Resident) -> None:
         for name in list(resident.names):
@@ -156,7 +161,7 @@ class Service:
         pull_if_needed(self.options.model, self.options.source)  # as `serve ALIAS` always did
         resident, _ = self.pool.acquire(self.options.model, self.options.spec, pinned=True)
         self.pool.release(resident, keep_alive=FOREVER)
-        self.served = resident.loaded.ref
+        self.served, self.served_name = resident.loaded.ref, resident.name
         self.remember(resident)
         return resident
 
@@ -537,6 +542,12 @@ def build_app(service: Service, on_started=None):
     async def ollama_completion(request: Request):
         return await ollama_generate(request, chat=False)
 
+    def served_entry() -> dict:
+        """/api/tags' entry for the command line's model while it is not loaded (ejected)."""
+        from ..runtime.report import file_entry
+
+        return file_entry(service.served_name, service.served)
+
     async def ollama_tags(request: Request):
         from ..runtime.report import model_details, tags_listing
         from ..runtime import file_digest
@@ -555,6 +566,8 @@ def build_app(service: Service, on_started=None):
             digest = await run_in_threadpool(file_digest, r.path)
             models.append({"name": r.name, "model": r.name, "modified_at": ollama.now(), "size": size,
                            "digest": digest or "", "details": model_details(r.engine.info)})
+        if service.served_unloaded() and service.served_name not in listed and service.served not in listed:
+            models.append(await run_in_threadpool(served_entry))  # ejected, still the server's own model
         return JSONResponse({"models": models})
 
     async def on_named_model(request: Request, action):
@@ -744,6 +757,12 @@ def build_app(service: Service, on_started=None):
             data.append({"id": r["name"], "object": "model", "created": service.created, "owned_by": "localrun",
                          "meta": {"n_ctx_slot": r["context_length"], "slots": r["slots"], "file": r["path"], "loaded": True}})
         held = {name for r in list(pool.residents) for name in r.names}  # every name a loaded model answers to
+        if service.served_unloaded() and service.served_name.casefold() not in seen:  # ejected, still served
+            refs = {ref.casefold() for ref, _ in await run_in_threadpool(pulled_refs)}
+            if service.served.casefold() not in refs:
+                seen.add(service.served_name.casefold())
+                data.append({"id": service.served_name, "object": "model", "created": service.created, "owned_by": "localrun",
+                             "meta": {"file": service.served, "loaded": False}})
         for ref, path in await run_in_threadpool(pulled_refs):
             if ref.casefold() not in held and ref.casefold() not in seen:
                 data.append({"id": ref, "object": "model", "created": service.created, "owned_by": "localrun",
