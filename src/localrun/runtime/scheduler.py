@@ -42,6 +42,7 @@ from ..engine.sequence import SequenceState
 from ..engine.strategies import LookupDrafter, SpeculativeTask
 from ..errors import EngineError, LocalrunError
 
+SETTLE_S = 10.0  # stopping: how long the seats still held may use the scheduler thread (see Scheduler._settle)
 
 @dataclass
 class Job:
@@ -242,7 +243,8 @@ class Scheduler:
         box: dict[str, Any] = {}
         done = threading.Event()
         with self.cond:
-            self._check_running()
+            if self.fatal or not self.thread.is_alive():  # stopping: still served while seats are held (_settle)
+                raise ServerStopping(self.fatal)
             self.calls.append((fn, box, done))
             self.cond.notify_all()
         while not done.wait(timeout=1.0):
@@ -292,16 +294,38 @@ class Scheduler:
                 leftovers = list(self.running) + list(self.waiting)
                 self.running.clear()
                 self.waiting.clear()
-                calls, self.calls = self.calls, collections.deque()
                 self.cond.notify_all()
-            for _, box, done in calls:
-                box["error"] = ServerStopping(self.fatal)
-                done.set()
             # Responses of this step not yet delivered (a failure mid-step), then every job still open.
             reason = "error" if self.fatal else "shutdown"
             out += [(job, self._finish(job, reason, self.fatal or "the server is shutting down: retry later")) for job in leftovers]
             if out:
                 self.deliver(out)
+            if not self.fatal:
+                self._settle(SETTLE_S)
+            with self.cond:
+                calls, self.calls = self.calls, collections.deque()
+                self.cond.notify_all()
+            for _, box, done in calls:
+                box["error"] = ServerStopping(self.fatal)
+                done.set()
+
+    def _settle(self, timeout: float) -> None:
+        """Stopping: serve the calls of requests that still hold a seat (an answer that finished just before the
+        stop reads its slot's state for the prefix cache) until every seat is given back, or `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.cond:
+                while not self.calls and any(s.leased for s in self.slots) and time.monotonic() < deadline:
+                    self.cond.wait(timeout=0.05)
+                if not self.calls:
+                    return
+                calls, self.calls = self.calls, collections.deque()
+            for fn, box, done in calls:
+                try:
+                    box["value"] = fn()
+                except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+                    box["error"] = exc
+                done.set()
 
     def _drop_cancelled(self, out: list) -> None:
         for job in [j for j in self.waiting if j.cancelled]:
