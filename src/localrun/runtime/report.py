@@ -161,16 +161,18 @@ def tags_listing() -> list[dict[str, Any]]:
     return out
 
 
-def file_entry(name: str, path) -> dict[str, Any]:
-    """/api/tags' entry for a model file served under `name` (the command line's, not pulled)."""
+def file_entry(name: str, path, info=None) -> dict[str, Any]:
+    """/api/tags' entry for a model file served under `name` (loaded from a path, not pulled); `info`: its
+    GGUF metadata when already read (a loaded model's). Raises OSError when the file is gone."""
     from pathlib import Path
 
     from ..engine.gguf_info import read_info
     from ..store.digests import file_digest
 
     path = Path(path)
-    return {"name": name, "model": name, "modified_at": _mtime(path), "size": path.stat().st_size,
-            "digest": file_digest(path) or "", "details": model_details(read_info(path))}
+    size = path.stat().st_size
+    return {"name": name, "model": name, "modified_at": _mtime(path), "size": size,
+            "digest": file_digest(path) or "", "details": model_details(info or read_info(path))}
 
 
 def model_card(ref: str) -> dict[str, Any]:

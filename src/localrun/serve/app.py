@@ -542,15 +542,8 @@ def build_app(service: Service, on_started=None):
     async def ollama_completion(request: Request):
         return await ollama_generate(request, chat=False)
 
-    def served_entry() -> dict:
-        """/api/tags' entry for the command line's model while it is not loaded (ejected)."""
-        from ..runtime.report import file_entry
-
-        return file_entry(service.served_name, service.served)
-
     async def ollama_tags(request: Request):
-        from ..runtime.report import model_details, tags_listing
-        from ..runtime import file_digest
+        from ..runtime.report import file_entry, tags_listing
 
         metrics.requests.labels("/api/tags", "200").inc()
         models = await run_in_threadpool(tags_listing)
@@ -559,28 +552,20 @@ def build_app(service: Service, on_started=None):
             if r.retiring or r.loaded.ref in listed or r.name in listed:  # (by the name /api/ps and /v1/models list)
                 continue  # a model being unloaded (deleted while it answers) is not offered any more
             try:
-                size = r.path.stat().st_size
+                models.append(await run_in_threadpool(file_entry, r.name, r.path, r.engine.info))
             except OSError:  # its file is gone (deleted under it): it answers its open requests, nothing new
                 continue
             listed.add(r.name)
-            digest = await run_in_threadpool(file_digest, r.path)
-            models.append({"name": r.name, "model": r.name, "modified_at": ollama.now(), "size": size,
-                           "digest": digest or "", "details": model_details(r.engine.info)})
         if service.served_unloaded() and service.served_name not in listed and service.served not in listed:
-            models.append(await run_in_threadpool(served_entry))  # ejected, still the server's own model
+            # ejected, still the server's own model
+            models.append(await run_in_threadpool(file_entry, service.served_name, service.served))
         return JSONResponse({"models": models})
 
     async def on_named_model(request: Request, action):
         """The model an Ollama body names (`model`, or the older `name`), and what `action(ref)` gives, done off
         the event loop: 404 for a model that is not there, 400 for any other failure."""
-        ref = ollama.model_named(await ollama_body(request))
-        ref = service.resolve(ref)  # a name /api/ps or /v1/models lists
-        try:
-            return ref, await run_in_threadpool(action, ref)
-        except ModelNotFound:
-            raise ApiError(404, f"model {ref!r} not found") from None
-        except LocalrunError as exc:
-            raise ApiError(400, exc.message) from None
+        ref = service.resolve(ollama.model_named(await ollama_body(request)))  # a name /api/ps or /v1/models lists
+        return ref, await making(lambda: action(ref), missing=f"model {ref!r} not found")
 
     async def ollama_show(request: Request):
         from ..runtime.report import model_card
@@ -605,13 +590,13 @@ def build_app(service: Service, on_started=None):
         metrics.requests.labels("/api/delete", "200").inc()
         return JSONResponse({})
 
-    async def making(work):
-        """`work()` (a create, a copy) off the event loop; its failure as Ollama answers it: 404 for a model
-        that is not there, 400 for any other."""
+    async def making(work, missing: Optional[str] = None):
+        """`work()` (a show, a create, a copy) off the event loop; its failure as Ollama answers it: 404 for a
+        model that is not there (`missing`, else the failure's own words), 400 for any other."""
         try:
             return await run_in_threadpool(work)
         except ModelNotFound as exc:
-            raise ApiError(404, exc.message) from None
+            raise ApiError(404, missing or exc.message) from None
         except LocalrunError as exc:
             raise ApiError(400, exc.message) from None
 
