@@ -331,6 +331,21 @@ def tools_model(smollm2, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def image_files(tmp_path_factory) -> Path:
+    """A folder with two images (red.png; stripes.png, also as "my stripes.png": a path with a space), a broken
+    one (broken.png) and a test projector for SmolLM2 (mmproj-test.gguf: tests/projector.py)."""
+    from projector import red_square, stripes, write_projector
+
+    where = tmp_path_factory.mktemp("images")
+    (where / "red.png").write_bytes(red_square())
+    (where / "stripes.png").write_bytes(stripes())
+    (where / "my stripes.png").write_bytes(stripes())
+    (where / "broken.png").write_bytes(red_square()[:50])
+    write_projector(where / "mmproj-test.gguf")
+    return where
+
+
+@pytest.fixture(scope="session")
 def thinking_model(smollm2, tmp_path_factory) -> Path:
     """SmolLM2's weights with a reasoning model's chat template (written with the gguf package): the prompt
     opens a <think> block (as DeepSeek-R1's templates do), and `enable_thinking` false closes it at once

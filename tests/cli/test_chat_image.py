@@ -10,7 +10,6 @@ import json
 import pytest
 
 from localrun.cli.chat import image_paths_in
-from projector import red_square, stripes, write_projector
 from test_chat import stats, term  # noqa: F401 - term: a fixture
 
 ARGS = ("-t", "0", "-n", "8", "--ctx", "512", "--threads", "1")
@@ -18,22 +17,12 @@ QUESTION = "Look at this picture carefully and describe it"
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    where = tmp_path_factory.mktemp("chat-images")
-    (where / "red.png").write_bytes(red_square())
-    (where / "my stripes.png").write_bytes(stripes())
-    (where / "broken.png").write_bytes(red_square()[:50])
-    write_projector(where / "mmproj-test.gguf")
-    return where
-
-
-@pytest.fixture(scope="module")
-def run_answer(smollm2, files):
+def run_answer(smollm2, image_files):
     """`run --image FILE QUESTION`'s greedy answer, in-process."""
     from conftest import run_cli
 
     def answer(name: str) -> str:
-        r = run_cli("run", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), "--image", str(files / name),
+        r = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / name),
                     *ARGS, "--no-cache", QUESTION)
         assert r.returncode == 0, r.stderr
         return r.stdout.strip()
@@ -41,8 +30,8 @@ def run_answer(smollm2, files):
     return {name: answer(name) for name in ("red.png", "my stripes.png")}
 
 
-def chat(cli, smollm2, files, *lines: str, extra=()):
-    r = cli("chat", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), *ARGS, "-v", *extra, input="\n".join(lines) + "\n")
+def chat(cli, smollm2, image_files, *lines: str, extra=()):
+    r = cli("chat", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), *ARGS, "-v", *extra, input="\n".join(lines) + "\n")
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     return r
@@ -54,14 +43,14 @@ def stats_blocks(stderr: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("via", ["in-process", "server"])
-def test_chat_answers_about_images_as_run_does_and_keeps_them(cli, smollm2, files, run_answer, via, request):
+def test_chat_answers_about_images_as_run_does_and_keeps_them(cli, smollm2, image_files, run_answer, via, request):
     if via == "server":
         request.getfixturevalue("resident")
-    red, striped = files / "red.png", files / "my stripes.png"
-    r = chat(cli, smollm2, files,
+    red, striped = image_files / "red.png", image_files / "my stripes.png"
+    r = chat(cli, smollm2, image_files,
              f"/image {red}", QUESTION,  # attached, then asked about
              "And what else?",  # the image stays in the prompt: its KV is reused
-             f"{files / 'broken.png'} what is this?",  # a bad image: one line, the chat goes on
+             f"{image_files / 'broken.png'} what is this?",  # a bad image: one line, the chat goes on
              "/clear", f"'{striped}' {QUESTION}",  # a quoted path in the message (with a space in it)
              "/save pics")
     answers = r.stdout.split("\n")[:-1]
@@ -81,25 +70,25 @@ def test_chat_answers_about_images_as_run_does_and_keeps_them(cli, smollm2, file
 
     # The session keeps the image: resumed in this process (saved by the server in the other case), its KV is
     # restored (the image is not encoded again) and it answers as the chat that saved it would have.
-    resumed = chat(cli, smollm2, files, "And what else?", extra=["--session", "pics", "--keep-alive", "0"])
-    same = chat(cli, smollm2, files, f"/image {striped}", QUESTION, "And what else?", extra=["--keep-alive", "0"])
+    resumed = chat(cli, smollm2, image_files, "And what else?", extra=["--session", "pics", "--keep-alive", "0"])
+    same = chat(cli, smollm2, image_files, f"/image {striped}", QUESTION, "And what else?", extra=["--keep-alive", "0"])
     assert resumed.stdout == same.stdout.split("\n", 1)[1]
     assert stats_blocks(resumed.stderr)[0]["cached"] >= third["prompt"]
     # `run --session` goes on with the same session: its images come back from it (no --image given).
-    ran = cli("run", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), *ARGS, "--session", "pics", "--json", "Anything else?")
+    ran = cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), *ARGS, "--session", "pics", "--json", "Anything else?")
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
     assert json.loads(ran.stdout.splitlines()[-1])["stats"]["cached_tokens"] >= third["prompt"]
 
 
 @pytest.mark.slow
-def test_image_command(cli, smollm2, files):
-    r = chat(cli, smollm2, files, "/image", f"/image {files / 'red.png'}", f"/image {files / 'nothere.png'}", "/image",
+def test_image_command(cli, smollm2, image_files):
+    r = chat(cli, smollm2, image_files, "/image", f"/image {image_files / 'red.png'}", f"/image {image_files / 'nothere.png'}", "/image",
              "/image clear", "/image", "/show")
     lines = r.stderr.splitlines()
     assert r.stdout == ""
-    assert [line for line in lines if "nothere.png" in line] == [f"error: {files / 'nothere.png'}: no such file"]
+    assert [line for line in lines if "nothere.png" in line] == [f"error: {image_files / 'nothere.png'}: no such file"]
     assert lines.count("no image attached: /image PATH attaches one to the next message") == 2
-    assert f"{files / 'red.png'} (1 KB)" in lines and "dropped 1 attached image(s)" in lines
+    assert f"{image_files / 'red.png'} (1 KB)" in lines and "dropped 1 attached image(s)" in lines
 
 
 def test_image_paths_named_in_a_message(tmp_path):
@@ -116,13 +105,13 @@ def test_image_paths_named_in_a_message(tmp_path):
 
 
 @pytest.mark.slow
-def test_in_a_terminal(smollm2, files, run_answer, term):
+def test_in_a_terminal(smollm2, image_files, run_answer, term):
     """Typed in a terminal: /image, the answer streamed as run's, a line starting with an image's path is a
     message (not an unknown command), and /show counts the images kept."""
-    t = term(smollm2, "--mmproj", str(files / "mmproj-test.gguf"), *ARGS)
-    assert t.say(f"/image {files / 'red.png'}").strip() == f"attached {files / 'red.png'} (1 KB) to the next message"
+    t = term(smollm2, "--mmproj", str(image_files / "mmproj-test.gguf"), *ARGS)
+    assert t.say(f"/image {image_files / 'red.png'}").strip() == f"attached {image_files / 'red.png'} (1 KB) to the next message"
     assert t.say(QUESTION).strip() == run_answer["red.png"]
-    said = t.say(f"{files / 'broken.png'} what is it?").strip().splitlines()
-    assert said[0] == f"added image {files / 'broken.png'}" and said[1].startswith(f"error: {files / 'broken.png'}: not an image")
+    said = t.say(f"{image_files / 'broken.png'} what is it?").strip().splitlines()
+    assert said[0] == f"added image {image_files / 'broken.png'}" and said[1].startswith(f"error: {image_files / 'broken.png'}: not an image")
     assert "conversation: 1 turn(s) (1 image(s))" in t.say("/show")
     assert t.bye() == 0

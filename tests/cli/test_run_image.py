@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from projector import IMAGE_SIZE, PATCH_SIZE, red_square, stripes, write_projector
+from projector import IMAGE_SIZE, PATCH_SIZE, write_projector
 
 pytestmark = pytest.mark.slow
 
@@ -18,34 +18,24 @@ QUESTION = ("Look at this picture carefully and describe every detail you can se
 GREEDY = ("--temperature", "0", "--max-tokens", "10", "--ctx", "512", "--json")
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    where = tmp_path_factory.mktemp("images")
-    (where / "red.png").write_bytes(red_square())
-    (where / "stripes.png").write_bytes(stripes())
-    (where / "broken.png").write_bytes(red_square()[:50])
-    write_projector(where / "mmproj-test.gguf")
-    return where
-
-
 def done(stdout: str) -> dict:
     events = [json.loads(line) for line in stdout.splitlines() if line.strip()]
     assert events[-1]["type"] == "done"
     return events[-1]
 
 
-def ask(cli, model, files, *images: str, question: str = QUESTION, extra=()) -> dict:
-    args = [a for name in images for a in ("--image", str(files / name))]
-    r = cli("run", str(model), "--mmproj", str(files / "mmproj-test.gguf"), *args, *GREEDY, *extra, question)
+def ask(cli, model, image_files, *images: str, question: str = QUESTION, extra=()) -> dict:
+    args = [a for name in images for a in ("--image", str(image_files / name))]
+    r = cli("run", str(model), "--mmproj", str(image_files / "mmproj-test.gguf"), *args, *GREEDY, *extra, question)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     return done(r.stdout)
 
 
-def test_the_answer_depends_on_the_image(cli, smollm2, files):
-    red = ask(cli, smollm2, files, "red.png", extra=["--no-cache"])
-    striped = ask(cli, smollm2, files, "stripes.png", extra=["--no-cache"])
-    red_again = ask(cli, smollm2, files, "red.png", extra=["--no-cache"])
+def test_the_answer_depends_on_the_image(cli, smollm2, image_files):
+    red = ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])
+    striped = ask(cli, smollm2, image_files, "stripes.png", extra=["--no-cache"])
+    red_again = ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])
     assert red["tokens"] != striped["tokens"]  # two images, two answers
     assert red_again["tokens"] == red["tokens"]  # the same image, the same answer
     text_only = cli("run", str(smollm2), *GREEDY, "--no-cache", QUESTION)
@@ -53,32 +43,32 @@ def test_the_answer_depends_on_the_image(cli, smollm2, files):
     assert red["stats"]["prompt_tokens"] == done(text_only.stdout)["stats"]["prompt_tokens"] + N_IMAGE
 
 
-def test_a_second_run_on_the_same_image_reuses_its_kv(cli, smollm2, files):
-    first = ask(cli, smollm2, files, "stripes.png")
-    second = ask(cli, smollm2, files, "stripes.png")  # the prefix cache holds the image's KV from the first run
+def test_a_second_run_on_the_same_image_reuses_its_kv(cli, smollm2, image_files):
+    first = ask(cli, smollm2, image_files, "stripes.png")
+    second = ask(cli, smollm2, image_files, "stripes.png")  # the prefix cache holds the image's KV from the first run
     assert second["tokens"] == first["tokens"]
     assert first["stats"]["cached_tokens"] == 0
     assert second["stats"]["cached_tokens"] == second["stats"]["prompt_tokens"] - 1
-    other = ask(cli, smollm2, files, "red.png")  # another image: only the text before it is shared
+    other = ask(cli, smollm2, image_files, "red.png")  # another image: only the text before it is shared
     assert other["stats"]["cached_tokens"] < 10
 
 
-def test_several_images_in_order(cli, smollm2, files):
-    both = ask(cli, smollm2, files, "red.png", "stripes.png", extra=["--no-cache"])
-    swapped = ask(cli, smollm2, files, "stripes.png", "red.png", extra=["--no-cache"])
-    one = ask(cli, smollm2, files, "red.png", extra=["--no-cache"])
+def test_several_images_in_order(cli, smollm2, image_files):
+    both = ask(cli, smollm2, image_files, "red.png", "stripes.png", extra=["--no-cache"])
+    swapped = ask(cli, smollm2, image_files, "stripes.png", "red.png", extra=["--no-cache"])
+    one = ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])
     assert both["stats"]["prompt_tokens"] == one["stats"]["prompt_tokens"] + N_IMAGE
     assert both["tokens"] != swapped["tokens"]
 
 
-def test_the_projector_beside_the_model_is_found(cli, smollm2, files, tmp_path):
+def test_the_projector_beside_the_model_is_found(cli, smollm2, image_files, tmp_path):
     (tmp_path / smollm2.name).symlink_to(smollm2)
-    write_projector(tmp_path / "mmproj-SmolLM2-f16.gguf")  # the same weights (seed) as files' projector
-    r = cli("run", str(tmp_path / smollm2.name), "--image", str(files / "red.png"), *GREEDY, "--no-cache", QUESTION)
+    write_projector(tmp_path / "mmproj-SmolLM2-f16.gguf")  # the same weights (seed) as image_files' projector
+    r = cli("run", str(tmp_path / smollm2.name), "--image", str(image_files / "red.png"), *GREEDY, "--no-cache", QUESTION)
     assert r.returncode == 0, r.stderr
-    assert done(r.stdout)["tokens"] == ask(cli, smollm2, files, "red.png", extra=["--no-cache"])["tokens"]
+    assert done(r.stdout)["tokens"] == ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])["tokens"]
     write_projector(tmp_path / "mmproj-SmolLM2-q8.gguf", seed=1)
-    r = cli("run", str(tmp_path / smollm2.name), "--image", str(files / "red.png"), *GREEDY, QUESTION)
+    r = cli("run", str(tmp_path / smollm2.name), "--image", str(image_files / "red.png"), *GREEDY, QUESTION)
     assert r.returncode == 2
     assert "2 projectors beside" in r.stderr and "--mmproj" in r.stderr
 
@@ -92,14 +82,14 @@ def one_line_error(r, code: int) -> str:
     return lines[0]
 
 
-def test_a_corrupt_image_fails_in_one_line(cli, smollm2, files):
-    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), "--image", str(files / "broken.png"),
+def test_a_corrupt_image_fails_in_one_line(cli, smollm2, image_files):
+    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / "broken.png"),
                               *GREEDY, QUESTION), 2)
     assert "broken.png" in line and "not an image" in line
 
 
-def test_a_missing_image_fails_in_one_line(cli, smollm2, files):
-    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), "--image", str(files / "nothere.png"),
+def test_a_missing_image_fails_in_one_line(cli, smollm2, image_files):
+    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / "nothere.png"),
                               *GREEDY, QUESTION), 1)
     assert "nothere.png" in line and "no such file" in line
 
@@ -110,12 +100,12 @@ def test_a_missing_image_fails_in_one_line(cli, smollm2, files):
     (["--mmproj", "{files}/mmproj-test.gguf", "--image", "{files}/red.png", "--session", "s"], "--session"),
     (["--mmproj", "{files}/mmproj-test.gguf", "--image", "{files}/red.png", "--beams", "2"], "--beams"),
 ])
-def test_usage_errors(cli, smollm2, files, args, said):
-    line = one_line_error(cli("run", str(smollm2), *[a.format(files=files) for a in args], *GREEDY, QUESTION), 2)
+def test_usage_errors(cli, smollm2, image_files, args, said):
+    line = one_line_error(cli("run", str(smollm2), *[a.format(files=image_files) for a in args], *GREEDY, QUESTION), 2)
     assert said in line
 
 
-def test_a_projector_for_another_model_is_refused(cli, smollm2, files, tmp_path):
+def test_a_projector_for_another_model_is_refused(cli, smollm2, image_files, tmp_path):
     wrong = write_projector(tmp_path / "mmproj-wide.gguf", n_embd_text=2048)
-    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(wrong), "--image", str(files / "red.png"), *GREEDY, QUESTION), 1)
+    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(wrong), "--image", str(image_files / "red.png"), *GREEDY, QUESTION), 1)
     assert "mismatch between text model (n_embd = 576) and mmproj (n_embd = 2048)" in line

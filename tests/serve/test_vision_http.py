@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from conftest import start_server
-from projector import IMAGE_SIZE, PATCH_SIZE, png_bytes, red_square, stripes, write_projector
+from projector import IMAGE_SIZE, PATCH_SIZE, png_bytes, red_square, stripes
 
 openai = pytest.importorskip("openai")
 ollama = pytest.importorskip("ollama")
@@ -34,30 +34,21 @@ def data_url(data: bytes, kind: str = "png") -> str:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    where = tmp_path_factory.mktemp("images")
-    (where / "red.png").write_bytes(red_square())
-    (where / "stripes.png").write_bytes(stripes())
-    write_projector(where / "mmproj-test.gguf")
-    return where
-
-
-@pytest.fixture(scope="module")
-def server(smollm2, files, tmp_path_factory):
-    srv = start_server(smollm2, tmp_path_factory.mktemp("home"), "--mmproj", str(files / "mmproj-test.gguf"), "--ctx", "512",
+def server(smollm2, image_files, tmp_path_factory):
+    srv = start_server(smollm2, tmp_path_factory.mktemp("home"), "--mmproj", str(image_files / "mmproj-test.gguf"), "--ctx", "512",
                        "--parallel", "2")
     yield srv
     assert srv.stop() == 130
 
 
 @pytest.fixture(scope="module")
-def by_run(smollm2, files):
+def by_run(smollm2, image_files):
     """`localrun run --image` (in-process, no server): the greedy answer's text, tokens and prompt length per image."""
     from conftest import run_cli
 
     answers = {}
     for name in ("red.png", "stripes.png"):
-        r = run_cli("run", str(smollm2), "--mmproj", str(files / "mmproj-test.gguf"), "--image", str(files / name), "--temperature", "0",
+        r = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / name), "--temperature", "0",
                     "--max-tokens", str(N), "--ctx", "512", "--threads", "1", "--json", "--no-cache", QUESTION)
         assert r.returncode == 0, r.stderr
         done = json.loads(r.stdout.strip().splitlines()[-1])
@@ -217,8 +208,8 @@ def test_a_model_without_a_projector_refuses_images_naming_them(server, tools_mo
                                 " --mmproj FILE for it, or put its mmproj-*.gguf beside the model file")
 
 
-def test_serve_mmproj_needs_its_model(cli, files):
-    r = cli("serve", "--mmproj", str(files / "mmproj-test.gguf"), "--port", "0")
+def test_serve_mmproj_needs_its_model(cli, image_files):
+    r = cli("serve", "--mmproj", str(image_files / "mmproj-test.gguf"), "--port", "0")
     assert r.returncode == 2 and "--mmproj needs the MODEL" in r.stderr
-    r = cli("serve", "smollm2", "--mmproj", str(files / "none.gguf"), "--port", "0")
+    r = cli("serve", "smollm2", "--mmproj", str(image_files / "none.gguf"), "--port", "0")
     assert r.returncode == 2 and "invalid --mmproj" in r.stderr
