@@ -281,6 +281,15 @@ class Server:
 
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
 
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        """A server used as a context ends with a graceful Ctrl-C (asserted unless the block failed already)."""
+        code = self.stop()
+        if kind is None:
+            assert code == 130, "".join(self.stderr)
+
     def stop(self) -> int:
         """Ctrl-C: a graceful stop, exit 130 (interrupted) like every other command, never a traceback."""
         if self.proc.poll() is None:

@@ -76,8 +76,7 @@ def test_chat_shows_thinking_on_stderr_and_keeps_it_out_of_the_history(thinking_
 
 
 def test_openai_reasoning_content_and_ollama_thinking(thinking_model, smollm2, tmp_path):
-    srv = start_server(thinking_model, tmp_path / "home", "--parallel", "2", "--ctx", "1024")
-    try:
+    with start_server(thinking_model, tmp_path / "home", "--parallel", "2", "--ctx", "1024") as srv:
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
         ask = dict(model=str(thinking_model), messages=[{"role": "user", "content": Q}], temperature=0, max_tokens=80)
         whole = c.chat.completions.create(**ask, extra_body={"grammar": THINK_GRAMMAR})
@@ -111,5 +110,3 @@ def test_openai_reasoning_content_and_ollama_thinking(thinking_model, smollm2, t
         with pytest.raises(ollama.ResponseError) as no:
             o.chat(model=str(smollm2), messages=[{"role": "user", "content": Q}], think=True)
         assert no.value.status_code == 400 and "does not support thinking" in no.value.error
-    finally:
-        assert srv.stop() == 130

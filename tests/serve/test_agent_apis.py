@@ -33,9 +33,8 @@ def model(tools_model) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
-    srv = start_server(model, tmp_path_factory.mktemp("agent-home"), "--parallel", "2", "--ctx", "2048", "--api-key", "sk-test")
-    yield srv
-    assert srv.stop() == 130
+    with start_server(model, tmp_path_factory.mktemp("agent-home"), "--parallel", "2", "--ctx", "2048", "--api-key", "sk-test") as srv:
+        yield srv
 
 
 def claude(server) -> anthropic.Anthropic:
@@ -155,8 +154,7 @@ def test_a_long_prompt_is_not_silent(model, tmp_path_factory, monkeypatch):
     """While a prompt is evaluated, each dialect's stream says it is alive (OpenCode gave up on 300 s of
     silence): an SSE comment on /v1/chat/completions and /v1/responses, Anthropic's ping event."""
     monkeypatch.setenv("LOCALRUN_PING_S", "0.05")
-    srv = start_server(model, tmp_path_factory.mktemp("ping-home"), "--ctx", "2048")
-    try:
+    with start_server(model, tmp_path_factory.mktemp("ping-home"), "--ctx", "2048") as srv:
         long = "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 150
         for path, body, alive in [
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}], "max_tokens": 2}, ": keep-alive"),
@@ -166,5 +164,3 @@ def test_a_long_prompt_is_not_silent(model, tmp_path_factory, monkeypatch):
             with httpx.stream("POST", srv.url + path, json={"model": model.name, "stream": True, **body}, timeout=120) as r:
                 text = "".join(r.iter_text())
             assert r.status_code == 200 and alive in text and text.count(alive) >= 2, (path, text[:300])
-    finally:
-        assert srv.stop() == 130

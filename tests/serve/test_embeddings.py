@@ -70,9 +70,8 @@ def test_embed_command_errors(smollm2, cli, tmp_path):
 
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
-    srv = start_server(smollm2, tmp_path_factory.mktemp("embed-home"), "--parallel", "2", "--ctx", "1024")
-    yield srv
-    assert srv.stop() == 130
+    with start_server(smollm2, tmp_path_factory.mktemp("embed-home"), "--parallel", "2", "--ctx", "1024") as srv:
+        yield srv
 
 
 def test_openai_embeddings(server, smollm2):

@@ -26,27 +26,18 @@ def ask(server, model, question: str):
 
 def test_a_long_system_prompt_is_restored_from_disk_after_a_restart(smollm2, tmp_path):
     home = tmp_path / "home"
-    first = start_server(smollm2, home, "--ctx", "2048", "--parallel", "1")
-    try:
+    with start_server(smollm2, home, "--ctx", "2048", "--parallel", "1") as first:
         cold = ask(first, smollm2, "Where are the atlases?")
-    finally:
-        assert first.stop() == 130
     assert cold.usage.prompt_tokens > 350 and cold.usage.prompt_tokens_details.cached_tokens == 0
 
-    again = start_server(smollm2, home, "--ctx", "2048", "--parallel", "1")  # a new process, the same store
-    try:
+    with start_server(smollm2, home, "--ctx", "2048", "--parallel", "1") as again:  # a new process, the same store
         warm = ask(again, smollm2, "Do you lend films?")
-    finally:
-        assert again.stop() == 130
     # The system prompt (and the first question's start of turn) came from the disk, not from a prefill.
     shared = cold.usage.prompt_tokens - 20
     assert warm.usage.prompt_tokens_details.cached_tokens >= shared, warm.usage
 
-    fresh = start_server(smollm2, tmp_path / "other", "--ctx", "2048", "--parallel", "1")  # nothing stored
-    try:
+    with start_server(smollm2, tmp_path / "other", "--ctx", "2048", "--parallel", "1") as fresh:  # nothing stored
         reference = ask(fresh, smollm2, "Do you lend films?")
-    finally:
-        assert fresh.stop() == 130
     assert reference.usage.prompt_tokens_details.cached_tokens == 0
     assert warm.choices[0].message.content == reference.choices[0].message.content
     assert warm.usage.prompt_tokens == reference.usage.prompt_tokens
@@ -61,24 +52,18 @@ def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_no
     def client(server):
         return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
 
-    first = start_server(smollm2, home, "--ctx", "2048", "--parallel", "1")
-    try:
+    with start_server(smollm2, home, "--ctx", "2048", "--parallel", "1") as first:
         stored = client(first).responses.create(model=smollm2.name, instructions=SYSTEM, input="My name is Ada.",
                                                 temperature=0, max_output_tokens=8)
         unstored = client(first).responses.create(model=smollm2.name, input="My name is Bo.", store=False,
                                                   temperature=0, max_output_tokens=8)
-    finally:
-        assert first.stop() == 130
     assert list((home / "responses").glob("resp_*.json")) == [home / "responses" / f"{stored.id}.json"]
 
-    again = start_server(smollm2, home, "--ctx", "2048", "--parallel", "1")
-    try:
+    with start_server(smollm2, home, "--ctx", "2048", "--parallel", "1") as again:
         follow = client(again).responses.create(model=smollm2.name, instructions=SYSTEM, input="What is my name?",
                                                 previous_response_id=stored.id, temperature=0, max_output_tokens=8)
         with pytest.raises(openai.NotFoundError) as lost:
             client(again).responses.create(model=smollm2.name, input="And mine?", previous_response_id=unstored.id)
-    finally:
-        assert again.stop() == 130
     # The earlier turn is part of the prompt (more tokens than the question alone), and what the first
     # server evaluated of it came back from the disk instead of a prefill.
     assert follow.usage.input_tokens > stored.usage.input_tokens + 5

@@ -26,9 +26,8 @@ def served(hub_stub, smollm2, cli):
     """A server whose home has SmolLM2 pulled (as REF) from the Hub stand-in; stopped (Ctrl-C) at the end."""
     hub_stub.stub.add_repo("test/SmolLM2-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
     assert cli("pull", REF).returncode == 0
-    srv = start_server(None, hub_stub.home, "--parallel", "2", "--ctx", "1024")
-    yield srv
-    assert srv.stop() == 130
+    with start_server(None, hub_stub.home, "--parallel", "2", "--ctx", "1024") as srv:
+        yield srv
 
 
 def run_here(cli, *args: str) -> str:

@@ -26,9 +26,8 @@ HI = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture
 def served(smollm2, tmp_path):
-    srv = start_server(smollm2, tmp_path / "home", "--parallel", "2", "--ctx", "512")
-    yield srv
-    assert srv.stop() == 130
+    with start_server(smollm2, tmp_path / "home", "--parallel", "2", "--ctx", "512") as srv:
+        yield srv
 
 
 def log(srv) -> str:
@@ -149,13 +148,10 @@ def test_one_access_log_line_per_request(served, smollm2, tmp_path):
     cut_line = [line for line in log(served).splitlines() if line.startswith("[access]")][4]
     assert "| 499 |" in cut_line and "POST /v1/chat/completions" in cut_line, cut_line
 
-    quiet = start_server(smollm2, tmp_path / "quiet-home", "--quiet")
-    try:
+    with start_server(smollm2, tmp_path / "quiet-home", "--quiet") as quiet:
         assert httpx.post(quiet.url + "/api/chat", json={"model": name, "messages": HI, "stream": False,
                                                          "options": {"num_predict": 2}}, timeout=120).status_code == 200
         assert httpx.get(quiet.url + "/api/ps").status_code == 200
-    finally:
-        assert quiet.stop() == 130
     assert "[access]" not in "".join(quiet.stderr)
 
 

@@ -21,9 +21,8 @@ QUESTION = {"role": "user", "content": "Name a colour."}
 
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
-    srv = start_server(None, tmp_path_factory.mktemp("home"), "--ctx", "1024", "--parallel", "1")
-    yield srv
-    assert srv.stop() == 130
+    with start_server(None, tmp_path_factory.mktemp("home"), "--ctx", "1024", "--parallel", "1") as srv:
+        yield srv
 
 
 def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smollm2):

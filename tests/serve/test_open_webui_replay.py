@@ -68,9 +68,8 @@ def served(hub_stub, smollm2, cli):
         assert cli("pull", ref).returncode == 0
     # -n 64: a server's own cap on an answer whose request sets none (Open WebUI's chats and its title and
     # follow-up tasks), so that the replay takes minutes, not a quarter of an hour; the requests go as recorded.
-    srv = start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024", "-n", "64")
-    yield srv
-    assert srv.stop() == 130
+    with start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024", "-n", "64") as srv:
+        yield srv
 
 
 def test_every_recorded_request_is_answered_as_open_webui_reads_it(served):

@@ -31,9 +31,8 @@ REFUSED = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format"
 
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
-    srv = start_server(smollm2, tmp_path_factory.mktemp("surface-home"), "--parallel", "4", "--ctx", "1024")
-    yield srv
-    assert srv.stop() == 130
+    with start_server(smollm2, tmp_path_factory.mktemp("surface-home"), "--parallel", "4", "--ctx", "1024") as srv:
+        yield srv
 
 
 def client(server) -> openai.OpenAI:

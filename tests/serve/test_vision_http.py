@@ -35,10 +35,9 @@ def data_url(data: bytes, kind: str = "png") -> str:
 
 @pytest.fixture(scope="module")
 def server(smollm2, image_files, tmp_path_factory):
-    srv = start_server(smollm2, tmp_path_factory.mktemp("home"), "--mmproj", str(image_files / "mmproj-test.gguf"), "--ctx", "512",
-                       "--parallel", "2")
-    yield srv
-    assert srv.stop() == 130
+    with start_server(smollm2, tmp_path_factory.mktemp("home"), "--mmproj", str(image_files / "mmproj-test.gguf"), "--ctx", "512",
+                       "--parallel", "2") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
