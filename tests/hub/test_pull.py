@@ -23,7 +23,7 @@ from hubstub import (  # noqa: F401 - hub_stub is a fixture
 )
 
 from localrun import hub
-from localrun.hub import models as pull_module
+from localrun.hub.progress import Bars
 from localrun.store import paths
 from localrun.store.files import sha256_file
 from localrun.errors import ConfigError, DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
@@ -759,7 +759,7 @@ def test_progress_bar_speaks_the_tqdm_dialect_of_xet_downloads(capfd):
 
     from huggingface_hub.utils._xet_progress_reporting import XetDownloadProgressReporter
 
-    with pull_module._Bars(True) as bars:
+    with Bars(True) as bars:
         task = bars.add("model.gguf", None)
         with XetDownloadProgressReporter(
             reconstruction_desc="model.gguf", total=1000, log_level=30, tqdm_class=bars.tqdm_class(task)

