@@ -12,7 +12,7 @@ import pytest
 
 from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 from localrun.hub.catalogue import builtin_catalogue_path, catalogue
-from localrun.hub.models import parse_ref
+from localrun.hub.refs import parse_ref
 
 TESTED = {"smollm2", "gemma3-270m"}  # the two the tests use, with their PyPI mirrors
 
