@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Optional
 
@@ -76,6 +76,32 @@ def sha256_file(path: Path | str, chunk: int = CHUNK) -> str:
     """Hex sha256 of a file."""
     return hash_file(path, chunk=chunk)[0]
 
+
+
+def delete_files(files: Iterable[Path], keep: set[Path], stop: Path) -> list[Path]:
+    """Delete each of `files` not in `keep`, and the folders that leaves empty up to (never) `stop`; returns the
+    files deleted."""
+    deleted: list[Path] = []
+    for path in files:
+        if path in keep:
+            continue
+        if path.exists():
+            path.unlink()
+            deleted.append(path)
+        prune_empty_dirs(path.parent, stop)
+    return deleted
+
+
+def prune_empty_dirs(directory: Path, stop: Path) -> None:
+    """Remove `directory` and its parents while they are empty, never `stop` itself or above."""
+    stop = stop.resolve()
+    current = directory.resolve()
+    while current != stop and stop in current.parents:
+        try:
+            current.rmdir()
+        except OSError:
+            return
+        current = current.parent
 
 # -- when the disk says no ------------------------------------------------------------------------------
 

