@@ -36,9 +36,8 @@ def engine(smollm2, mmproj):
 def answer(engine, image_bytes: bytes, text: str = QUESTION) -> tuple[list[int], int]:
     """The greedy answer's tokens, and how many prompt tokens the KV held already."""
     tokens = engine.vision.tokenize(text, [Image(image_bytes, "test.png")])
-    cached = engine.vision.prefill(0, tokens)
-    out = [t for r in generate(engine, tokens, GREEDY) for t in r.tokens]
-    return out, cached
+    responses = list(generate(engine, tokens, GREEDY))
+    return [t for r in responses for t in r.tokens], responses[-1].stats.cached_tokens
 
 
 def mtmd_oracle(model_path, mmproj, image_bytes: bytes, text: str, n: int) -> tuple[list[int], list[tuple[int, int]]]:
@@ -136,9 +135,9 @@ def test_two_images_in_one_prompt(engine):
     assert sum(t < 0 for t in tokens) == 2 * (IMAGE_SIZE // PATCH_SIZE) ** 2
     swapped = engine.vision.tokenize(text, [Image(stripes(), "b.png"), Image(red_square(), "a.png")])
     assert tokens != swapped
-    engine.vision.prefill(0, tokens)
-    assert engine.kv.tokens[0] == tokens[: len(engine.kv.tokens[0])]
-    assert len(engine.kv.tokens[0]) == max(i for i, t in enumerate(tokens) if t < 0) + 1
+    list(generate(engine, tokens, SamplingOptions(temperature=0, max_tokens=1)))
+    assert engine.kv.tokens[0] == tokens  # the images and the text after them (the sampled token not evaluated)
+    assert engine.vision.encoded >= 2
 
 
 @pytest.mark.parametrize("data, said", [
@@ -220,7 +219,6 @@ def test_the_request_path_answers_a_message_with_images(engine):
     tokens = prompt_for(engine, request).tokens
     assert sum(t < 0 for t in tokens) == (IMAGE_SIZE // PATCH_SIZE) ** 2
     engine.reset()
-    engine.vision.prefill(0, tokens)
     want = [t for r in generate(engine, tokens, GREEDY) for t in r.tokens]
     engine.reset()
     first = list(answer_request(loaded, request))
@@ -278,7 +276,7 @@ def test_a_non_causal_image_larger_than_the_batch_is_refused_not_aborted(gemma, 
         eng.load_projector(gemma3_mmproj)
         tokens = eng.vision.tokenize(GEMMA_QUESTION, [Image(red_square(), "x.png")])
         with pytest.raises(UsageError, match="images are 16 tokens, decoded in one batch: raise --batch to 16"):
-            eng.vision.prefill(0, tokens)
+            list(generate(eng, tokens, GREEDY))
 
 
 @pytest.mark.parametrize("url, data, said", [

@@ -19,6 +19,15 @@ _STATE_MAGIC = 0xAF143CD8  # llama-context.cpp's io_magic, at the head of every 
 _BLOCK = 64
 
 
+def image_start(tokens: Sequence[int], n: int) -> int:
+    """`n`, or where the image it falls inside starts: an image's tokens (negative ids, engine.vision) are
+    evaluated whole, so a prefix kept in the KV never ends part-way through one. (Two images side by side
+    count as one run here: the second is then evaluated again, never a part of either.)"""
+    while 0 < n < len(tokens) and tokens[n] < 0 and tokens[n - 1] < 0:
+        n -= 1
+    return n
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens two token sequences share (lists or arrays; compared a block at a time)."""
     n = min(len(a), len(b))
@@ -89,7 +98,7 @@ class KVCache:
     def reuse(self, seq: int, prompt: Sequence[int]) -> int:
         """Keep the longest prefix `seq` shares with `prompt` and drop the rest; returns how many tokens were
         kept. The prompt's last token is never kept: its logits are the ones to sample from."""
-        keep = min(common_prefix(self.tokens[seq], prompt), len(prompt) - 1)
+        keep = image_start(prompt, min(common_prefix(self.tokens[seq], prompt), len(prompt) - 1))
         if keep < len(self.tokens[seq]) and not self.truncate(seq, keep):
             keep = 0
         return keep
@@ -105,9 +114,10 @@ class KVCache:
                 n = min(common_prefix(self.tokens[other], prompt), limit)
                 if n > donor_keep:
                     donor, donor_keep = other, n
-        if donor is None:
+        if donor is None or image_start(prompt, donor_keep) <= image_start(prompt, keep):
             return self.reuse(seq, prompt)
         self.copy(donor, seq)
+        donor_keep = image_start(prompt, donor_keep)
         return donor_keep if self.truncate(seq, donor_keep) else 0
 
     def copy(self, src: int, dst: int) -> None:

@@ -57,7 +57,10 @@ def step(engine: Engine, batch: Batch, tasks: Sequence[Task]) -> list[tuple[Task
 
 class Prefill(Task):
     """Evaluates a prompt into one KV sequence, in chunks of at most `chunk` tokens, reusing the longest
-    prefix the sequence already holds. The last prompt token's logits are left to sample from (`row`)."""
+    prefix the sequence already holds. The last prompt token's logits are left to sample from (`row`).
+    A prompt with images (runs of negative ids: engine.vision) has each image evaluated on its own as the
+    prefill reaches it (`evaluate_images`, between two steps: llama.cpp decodes an image's embeddings in
+    batches of their own), and its text in the step's batch like any prompt's."""
 
     def __init__(self, engine: Engine, prompt: Sequence[int], *, seq_id: int = 0, chunk: Optional[int] = None,
                  reused: Optional[int] = None):
@@ -69,6 +72,7 @@ class Prefill(Task):
         self.cached = self.n_done
         self.row = -1
         self._taking = 0
+        self._images = getattr(engine, "vision", None) is not None and any(t < 0 for t in prompt)
 
     @property
     def prefilled(self) -> bool:
@@ -77,11 +81,27 @@ class Prefill(Task):
     def schedule(self, batch: Batch) -> bool:
         return self.schedule_prompt(batch)
 
+    def image_pending(self) -> bool:
+        """Whether the prefill has reached an image (evaluated by `evaluate_images`, not in a batch)."""
+        return self._images and self.n_done < len(self.prompt) and self.prompt[self.n_done] < 0
+
+    def evaluate_images(self) -> None:
+        """The images where the prefill stands, into the KV now (engine.vision.evaluate). Raises what refused
+        them (EngineError, UsageError)."""
+        while self.image_pending():
+            self.n_done = self.engine.vision.evaluate(self.seq_id, self.prompt, self.n_done)
+
     def schedule_prompt(self, batch: Batch) -> bool:
         # A chunk's size depends only on its prompt, never on the load (a chunk that does not fit waits a
         # step): llama.cpp's kernels round differently for other batch shapes, and one request's output must
-        # not depend on what else runs.
+        # not depend on what else runs. Text stops at an image (a prompt never ends with one).
         take = min(len(self.prompt) - self.n_done, self.chunk)
+        if self._images:
+            self.evaluate_images()
+            end = self.n_done
+            while end < len(self.prompt) and end - self.n_done < self.chunk and self.prompt[end] >= 0:
+                end += 1
+            take = end - self.n_done
         if take > batch.room():
             return False
         start = self.n_done

@@ -230,72 +230,55 @@ class Projector:
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def prefill(self, seq: int, tokens: Sequence[int]) -> int:
-        """Put `tokens` into sequence `seq`'s KV up to the end of their last image, keeping the longest prefix
-        the sequence holds (never part of an image); the rest is the decode loop's (which keeps what the KV
-        holds beyond). Returns how many prompt tokens the KV held already (as the loop counts them)."""
-        last = max((i for i, t in enumerate(tokens) if t < 0), default=-1)
-        if last < 0:
-            return 0
-        end = last + 1
-        kv, engine = self.engine.kv, self.engine
-        engine.check_fits(len(tokens))
-        from .kv import common_prefix
-
-        held = kv.tokens[seq]
-        keep = min(common_prefix(held, tokens), len(tokens) - 1)
-        if keep >= end:
-            return keep  # every image is in the KV already: the rest is the loop's reuse
-        while 0 < keep and tokens[keep] < 0 and tokens[keep - 1] < 0:
-            keep -= 1  # inside an image's run: from its start
-        if keep < len(held) and not kv.truncate(seq, keep):
-            keep = 0
-        at = keep
-        while at < end:
-            if tokens[at] < 0:
-                at = self._evaluate_image(seq, tokens, at)
+    def check(self, tokens: Sequence[int]) -> None:
+        """Refuse, before any work, a prompt whose images cannot be evaluated: one no longer held (see
+        _KEEP_IMAGES), or one decoded in a single batch larger than the context's (see _fits)."""
+        at = 0
+        while at < len(tokens):
+            if tokens[at] >= 0:
+                at += 1
                 continue
-            stop = at
-            while stop < end and tokens[stop] >= 0 and stop - at < engine.n_batch:
-                stop += 1
-            batch = engine.batch
-            batch.clear()
-            batch.add_span(list(tokens[at:stop]), len(kv.tokens[seq]), seq)
-            try:
-                engine.decode(batch)
-            finally:
-                batch.clear()
-            at = stop
-        return keep
+            with self._lock:
+                known = self._known(tokens, at)
+                self._fits(known)
+            at += len(known.ids)
 
-    def _evaluate_image(self, seq: int, tokens: Sequence[int], at: int) -> int:
-        with self._lock:
-            return self._evaluate_image_held(seq, tokens, at)
-
-    def _evaluate_image_held(self, seq: int, tokens: Sequence[int], at: int) -> int:
-        m, engine = self._m, self.engine
-        known = self._chunks.get(tokens[at])
-        if known is None or tuple(tokens[at : at + len(known.ids)]) != known.ids:
-            raise EngineError("an image of this prompt is no longer held by the projector: send the request again")
-        kv = engine.kv
-        n_past = len(kv.tokens[seq])
+    def _fits(self, known: "_ImageChunk") -> None:
+        engine = self.engine
         room = min(engine.n_batch, engine.options.n_ubatch)
-        if len(known.ids) > room and m.mtmd_decode_use_non_causal(self.ctx, known.chunk):
+        if len(known.ids) > room and self._m.mtmd_decode_use_non_causal(self.ctx, known.chunk):
             # its tokens attend to each other both ways: one batch, or llama.cpp aborts the process
             raise UsageError(f"this projector's images are {len(known.ids)} tokens, decoded in one batch:"
                              f" raise --batch to {len(known.ids)} or more")
-        new_n_past = self._ll.llama_pos(0)
-        with deferred_interrupt():
-            rc = m.mtmd_helper_eval_chunk_single(self.ctx, engine.ctx, known.chunk, n_past, seq, engine.n_batch, False,
-                                                 ctypes.byref(new_n_past))
-        if rc != 0:
-            self._ll.llama_memory_seq_rm(kv.memory, seq, n_past, -1)
-            raise EngineError(f"llama.cpp could not evaluate an image of {len(known.ids)} tokens (code {rc}):"
-                              " try a larger --batch or --ctx")
-        self.encoded += 1
-        kv.tokens[seq].extend(known.ids)
-        self._chunks.move_to_end(known.ids[0])
-        return at + len(known.ids)
+
+    def _known(self, tokens: Sequence[int], at: int) -> "_ImageChunk":
+        known = self._chunks.get(tokens[at])
+        if known is None or tuple(tokens[at : at + len(known.ids)]) != known.ids:
+            raise EngineError("an image of this prompt is no longer held by the projector: send the request again")
+        return known
+
+    def evaluate(self, seq: int, tokens: Sequence[int], at: int) -> int:
+        """Evaluate the image whose tokens start at `tokens[at]` into sequence `seq`'s KV (after what it holds);
+        returns where its tokens end. The prefill of the decode loop calls it as it reaches an image
+        (engine.loop.Prefill)."""
+        m, engine = self._m, self.engine
+        kv = engine.kv
+        n_past = len(kv.tokens[seq])
+        with self._lock:
+            known = self._known(tokens, at)
+            self._fits(known)
+            new_n_past = self._ll.llama_pos(0)
+            with deferred_interrupt():
+                rc = m.mtmd_helper_eval_chunk_single(self.ctx, engine.ctx, known.chunk, n_past, seq, engine.n_batch, False,
+                                                     ctypes.byref(new_n_past))
+            if rc != 0:
+                self._ll.llama_memory_seq_rm(kv.memory, seq, n_past, -1)
+                raise EngineError(f"llama.cpp could not evaluate an image of {len(known.ids)} tokens (code {rc}):"
+                                  " try a larger --batch or --ctx")
+            self.encoded += 1
+            kv.tokens[seq].extend(known.ids)
+            self._chunks.move_to_end(known.ids[0])
+            return at + len(known.ids)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ the engine's decode loop with the model's strategy, and the state saved after.""
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -39,24 +38,10 @@ class InProcess(EngineSeat):
             from ..errors import UsageError
 
             raise UsageError("log-probabilities are given by the server's slots only")
-        if self.engine.vision is not None and any(t < 0 for t in tokens):  # images: engine.vision
-            return self._with_images(tokens, sampling, cancelled=cancelled, thinking=thinking)
+        if self.engine.vision is not None and any(t < 0 for t in tokens):  # images: evaluated by the loop's prefill
+            self.engine.check_fits(len(tokens))
+            self.engine.vision.check(tokens)
         return engine_generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled, thinking=thinking)
-
-    def _with_images(self, tokens: list[int], sampling, *, cancelled=None, thinking=None) -> Iterator[Response]:
-        """The prompt's images (and the text before them) go into the KV first; the decode loop evaluates
-        the text after the last one. The stats count the whole prompt: what the KV held before, and the
-        time its images took."""
-        t0 = time.perf_counter()
-        cached = self.engine.vision.prefill(0, tokens)
-        spent = time.perf_counter() - t0
-        for response in engine_generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled,
-                                         thinking=thinking):
-            if response.stats is not None:
-                response.stats.cached_tokens = cached
-                response.stats.prompt_eval_s += spent
-                response.stats.ttft_s += spent
-            yield response
 
     def reset(self) -> None:
         self.engine.reset()

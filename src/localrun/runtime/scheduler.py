@@ -387,7 +387,7 @@ class Scheduler:
         # Decoding sequences in slot order (llama.cpp splits a batch whose sequences come out of order into
         # several ubatches), then prompt chunks in admission order.
         decoding = sorted((j for j in self.running if j.task.next_token is not None), key=lambda j: j.slot.seq_id)
-        prefilling = [j for j in self.running if j.task.next_token is None]
+        prefilling = [j for j in list(self.running) if j.task.next_token is None and self._images_done(j, out)]
         try:
             results = step(self.engine, self.batch, [j.task for j in decoding + prefilling])
         except DecodeError as exc:
@@ -405,6 +405,20 @@ class Scheduler:
         self.stats.kv_tokens = self.engine.kv.held()
         if self.on_step is not None:
             self.on_step(self.batch.n, len(decoding))
+
+    def _images_done(self, job: Job, out: list) -> bool:
+        """A prompt's prefill that reached an image evaluates it now, alone, before the step (llama.cpp decodes
+        an image's embeddings in batches of their own): the other slots wait for one image, not a whole
+        prompt. False when that failed: the job ends with llama.cpp's error, the others go on."""
+        if not job.task.image_pending():
+            return True
+        try:
+            job.task.evaluate_images()
+            return True
+        except LocalrunError as exc:
+            self.engine.kv.clear(job.slot.seq_id)
+            out.append((job, self._finish(job, "error", exc.message)))
+            return False
 
     def _finish(self, job: Job, reason: str, error: Optional[str] = None) -> Response:
         """End a job that did not finish by itself (cancelled, failed, shutting down)."""
@@ -425,20 +439,6 @@ class Scheduler:
         self.stats.running = len(self.running)
         with self.cond:
             self.cond.notify_all()  # a request waiting for a slot (hold)
-
-
-def _with_image_stats(responses: Iterator[Response], cached: int, spent: float) -> Iterator[Response]:
-    """The stats of a prompt whose images were evaluated before its job: what the KV held before them, and
-    the time they took."""
-    try:
-        for response in responses:
-            if response.stats is not None:
-                response.stats.cached_tokens = cached
-                response.stats.prompt_eval_s += spent
-                response.stats.ttft_s += spent
-            yield response
-    finally:
-        responses.close()  # a consumer that stops early: the job leaves the batch
 
 
 class ServerStopping(LocalrunError):
@@ -510,11 +510,8 @@ class SlotSeat:
             raise UsageError("empty prompt: give some text as an argument or on stdin")
         scheduler = self.scheduler
         scheduler.engine.check_fits(len(tokens), self.n_ctx)
-        images = scheduler.engine.vision is not None and any(t < 0 for t in tokens)
-        if images:
-            t0 = time.perf_counter()
-            cached = scheduler.call(lambda: self._prefill_images(tokens))
-            spent = time.perf_counter() - t0
+        if scheduler.engine.vision is not None and any(t < 0 for t in tokens):  # evaluated by the job's prefill
+            scheduler.engine.vision.check(tokens)
         job = Job.create(scheduler.engine, tokens, sampling, max_tokens=sampling.max_tokens, n_ctx=self.n_ctx,
                          top_logprobs=top_logprobs)
         job.seq.thinking = thinking
@@ -524,22 +521,7 @@ class SlotSeat:
             job.sampler.close()
             scheduler._check_running()
             raise ServerStopping()
-        if images:
-            return _with_image_stats(self._responses(job, cancelled), cached, spent)
         return self._responses(job, cancelled)
-
-    def _prefill_images(self, tokens: list[int]) -> int:
-        """On the scheduler thread: a prompt's images (and the text before them) into this slot
-        (engine.vision.prefill), after the longest prefix of it any slot holds (an image another slot
-        evaluated is copied, not encoded again); the job then takes the text after the last image in the
-        batch. Returns how many prompt tokens were held already."""
-        seq, kv = self.slot.seq_id, self.kv
-        if self.reuse:
-            kv.reuse_from(seq, tokens, [s.seq_id for s in self.scheduler.slots])
-        else:
-            kv.clear(seq)  # --no-cache: from an empty slot, the images too
-        self.reuse = True  # the job keeps what was put in here
-        return self.scheduler.engine.vision.prefill(seq, tokens)
 
     def _responses(self, job: Job, cancelled: Optional[Callable[[], bool]]) -> Iterator[Response]:
         scheduler = self.scheduler

@@ -1,0 +1,95 @@
+"""The server's scheduler, in-process on a real model: what a seat may still do while the server stops, and
+prompts with images prefilled in the shared batch beside the other slots."""
+
+from __future__ import annotations
+
+import pytest
+
+from localrun.engine.sampling import merge_options
+from localrun.engine.vision import MARKER, Image
+from localrun.runtime.loader import load
+from localrun.runtime.scheduler import Scheduler, ServerStopping
+from projector import red_square
+
+GREEDY = {"temperature": 0, "max_tokens": 4}
+
+
+def _deliver(responses) -> None:
+    for job, response in responses:
+        job.sink.put_nowait(response)
+
+
+def start(smollm2, *, parallel=1, chunk=64, on_step=None, mmproj=None):
+    loaded = load(str(smollm2), ctx=512 * parallel, parallel=parallel)
+    if mmproj is not None:
+        loaded.engine.load_projector(mmproj)
+    scheduler = Scheduler(loaded.engine, parallel=parallel, slot_ctx=512, max_waiting=4, prefill_chunk=chunk,
+                          deliver=_deliver, on_step=on_step)
+    scheduler.start()
+    return loaded, scheduler
+
+
+def test_a_seat_still_held_reads_its_state_while_the_scheduler_stops(smollm2):
+    """A server stopped right after an answer: the answer's thread still holds its seat and reads the slot's
+    state for the prefix cache. The scheduler serves those reads until the seats are given back (it used to
+    refuse them once stopping began, and the last answer's prefix entry was lost now and then)."""
+    loaded, scheduler = start(smollm2)
+    try:
+        prompt = scheduler.engine.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
+        with scheduler.hold(prompt) as seat:
+            answer = list(seat.generate(prompt, merge_options(GREEDY)))
+            assert answer[-1].finish_reason == "length"
+            scheduler.request_stop()  # Ctrl-C between the answer's last token and its prefix-cache read
+            state = seat.state_bytes()
+            assert len(state) > 0 and seat.tokens[:len(prompt)] == prompt and len(seat.tokens) > len(prompt)
+            with pytest.raises(ServerStopping):  # nothing new is taken while stopping
+                list(seat.generate(prompt, merge_options(GREEDY)))
+        scheduler.thread.join(timeout=10)
+        assert not scheduler.thread.is_alive()  # the seat given back, the thread ends without waiting out its grace
+        with pytest.raises(ServerStopping):
+            scheduler.call(lambda: None)
+    finally:
+        scheduler.stop()
+        loaded.close()
+
+
+def test_an_image_prompt_is_prefilled_in_the_shared_batch(smollm2, image_files):
+    """A prompt with an image takes its text in the step's batch, chunk by chunk beside a slot that decodes,
+    and its image alone between two steps (it used to go in whole, text and image, while every other slot
+    waited); its greedy answer is the one it gets alone."""
+    seen, watched = [], []  # per step: tokens in the batch, slots decoding, what the watched slot holds
+
+    def on_step(n: int, decoding: int) -> None:
+        if watched:
+            seen.append((n, decoding, list(scheduler.engine.kv.tokens[watched[0]])))
+
+    loaded, scheduler = start(smollm2, parallel=2, chunk=8, mmproj=image_files / "mmproj-test.gguf", on_step=on_step)
+    try:
+        engine = scheduler.engine
+        head = "<|im_start|>system\n" + "You answer questions about pictures in a few words. " * 4 + "<|im_end|>\n"
+        text = head + f"<|im_start|>user\n{MARKER}What is in this picture?<|im_end|>\n<|im_start|>assistant\n"
+        prompt = engine.vision.tokenize(text, [Image(red_square(), "red.png")])
+        first_image = next(i for i, t in enumerate(prompt) if t < 0)
+        assert first_image > 3 * 8  # text enough before the image for several chunks
+
+        with scheduler.hold() as seat:  # alone, from an empty slot
+            seat.reset()
+            alone = [t for r in seat.generate(prompt, merge_options(GREEDY)) for t in r.tokens]
+        with scheduler.hold() as other:
+            other.reset()  # one slot decodes a long answer while the other takes the image prompt
+            talk = other.generate(engine.tokenize("Count from one to a hundred in words:"), merge_options({"temperature": 0, "max_tokens": 200}))
+            next(talk)
+            with scheduler.hold() as seat:
+                seat.reset()
+                watched.append(seat.slot.seq_id)
+                beside = list(seat.generate(prompt, merge_options(GREEDY)))
+            talk.close()
+        assert [t for r in beside for t in r.tokens] == alone
+        assert beside[-1].stats.prompt_tokens == len(prompt)
+        # Steps where the other slot decoded while this one held part of the text before the image, and none of it yet
+        partial = [held for n, decoding, held in seen if decoding == 1 and 0 < len(held) < first_image]
+        assert len(partial) >= 2, seen
+        assert all(held == prompt[:len(held)] for held in partial)
+    finally:
+        scheduler.stop()
+        loaded.close()
