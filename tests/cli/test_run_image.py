@@ -109,3 +109,35 @@ def test_a_projector_for_another_model_is_refused(cli, smollm2, image_files, tmp
     wrong = write_projector(tmp_path / "mmproj-wide.gguf", n_embd_text=2048)
     line = one_line_error(cli("run", str(smollm2), "--mmproj", str(wrong), "--image", str(image_files / "red.png"), *GREEDY, QUESTION), 1)
     assert "mismatch between text model (n_embd = 576) and mmproj (n_embd = 2048)" in line
+
+
+def test_run_image_goes_through_the_background_server(resident, smollm2, image_files, tmp_path):
+    """With keep-alive on, `run --image` is answered by the resident server as chat's images are (the bytes
+    and the projector's path sent over its socket): the same greedy answer as in-process, and a second
+    question about the same image takes its KV from the slot, not from a new encoding."""
+    from conftest import run_cli
+
+    def ask_server(*extra: str, keep_alive: str = "5m", image: str = "red.png", mmproj: str = "mmproj-test.gguf"):
+        return run_cli("run", str(smollm2), "--mmproj", str(image_files / mmproj), "--image", str(image_files / image),
+                       *GREEDY, "--threads", "1", *extra, QUESTION, env={"LOCALRUN_KEEP_ALIVE": keep_alive})
+
+    here = ask_server("--no-cache", keep_alive="0")
+    first = ask_server("--no-cache")
+    assert here.returncode == 0 and first.returncode == 0, first.stderr
+    assert "started a localrun server in the background" in first.stderr
+    server = resident()
+    assert done(first.stdout)["tokens"] == done(here.stdout)["tokens"]
+    assert done(first.stdout)["stats"]["prompt_tokens"] == done(here.stdout)["stats"]["prompt_tokens"]
+
+    again = ask_server()  # the slot holds this image and question
+    assert again.returncode == 0, again.stderr
+    stats = done(again.stdout)["stats"]
+    assert done(again.stdout)["tokens"] == done(here.stdout)["tokens"]
+    assert stats["cached_tokens"] == stats["prompt_tokens"] - 1 and stats["load_s"] == 0
+    assert resident() == server
+
+    write_projector(tmp_path / "mmproj-other.gguf", seed=1)  # the model is loaded with the test projector
+    other = run_cli("run", str(smollm2), "--mmproj", str(tmp_path / "mmproj-other.gguf"), "--image", str(image_files / "red.png"),
+                    *GREEDY, "--threads", "1", QUESTION, env={"LOCALRUN_KEEP_ALIVE": "5m"})
+    line = one_line_error(other, 2)
+    assert "is loaded with the projector" in line and "mmproj-other.gguf" in line

@@ -261,8 +261,9 @@ def run(
     text = read_prompt(prompt or [], sys.stdin)
     asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
                  use_cache=not no_cache, system=system, think=think)
-    # Images (given, or a session's with --mmproj) are answered in this process.
-    responses = None if images or mmproj else _resident_answer(model, asked, keep_alive, options)
+    if images:
+        asked["messages"][0]["images"] = images
+    responses = _resident_answer(model, asked, keep_alive, options, mmproj=mmproj)
     if responses is None:  # in this process, as with --keep-alive 0
         from ..runtime import Request
         from ..runtime.generate import generate
@@ -273,8 +274,6 @@ def run(
             from ..runtime.images import attach_projector
 
             attach_projector(loaded, mmproj, model)
-        if images:
-            asked["messages"][0]["images"] = images
         responses = generate(loaded, Request(sampling=loaded.sampling, **asked), on_notice=notice)
     render.stream_answer(responses, as_json=as_json, verbose=verbose, hide_thinking=hide_thinking)
 
@@ -293,15 +292,23 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], session: Optional[s
     return read_images(paths)
 
 
-def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict):
-    """The answer's responses from the resident server, or None where this process should answer."""
+def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict, mmproj: Optional[Path] = None):
+    """The answer's responses from the resident server, or None where this process should answer. Images go
+    as their bytes (runtime.conversation.stored), the projector as its path (the server loads it, as chat's)."""
     from ..runtime.client import InProcess, resident_run
 
     settings = _resident_settings(keep_alive, options)
     if settings is None:
         return None
+    request = {**asked, "sampling": settings.pop("sampling")}
+    if any(m.get("images") for m in asked["messages"]):
+        from ..runtime.conversation import stored
+
+        request["messages"] = stored(asked["messages"])
+    if mmproj is not None:
+        request["mmproj"] = str(Path(mmproj).expanduser().resolve())
     try:
-        return resident_run(model, request={**asked, "sampling": settings.pop("sampling")}, **settings, on_notice=notice)
+        return resident_run(model, request=request, **settings, on_notice=notice)
     except InProcess as exc:
         notice(str(exc))
         return None

@@ -151,15 +151,10 @@ class Conversation(Messages):
     def projector(self, image: str) -> None:
         """Load the projector for the conversation's images (`image`: the first one's name, for the error that
         there is none): --mmproj, else as engine.vision's other users find one (runtime.images.projector_for)."""
-        from .images import NoProjector, name_projector, projector_for
+        from .images import NoProjector, projector_for, use_projector
 
         engine = self.engine
-        if self.mmproj is not None:
-            if engine.vision is None:
-                name_projector(str(engine.path), self.mmproj)
-            elif engine.vision.path.resolve() != Path(self.mmproj).resolve():
-                raise UsageError(f"{self.name} is loaded with the projector {engine.vision.path}, not --mmproj {self.mmproj}:"
-                                 f" stop it first (localrun stop {self.ref}), or leave --mmproj out")
+        use_projector(engine, self.mmproj, self.name, self.ref)
         if projector_for(engine) is None:
             raise NoProjector(engine.path.name, image)
 

@@ -96,6 +96,18 @@ def name_projector(model: str, mmproj: Path | str) -> None:
     _named[model] = Path(mmproj)
 
 
+def use_projector(engine, mmproj: Optional[Path | str], name: str, ref: str) -> None:
+    """A request's --mmproj for `engine`'s model (run, chat; in this process or on a resident server): named
+    for it while none is loaded (loaded with the first image), refused when another one is loaded."""
+    if mmproj is None:
+        return
+    if engine.vision is None:
+        name_projector(str(engine.path), mmproj)
+    elif engine.vision.path.resolve() != Path(mmproj).resolve():
+        raise UsageError(f"{name} is loaded with the projector {engine.vision.path}, not --mmproj {mmproj}:"
+                         f" stop it first (localrun stop {ref}), or leave --mmproj out")
+
+
 def projector_for(engine):
     """The engine's vision projector, loaded now when it has none: the one named for its model
     (name_projector), else the one beside its file. NoProjector when there is none (the caller knows

@@ -30,6 +30,7 @@ from .scheduler import ServerStopping, StepStats
 
 # The fields of a run request on the wire (localrun's own /api/run), besides model, load and keep_alive.
 RUN_FIELDS = ("messages", "raw", "system", "truncate", "session", "use_cache", "think")
+RUN_ONLY = ("mmproj", "sampling")  # also on the wire: run --mmproj (a path on this machine), the sampling flags given
 # What a chat client asks of its conversation (localrun's own /api/converse).
 CONVERSE_OPS = ("info", "send", "save", "load")
 CONVERSATIONS_KEPT = 8  # per model: the least recently used beyond that are rebuilt from their messages
@@ -82,12 +83,21 @@ def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callabl
     from .generate import generate
     from .request import Request
 
-    unknown = set(payload) - set(RUN_FIELDS) - {"sampling"}
+    unknown = set(payload) - set(RUN_FIELDS) - set(RUN_ONLY)
     if unknown:
         raise UsageError(f"unknown run request field {sorted(unknown)[0]!r}")
     loaded, scheduler = resident.loaded, resident.scheduler
     sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
-    request = Request(sampling=sampling, **{k: payload[k] for k in RUN_FIELDS if k in payload})
+    fields = {k: payload[k] for k in RUN_FIELDS if k in payload}
+    if payload.get("mmproj"):
+        from .images import use_projector
+
+        use_projector(loaded.engine, payload["mmproj"], loaded.name, loaded.ref)
+    if any(isinstance(m, dict) and m.get("images") for m in fields.get("messages") or ()):  # run --image: their bytes
+        from .conversation import live
+
+        fields["messages"] = live(fields["messages"])
+    request = Request(sampling=sampling, **fields)
     for response in generate(loaded, request, on_notice=on_notice, cancelled=cancelled, place=scheduler):
         if response.done:
             _settle(response, scheduler, cancelled, fresh)
