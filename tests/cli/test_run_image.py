@@ -4,9 +4,11 @@ here (tests/projector.py), real llama.cpp. The answers mean nothing; they must d
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
+from conftest import LOCALRUN
 from projector import IMAGE_SIZE, PATCH_SIZE, write_projector
 
 pytestmark = pytest.mark.slow
@@ -141,3 +143,17 @@ def test_run_image_goes_through_the_background_server(resident, smollm2, image_f
                     *GREEDY, "--threads", "1", QUESTION, env={"LOCALRUN_KEEP_ALIVE": "5m"})
     line = one_line_error(other, 2)
     assert "is loaded with the projector" in line and "mmproj-other.gguf" in line
+
+
+def test_an_image_piped_on_stdin(cli, smollm2, image_files):
+    """`--image -` reads the image from stdin (the question then comes from the arguments): the same answer
+    as from its file."""
+    from conftest import run_cli
+
+    by_file = ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])
+    piped = subprocess.run([LOCALRUN, "run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", "-",
+                            *GREEDY, "--no-cache", QUESTION], input=(image_files / "red.png").read_bytes(), capture_output=True)
+    assert piped.returncode == 0, piped.stderr
+    assert done(piped.stdout.decode())["tokens"] == by_file["tokens"]
+    nothing = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", "-", *GREEDY, QUESTION)
+    assert one_line_error(nothing, 2) == "error: stdin: an empty file, not an image"  # stdin closed: nothing came

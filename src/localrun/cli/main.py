@@ -249,7 +249,7 @@ def run(
     keep_alive: KeepAliveOpt = "5m",
     think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="a reasoning model: thinking on or off (where its template has a switch)")] = None,
     hide_thinking: Annotated[bool, typer.Option("--hide-thinking", help="a reasoning model: leave its thinking out (it goes to stderr otherwise)")] = False,
-    image: Annotated[Optional[list[Path]], typer.Option("--image", help="an image file for a vision model (repeat for more; placed before the text)")] = None,
+    image: Annotated[Optional[list[Path]], typer.Option("--image", help="an image file for a vision model (repeat for more; placed before the text; - reads it from stdin)")] = None,
     mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="the vision model's projector (mmproj GGUF); default: the mmproj-*.gguf beside the model")] = None,
     **options,
 ) -> None:
@@ -258,7 +258,7 @@ def run(
 
     _check_before_loading(session, use_cache=not no_cache, options=options)
     images = _check_images(image or [], mmproj, session, options)
-    text = read_prompt(prompt or [], sys.stdin)
+    text = read_prompt(prompt or [], None if "-" in map(str, image or []) else sys.stdin)  # --image -: stdin is the image
     asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
                  use_cache=not no_cache, system=system, think=think)
     if images:
@@ -285,6 +285,8 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], session: Optional[s
     check_projector(mmproj)
     if not paths:
         return []
+    if sum(str(p) == "-" for p in paths) > 1:
+        raise UsageError("--image - reads one image from stdin: give the others as files")
     if session is not None:
         raise UsageError("--image cannot combine with --session yet (a session keeps its messages' text only): drop one")
     if options.get("draft") is not None or (options.get("beams") or 1) > 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,11 @@ def read_images(paths: Sequence[Path | str]) -> list:
     images = []
     for path in paths:
         name = str(path)
+        if name == "-":  # piped: `cat photo.png | localrun run MODEL --image - "What is this?"`
+            if sys.stdin is None or sys.stdin.isatty():
+                raise UsageError("--image - reads the image from stdin, and nothing is piped: pipe it, or give its path")
+            images.append(Image(sys.stdin.buffer.read(), "stdin"))
+            continue
         try:
             data = Path(path).read_bytes()
         except FileNotFoundError:
