@@ -99,7 +99,6 @@ def test_a_missing_image_fails_in_one_line(cli, smollm2, image_files):
 @pytest.mark.parametrize("args, said", [
     (["--image", "{files}/red.png"], "no image projector beside it"),  # no --mmproj, none beside the model
     (["--mmproj", "{files}/none.gguf", "--image", "{files}/red.png"], "invalid --mmproj"),
-    (["--mmproj", "{files}/mmproj-test.gguf", "--image", "{files}/red.png", "--session", "s"], "--session"),
     (["--mmproj", "{files}/mmproj-test.gguf", "--image", "{files}/red.png", "--beams", "2"], "--beams"),
 ])
 def test_usage_errors(cli, smollm2, image_files, args, said):
@@ -157,3 +156,29 @@ def test_an_image_piped_on_stdin(cli, smollm2, image_files):
     assert done(piped.stdout.decode())["tokens"] == by_file["tokens"]
     nothing = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", "-", *GREEDY, QUESTION)
     assert one_line_error(nothing, 2) == "error: stdin: an empty file, not an image"  # stdin closed: nothing came
+
+
+def test_a_session_keeps_its_images(resident, smollm2, image_files, tmp_path):
+    """run --image --session: the session keeps the image with its message, so the next run of the session
+    restores its KV (the image not encoded again) and asks about it; the same answers in-process and through
+    the background server, which can continue each other's sessions."""
+    from conftest import run_cli
+
+    def turn(question: str, *extra: str, keep_alive: str, home=None) -> dict:
+        env = {"LOCALRUN_KEEP_ALIVE": keep_alive} | ({"LOCALRUN_HOME": str(home)} if home else {})
+        r = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), *extra, "--session", "look",
+                    *GREEDY, "--threads", "1", question, env=env)
+        assert r.returncode == 0, r.stderr
+        return done(r.stdout)
+
+    answers = {}
+    for keep_alive, home in (("0", tmp_path / "here"), ("5m", None)):
+        first = turn("What is in this picture?", "--image", str(image_files / "red.png"), keep_alive=keep_alive, home=home)
+        second = turn("Which colour is it?", keep_alive=keep_alive, home=home)
+        assert second["stats"]["cached_tokens"] >= first["stats"]["prompt_tokens"] + 1  # the first turn, image and all
+        answers[keep_alive] = (first["tokens"], second["tokens"])
+    assert answers["0"] == answers["5m"]
+    resident()
+    # The server's session continued in this process, the image restored from the session's state
+    third = turn("Is it round?", keep_alive="0")
+    assert third["stats"]["cached_tokens"] > third["stats"]["prompt_tokens"] - 20

@@ -287,8 +287,6 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], session: Optional[s
         return []
     if sum(str(p) == "-" for p in paths) > 1:
         raise UsageError("--image - reads one image from stdin: give the others as files")
-    if session is not None:
-        raise UsageError("--image cannot combine with --session yet (a session keeps its messages' text only): drop one")
     if options.get("draft") is not None or (options.get("beams") or 1) > 1:
         raise UsageError("--image cannot combine with --draft or --beams (they decode the prompt's tokens themselves): drop one")
     return read_images(paths)
