@@ -257,7 +257,7 @@ def run(
     from . import render
 
     _check_before_loading(session, use_cache=not no_cache, options=options)
-    images = _check_images(image or [], mmproj, session, options)
+    images = _check_images(image or [], mmproj, options)
     text = read_prompt(prompt or [], None if "-" in map(str, image or []) else sys.stdin)  # --image -: stdin is the image
     asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
                  use_cache=not no_cache, system=system, think=think)
@@ -278,7 +278,7 @@ def run(
     render.stream_answer(responses, as_json=as_json, verbose=verbose, hide_thinking=hide_thinking)
 
 
-def _check_images(paths: list[Path], mmproj: Optional[Path], session: Optional[str], options: dict) -> list:
+def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> list:
     """run's --image files read and --mmproj checked, before any model loads."""
     from ..runtime.images import check_projector, read_images
 
