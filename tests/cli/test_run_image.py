@@ -182,3 +182,20 @@ def test_a_session_keeps_its_images(resident, smollm2, image_files, tmp_path):
     # The server's session continued in this process, the image restored from the session's state
     third = turn("Is it round?", keep_alive="0")
     assert third["stats"]["cached_tokens"] > third["stats"]["prompt_tokens"] - 20
+
+
+def test_prompt_lookup_takes_images(resident, smollm2, image_files):
+    """--draft lookup drafts from the prompt's text (never an image's tokens): an image prompt is answered
+    with it, the same in-process as in the background server's slots (lookup's context evaluates without flash
+    attention, so its greedy tokens may part from plain decoding's where two are near tied)."""
+    from conftest import run_cli
+
+    got = []
+    for keep_alive in ("0", "5m"):
+        r = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / "red.png"),
+                    "--draft", "lookup", *GREEDY, "--threads", "1", "--no-cache", QUESTION, env={"LOCALRUN_KEEP_ALIVE": keep_alive})
+        assert r.returncode == 0, r.stderr
+        got.append(done(r.stdout))
+    assert got[0]["tokens"] == got[1]["tokens"] and len(got[0]["tokens"]) == 10
+    assert got[0]["stats"]["prompt_tokens"] == got[1]["stats"]["prompt_tokens"] > N_IMAGE
+    resident()

@@ -287,8 +287,8 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> l
         return []
     if sum(str(p) == "-" for p in paths) > 1:
         raise UsageError("--image - reads one image from stdin: give the others as files")
-    if options.get("draft") is not None or (options.get("beams") or 1) > 1:
-        raise UsageError("--image cannot combine with --draft or --beams (they decode the prompt's tokens themselves): drop one")
+    if options.get("draft") not in (None, "lookup") or (options.get("beams") or 1) > 1:  # lookup drafts from the prompt
+        raise UsageError("--image cannot combine with a --draft model or --beams (they decode the prompt's tokens themselves): drop one")
     return read_images(paths)
 
 
