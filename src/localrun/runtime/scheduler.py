@@ -272,12 +272,7 @@ class Scheduler:
                     if self.stopping:
                         break
                     calls, self.calls = self.calls, collections.deque()
-                for fn, box, done in calls:
-                    try:
-                        box["value"] = fn()
-                    except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
-                        box["error"] = exc
-                    done.set()
+                _answer_calls(calls)
                 with self.cond:
                     self._drop_cancelled(out)
                     self._admit()
@@ -320,12 +315,7 @@ class Scheduler:
                 if not self.calls:
                     return
                 calls, self.calls = self.calls, collections.deque()
-            for fn, box, done in calls:
-                try:
-                    box["value"] = fn()
-                except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
-                    box["error"] = exc
-                done.set()
+            _answer_calls(calls)
 
     def _drop_cancelled(self, out: list) -> None:
         for job in [j for j in self.waiting if j.cancelled]:
@@ -439,6 +429,17 @@ class Scheduler:
         self.stats.running = len(self.running)
         with self.cond:
             self.cond.notify_all()  # a request waiting for a slot (hold)
+
+
+def _answer_calls(calls) -> None:
+    """Run the calls other threads queued for the scheduler thread (Scheduler.call), each result or failure
+    handed back to its caller."""
+    for fn, box, done in calls:
+        try:
+            box["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+        done.set()
 
 
 class ServerStopping(LocalrunError):
