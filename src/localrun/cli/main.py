@@ -295,7 +295,7 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> l
 def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict, mmproj: Optional[Path] = None):
     """The answer's responses from the resident server, or None where this process should answer. Images go
     as their bytes (runtime.conversation.stored), the projector as its path (the server loads it, as chat's)."""
-    from ..runtime.client import InProcess, resident_run
+    from ..runtime.client import ServerDeclined, resident_run
 
     settings = _resident_settings(keep_alive, options)
     if settings is None:
@@ -309,7 +309,7 @@ def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict, mm
         request["mmproj"] = str(Path(mmproj).expanduser().resolve())
     try:
         return resident_run(model, request=request, **settings, on_notice=notice)
-    except InProcess as exc:
+    except ServerDeclined as exc:
         notice(str(exc))
         return None
 
@@ -350,12 +350,12 @@ def chat(
     conv = None
     settings = _resident_settings(keep_alive, options)
     if settings is not None:
-        from ..runtime.client import InProcess
+        from ..runtime.client import ServerDeclined
         from ..runtime.remote import RemoteConversation
 
         try:
             conv = RemoteConversation(model, **settings, on_notice=notice, mmproj=mmproj)
-        except InProcess as exc:
+        except ServerDeclined as exc:
             notice(str(exc))
     if conv is None:  # in this process, as with --keep-alive 0
         from ..runtime.conversation import Conversation

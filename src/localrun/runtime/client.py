@@ -42,7 +42,7 @@ class RemoteError(LocalrunError):
         self.exit_code = exit_code
 
 
-class InProcess(Exception):
+class ServerDeclined(Exception):
     """The resident server cannot take this request (another build, busy): run it in this process."""
 
 
@@ -116,9 +116,9 @@ def resident() -> Client:
 def resident_run(model: str, *, load: dict, request: dict, keep_alive: float, source: str,
                  on_notice: Callable[[str], None]) -> Iterator:
     """The responses to a run request from the resident server (started if none answers). Raises
-    InProcess when it should run here instead, RemoteError for what the server refused."""
+    ServerDeclined when it should run here instead, RemoteError for what the server refused."""
     items = resident_stream("/api/run", model, load=load, request=request, keep_alive=keep_alive, source=source,
-                            on_notice=on_notice)  # connects now: InProcess is raised here, not at the first item
+                            on_notice=on_notice)  # connects now: ServerDeclined is raised here, not at the first item
     return _responses(items)
 
 
@@ -134,7 +134,7 @@ def _responses(items: Iterator[dict]) -> Iterator:
 def resident_stream(path: str, model: str, *, load: dict, request: dict, keep_alive: float, source: str,
                     on_notice: Callable[[str], None]) -> Iterator[dict]:
     """The items the resident server streams for a request to `path` (started if none answers), notices
-    passed to `on_notice`. Raises InProcess when it should be answered here instead, RemoteError for what
+    passed to `on_notice`. Raises ServerDeclined when it should be answered here instead, RemoteError for what
     the server refused or failed, LocalrunError when the server went away in the middle."""
     if os.path.exists(model):  # a file: the server's working folder is not this one
         model = os.path.abspath(model)
@@ -193,12 +193,12 @@ def _open(path: str, model: str, load: dict, request: dict, keep_alive: float, s
             continue
         if code == "other_build" and not restarted:
             if not _stop_if_idle(client):
-                raise InProcess("the background server was started by another localrun build (or with other settings) "
+                raise ServerDeclined("the background server was started by another localrun build (or with other settings) "
                                 "and is busy: answering in this process")
             restarted = True
             continue
         if code == "models_busy":  # every model there is answering and this one does not fit beside them
-            raise InProcess(f"the background server cannot take this model now ({answer.get('error')}): answering in this process")
+            raise ServerDeclined(f"the background server cannot take this model now ({answer.get('error')}): answering in this process")
         if code == "model_not_found" and not pulled:
             from .. import hub
 

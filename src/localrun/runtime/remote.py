@@ -33,7 +33,7 @@ from .messages import Messages
 class RemoteConversation(Messages):
     def __init__(self, model: str, *, load: dict, sampling: dict, keep_alive: float, source: str,
                  on_notice: Callable[[str], None], mmproj: Optional[Path] = None):
-        """Ask the server for the model (loading it there); raises client.InProcess where this process
+        """Ask the server for the model (loading it there); raises client.ServerDeclined where this process
         should chat instead. `mmproj`: the projector for the chat's images (the server loads it with the first)."""
         from . import merge_options
 

@@ -309,7 +309,7 @@ def build_app(service: Service, on_started=None):
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"} if media_type == "text/event-stream" else None
         return StreamingResponse(body(), media_type=media_type, headers=headers)
 
-    async def generate(request: Request, kind, endpoint: str):
+    async def openai_answer(request: Request, kind, endpoint: str):
         try:
             raw = await read_body(request)
             # a large body is parsed off the event loop: other requests (and /health) go on meanwhile
@@ -482,7 +482,7 @@ def build_app(service: Service, on_started=None):
         except BadJson as exc:
             raise ApiError(400, f"invalid JSON body: {exc}") from None
 
-    async def ollama_generate(request: Request, chat: bool):
+    async def ollama_answer(request: Request, chat: bool):
         endpoint = "/api/chat" if chat else "/api/generate"
         started = time.perf_counter()
         body = None
@@ -537,10 +537,10 @@ def build_app(service: Service, on_started=None):
         return streamed(request, answer, wire, endpoint, media_type="application/x-ndjson")
 
     async def ollama_chat(request: Request):
-        return await ollama_generate(request, chat=True)
+        return await ollama_answer(request, chat=True)
 
     async def ollama_completion(request: Request):
-        return await ollama_generate(request, chat=False)
+        return await ollama_answer(request, chat=False)
 
     async def ollama_tags(request: Request):
         from ..runtime.report import file_entry, tags_listing
@@ -713,10 +713,10 @@ def build_app(service: Service, on_started=None):
         return JSONResponse({"version": ollama.OLLAMA_VERSION, "localrun_version": __version__})
 
     async def completions(request: Request):
-        return await generate(request, CompletionBody, "/v1/completions")
+        return await openai_answer(request, CompletionBody, "/v1/completions")
 
     async def chat_completions(request: Request):
-        return await generate(request, ChatBody, "/v1/chat/completions")
+        return await openai_answer(request, ChatBody, "/v1/chat/completions")
 
     async def models(request: Request):
         """The loaded models first (with their slots), then the pulled ones a request may name."""
