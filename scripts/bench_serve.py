@@ -16,7 +16,7 @@ token). Prints per model and stream count the median aggregate t/s of each, the 
 pooled); then each server's peak resident memory and, where nvidia-smi runs, its GPU memory; --json
 writes them.
 
-    python scripts/bench_serve.py [--model PATH ...] [--reps 3] [--streams 1,8,16] [--tokens 128] [--json F]
+    python scripts/bench_serve.py [--model PATH ...] [--reps 3] [--streams 1,8,16] [--tokens 128] [--json F] [--pause-idle]
     python scripts/bench_serve.py --compare llama-batched-bench   # llama.cpp's batched decode, no HTTP
 """
 
@@ -126,7 +126,14 @@ def compare_servers(model: Path, args, streams: list[int]) -> dict:
         ids = {n: loadtest.check_endpoint(u, None) for n, u in urls.items()}
 
         def level(name: str, c: int, requests: int, tokens: int) -> loadtest.Level:
-            got = loadtest.run_level(urls[name], c, requests, prompt=prompt, max_tokens=tokens, api_key=None, model=ids[name])
+            idle = [procs[n] for n in names if n != name] if args.pause_idle else []
+            for proc in idle:  # --pause-idle: the other server stopped (SIGSTOP) while this one is measured
+                proc.send_signal(signal.SIGSTOP)
+            try:
+                got = loadtest.run_level(urls[name], c, requests, prompt=prompt, max_tokens=tokens, api_key=None, model=ids[name])
+            finally:
+                for proc in idle:
+                    proc.send_signal(signal.SIGCONT)
             failed = [o.error for o in got.outcomes if not o.ok]
             if failed:
                 raise SystemExit(f"{name}: {len(failed)} requests failed: {failed[0]}")
@@ -287,6 +294,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024, help="tokens per slot")
     ap.add_argument("--gpu-layers", default="auto", help="N, auto (all, on a GPU build) or 0")
     ap.add_argument("--json", type=Path, help="write the results here too")
+    ap.add_argument("--pause-idle", action="store_true",
+                    help="stop the server not being measured (SIGSTOP) during each level: nothing of it can run beside")
     args = ap.parse_args()
     models = args.model or default_models()
     if args.compare == "llama-batched-bench":
