@@ -93,3 +93,32 @@ def test_an_image_prompt_is_prefilled_in_the_shared_batch(smollm2, image_files):
     finally:
         scheduler.stop()
         loaded.close()
+
+
+def test_a_request_takes_a_free_slot_beside_the_busy_ones(smollm2):
+    """Each slot is a KV stream of its own and llama.cpp batches only consecutive sequence ids in one pass
+    over the weights, so a request with no useful prefix takes the free slot beside the busy ones, not the
+    least recently used one (concurrent requests scattered over slots 0, 2, 5, 7 decoded at half speed);
+    a slot holding a useful prefix still comes first."""
+    loaded, scheduler = start(smollm2, parallel=4)
+    try:
+        slots = scheduler.slots
+        slots[0].leased = slots[2].leased = True  # two requests running in slots 0 and 2
+        slots[1].last_used, slots[3].last_used = 10.0, 1.0  # slot 3 is the least recently used
+        with scheduler.hold() as seat:
+            assert seat.slot.seq_id == 1  # between the two busy slots: one run of 0-2
+        slots[0].leased = slots[2].leased = False
+
+        slots[1].leased = True  # busy: 1; free: 0 and 2 beside it, 3 not
+        slots[0].last_used, slots[2].last_used, slots[3].last_used = 10.0, 20.0, 1.0
+        with scheduler.hold() as seat:
+            assert seat.slot.seq_id == 0  # beside the busy slot, the less recently used of the two
+            prompt = scheduler.engine.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
+            list(seat.generate(prompt, merge_options(GREEDY)))
+        slots[1].leased = False
+        slots[2].leased = True  # now slot 3 is beside a busy slot, slot 0 holds the prompt's prefix
+        with scheduler.hold(prompt) as seat:
+            assert seat.slot.seq_id == 0  # a useful prefix outweighs the neighbour
+    finally:
+        scheduler.stop()
+        loaded.close()

@@ -341,17 +341,21 @@ class Scheduler:
 
     def _closest(self, free: list[Slot], tokens: Sequence[int]) -> Slot:
         """The slot among `free` sharing the longest prefix with `tokens` (its last token never counts: it is
-        always evaluated, its logits sampled), else the least recently used (an empty one first). A slot's
-        prefix counts only where it is longer than what taking the slot throws away: a prompt that shares
-        only `<bos>` or a first word with a slot takes another, and the prefix held there stays for its own
-        next request. Token lists are copied: called from a request's thread, a running slot's list changes
-        on the scheduler thread."""
+        always evaluated, its logits sampled), else one beside the busy slots, else the least recently used
+        (an empty one first). A slot's prefix counts only where it is longer than what taking the slot throws
+        away: a prompt that shares only `<bos>` or a first word with a slot takes another, and the prefix held
+        there stays for its own next request. Beside the busy slots: each slot is a KV stream of its own, and
+        llama.cpp puts only consecutive sequence ids in one micro-batch, so busy slots 0-3 decode in one pass
+        over the weights and 0, 2, 5, 7 in four (scripts/bench_slot_order.py). Token lists are copied: called
+        from a request's thread, a running slot's list changes on the scheduler thread."""
         kv, limit = self.engine.kv, max(0, len(tokens) - 1)
+        busy = {s.seq_id for s in self.slots if s.job is not None or s.leased}
 
-        def key(slot: Slot) -> tuple[int, float]:
+        def key(slot: Slot) -> tuple[int, int, float]:
             held = list(kv.tokens[slot.seq_id])
             shared = common_prefix(held, tokens)
-            return (min(shared, limit) if shared > len(held) - shared else 0), -slot.last_used
+            beside = (slot.seq_id - 1 in busy) + (slot.seq_id + 1 in busy)
+            return (min(shared, limit) if shared > len(held) - shared else 0), beside, -slot.last_used
 
         return max(free, key=key)
 
