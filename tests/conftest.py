@@ -304,12 +304,13 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(model, home, *args: str, sigint=signal.SIG_DFL) -> Server:
-    """`localrun serve [MODEL]` on a free loopback port (model None: a server that loads on request)."""
+def start_server(model, home, *args: str, threads: int = 1, sigint=signal.SIG_DFL) -> Server:
+    """`localrun serve [MODEL]` on a free loopback port (model None: a server that loads on request).
+    `threads` 1 by default: llama.cpp's threads spin, and the test client shares this machine's few cores;
+    a test whose client only waits for a long answer gives the server more."""
     env = {**os.environ, "LOCALRUN_HOME": str(home)}
-    # --threads 1: llama.cpp's threads spin, and the test client shares this machine's few cores.
     proc = subprocess.Popen(
-        [LOCALRUN, "serve", *([str(model)] if model is not None else []), "--port", "0", "--threads", "1", *args],
+        [LOCALRUN, "serve", *([str(model)] if model is not None else []), "--port", "0", "--threads", str(threads), *args],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )

@@ -51,7 +51,7 @@ def test_open_webuis_first_message_with_its_36_tools_is_answered(tools_model, cl
     call = json.loads(recorded.read_text().splitlines()[8])
     assert call["path"] == "/api/chat" and len(call["body"]["tools"]) == 36
     body = {**call["body"], "model": tools_model.name, "stream": False, "options": {"num_predict": 8}}
-    with start_server(tools_model, tmp_path / "home", "--parallel", "1", "--threads", "2") as srv:  # the client only waits
+    with start_server(tools_model, tmp_path / "home", "--parallel", "1", threads=2) as srv:  # the client only waits
         r = httpx.post(srv.url + "/api/chat", json=body, timeout=600)
         assert r.status_code == 200, r.text
         assert r.json()["prompt_eval_count"] > 4096

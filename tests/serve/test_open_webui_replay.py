@@ -69,7 +69,7 @@ def served(hub_stub, smollm2, cli):
     # -n 64: a server's own cap on an answer whose request sets none (Open WebUI's chats and its title and
     # follow-up tasks), so that the replay takes minutes, not a quarter of an hour; the requests go as recorded.
     # --threads 2: the replay sends one request at a time and only waits for it (140 s with 1 thread, 65 s).
-    with start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024", "-n", "64", "--threads", "2") as srv:
+    with start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024", "-n", "64", threads=2) as srv:
         yield srv
 
 

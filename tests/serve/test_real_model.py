@@ -28,7 +28,7 @@ MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"  # the id /v1/models lists for
 
 @pytest.fixture(scope="module")
 def server(qwen, tmp_path_factory):
-    with start_server(qwen, tmp_path_factory.mktemp("qwen-home"), "--parallel", "4", "--ctx", "4096", "--threads", "2") as srv:
+    with start_server(qwen, tmp_path_factory.mktemp("qwen-home"), "--parallel", "4", "--ctx", "4096", threads=2) as srv:
         yield srv
 
 

@@ -84,6 +84,10 @@ class Slot:
     last_used: float = 0.0
     leased: bool = False  # held by a request between its jobs (see Scheduler.lease)
 
+    @property
+    def free(self) -> bool:
+        return self.job is None and not self.leased
+
 
 @dataclass
 class StepStats:
@@ -195,7 +199,7 @@ class Scheduler:
         return max((common_prefix(list(kv.tokens[s.seq_id]), tokens) for s in self.slots), default=0)
 
     def idle_slots(self) -> int:
-        return sum(1 for s in self.slots if s.job is None and not s.leased)
+        return sum(1 for s in self.slots if s.free)
 
     @contextmanager
     def hold(self, tokens: Sequence[int] = (), *, on_wait: Optional[Callable[[], None]] = None,
@@ -209,7 +213,7 @@ class Scheduler:
             with self.cond:
                 while True:
                     self._check_running()
-                    free = [s for s in self.slots if s.job is None and not s.leased]
+                    free = [s for s in self.slots if s.free]
                     if free:
                         break
                     if cancelled is not None and cancelled():
@@ -330,7 +334,7 @@ class Scheduler:
             self._assign(job, [job.leased])
             self.running.append(job)
         while self.waiting:
-            free = [s for s in self.slots if s.job is None and not s.leased]
+            free = [s for s in self.slots if s.free]
             if not free:
                 break
             job = self.waiting.popleft()
@@ -349,7 +353,7 @@ class Scheduler:
         over the weights and 0, 2, 5, 7 in four (scripts/bench_slot_order.py). Token lists are copied: called
         from a request's thread, a running slot's list changes on the scheduler thread."""
         kv, limit = self.engine.kv, max(0, len(tokens) - 1)
-        busy = {s.seq_id for s in self.slots if s.job is not None or s.leased}
+        busy = {s.seq_id for s in self.slots if not s.free}
 
         def key(slot: Slot) -> tuple[int, int, float]:
             held = list(kv.tokens[slot.seq_id])
