@@ -35,6 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     from localrun.engine.sampling import merge_options
     from localrun.runtime.loader import load
+    from localrun.runtime.options import LoadSpec
     from localrun.runtime.scheduler import Scheduler
 
     if args.model is None:
@@ -42,7 +43,7 @@ def main() -> None:
         from conftest import fetch_real_model
 
         args.model = fetch_real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    loaded = load(str(args.model), ctx=1024 * 8, parallel=8, threads=args.threads)
+    loaded = load(str(args.model), LoadSpec(ctx=1024 * 8, parallel=8, threads=args.threads))
     steps: list[tuple[float, int, int]] = []
 
     def deliver(responses) -> None:

@@ -305,7 +305,8 @@ def test_llama_cpp_is_loaded_before_numpy(smollm2, how):
     first, the tokenizer's std::regex segfaults inside llama_model_load_from_file. Loading llama.cpp's libraries
     before numpy avoids it, so every path that loads a model does that first. Checked here by recording the order
     in which imports start (the CPU build would not crash either way)."""
-    load = {"runner": f"from localrun.runtime import load; load({str(smollm2)!r}, ctx=64, threads=1)",
+    load = {"runner": "from localrun.runtime import load; from localrun.runtime.options import LoadSpec; "
+                      f"load({str(smollm2)!r}, LoadSpec(ctx=64, threads=1))",
             "engine": "from localrun.engine import Engine, LoadOptions; "
                       f"Engine({str(smollm2)!r}, LoadOptions(n_ctx=64, n_threads=1))",
             "show": f"from localrun.cli import main; sys.argv = ['localrun', 'show', {str(smollm2)!r}]\n"

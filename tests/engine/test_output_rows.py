@@ -25,6 +25,7 @@ def test_sampling_contexts_reserve_logits_for_their_sequences_not_the_batch(gemm
     from localrun.engine.llama import captured_llama_log
     from localrun.engine.model import Batch, DecodeError
     from localrun.runtime.loader import load
+    from localrun.runtime.options import LoadSpec
 
     vocab_mib = 262144 * 4 / 2**20  # one row of gemma's logits: 1 MiB
     with captured_llama_log() as lines:
@@ -33,7 +34,7 @@ def test_sampling_contexts_reserve_logits_for_their_sequences_not_the_batch(gemm
     assert _compute_mib(lines) > 512 * vocab_mib
 
     with captured_llama_log() as lines:
-        loaded = load(str(gemma), ctx=512, parallel=2, threads=2, gpu_layers="0")  # as the server loads 2 slots
+        loaded = load(str(gemma), LoadSpec(ctx=512, parallel=2, threads=2, gpu_layers="0"))  # as the server loads 2 slots
     engine = loaded.engine
     try:
         assert engine.max_outputs == 2 and _compute_mib(lines) < 32  # llama-server's is 19.8 MiB for 8 slots

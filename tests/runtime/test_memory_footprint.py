@@ -111,7 +111,8 @@ def test_the_pools_fit_decision_counts_the_repacked_copy(gemma, cpu_only):
     """A budget that holds weights, KV and logits (the old figure) but not the repacked copy refuses the model."""
     from types import SimpleNamespace
 
-    from localrun.runtime.pool import LoadSpec, ModelPool, ModelTooBig, estimate_breakdown
+    from localrun.runtime.options import LoadSpec
+    from localrun.runtime.pool import ModelPool, ModelTooBig, estimate_breakdown
 
     spec = LoadSpec(ctx=1024, parallel=1, gpu_layers="0", kind="run")
     parts = estimate_breakdown(gemma, spec)

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from localrun.runtime.pool import LoadSpec, ModelPool, ModelTooBig, PoolBusy, _gib, estimate_bytes, gpu_share
+from localrun.runtime.options import LoadSpec
+from localrun.runtime.pool import ModelPool, ModelTooBig, PoolBusy, _gib, estimate_bytes, gpu_share
 
 GIB = 1 << 30
 

@@ -8,6 +8,7 @@ import pytest
 from localrun.engine.sampling import merge_options
 from localrun.engine.vision import MARKER, Image
 from localrun.runtime.loader import load
+from localrun.runtime.options import LoadSpec
 from localrun.runtime.scheduler import Scheduler, ServerStopping
 from projector import red_square
 
@@ -20,7 +21,7 @@ def _deliver(responses) -> None:
 
 
 def start(smollm2, *, parallel=1, chunk=64, on_step=None, mmproj=None):
-    loaded = load(str(smollm2), ctx=512 * parallel, parallel=parallel)
+    loaded = load(str(smollm2), LoadSpec(ctx=512 * parallel, parallel=parallel))
     if mmproj is not None:
         loaded.engine.load_projector(mmproj)
     scheduler = Scheduler(loaded.engine, parallel=parallel, slot_ctx=512, max_waiting=4, prefill_chunk=chunk,

@@ -101,7 +101,8 @@ def test_keep_alive_per_request_and_server_default(server_factory, smollm2, gemm
 
 
 def test_lru_eviction_memory_budget_and_a_model_too_big(server_factory, smollm2, gemma, cli):
-    from localrun.runtime.pool import LoadSpec, estimate_bytes
+    from localrun.runtime.options import LoadSpec
+    from localrun.runtime.pool import estimate_bytes
 
     spec = LoadSpec(ctx=256, parallel=1)
     small, big = estimate_bytes(smollm2, spec), estimate_bytes(gemma, spec)

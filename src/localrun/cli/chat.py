@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Optional
 
 from ..console import err, notice, warn
 from ..errors import LocalrunError, SessionError
+from ..runtime.options import OLLAMA_LOAD, OLLAMA_RENAMED
 from .render import ThinkingWriter, render_error
 
 if TYPE_CHECKING:
@@ -326,9 +327,10 @@ class Chat:
             return
         param, _, value = args.partition(" ")
         param, value = param.strip().lower().replace("-", "_"), value.strip()
-        param = _OLLAMA_PARAMETERS.get(param, param)
-        if param in _OLLAMA_LOAD:
-            err.print(f"{param} is fixed when the model loads: restart the chat with {_OLLAMA_LOAD[param]}", markup=False, highlight=False)
+        param = OLLAMA_RENAMED.get(param, param)
+        if param in OLLAMA_LOAD:
+            flag = "--" + OLLAMA_LOAD[param].replace("_", "-")
+            err.print(f"{param} is fixed when the model loads: restart the chat with {flag}", markup=False, highlight=False)
             return
         if param not in fields:
             err.print(f"unknown parameter {param!r}: one of {', '.join(fields)}", markup=False, highlight=False)
@@ -435,8 +437,6 @@ _OLLAMA_SET: dict[str, Callable[[Chat, str], None]] = {
     "parameter": Chat.set_option, "system": Chat.cmd_system,
     "verbose": lambda chat, _: chat.set_verbose(True), "quiet": lambda chat, _: chat.set_verbose(False),
 }
-_OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}  # Ollama's names that are not localrun's
-_OLLAMA_LOAD = {"num_ctx": "--ctx", "num_gpu": "--gpu-layers", "num_thread": "--threads", "num_batch": "--batch"}
 
 
 def _with(images: list) -> dict:

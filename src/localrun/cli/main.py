@@ -319,12 +319,13 @@ def _resident_settings(keep_alive: str, options: dict) -> Optional[dict]:
     source), or None where this process should answer: keep-alive 0, or a decoding strategy (--draft,
     --beams: loaded per run)."""
     from ..runtime.options import SAMPLING, cli_value
-    from ..runtime.pool import LOAD_FIELDS, parse_keep_alive
+    from ..runtime.pool import parse_keep_alive
 
     seconds = parse_keep_alive(keep_alive)
-    if seconds == 0 or options.get("draft") not in (None, "lookup") or (options.get("beams") or 1) > 1:
+    spec = _load_spec(options)
+    if seconds == 0 or spec.draft not in (None, "lookup") or spec.beams > 1:
         return None
-    return dict(load={name: options[name] for name in LOAD_FIELDS}, keep_alive=seconds, source=_source(options["source"]),
+    return dict(load=spec.sent(), keep_alive=seconds, source=_source(options["source"]),
                 sampling={o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None})
 
 
@@ -381,6 +382,7 @@ def embed(
     """Embed texts: one L2-normalised vector per text, as JSON Lines ({"text", "embedding"}) or a .npy file."""
     from ..runtime.embed import embed as embed_texts
     from ..runtime.loader import load
+    from ..runtime.options import LoadSpec
 
     given = [t for t in texts or [] if t.strip()]
     if not given and not sys.stdin.isatty():
@@ -392,8 +394,8 @@ def embed(
         raise UsageError("nothing to embed: pass texts as arguments or pipe them, one per line")
     if output is not None and output.suffix != ".npy":
         raise UsageError(f"--output {output}: name a .npy file (or leave it out for JSON Lines on stdout)")
-    loaded = load(model, source=_source(source), ctx=ctx, gpu_layers=gpu_layers, threads=threads, embeddings=True,
-                  pooling=pooling, on_notice=notice)
+    spec = LoadSpec(ctx=ctx, gpu_layers=gpu_layers, threads=threads, kind="embed", pooling=pooling)
+    loaded = load(model, spec, source=_source(source), on_notice=notice)
     try:
         result = embed_texts(loaded, given, truncate=truncate)
     finally:
@@ -450,7 +452,7 @@ def serve(
         if value < least or (flag == "--port" and value > 65535):
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
     serve_options = ServeOptions(
-        spec=_load_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
+        spec=_served_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
         max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
         exit_when_idle=exit_when_idle, quiet=quiet,
@@ -659,35 +661,32 @@ def _check_before_loading(session: Optional[str], use_cache: bool, options: dict
         cache_max_bytes()
 
 
-def _load(model: str, options: dict, parallel: int = 1):
-    """Resolve and load the model with the options `run`, `chat` and `serve` share (options.shared_options)."""
+def _load(model: str, options: dict):
+    """Resolve and load the model in this process with the options `run` and `chat` share (options.shared_options)."""
     from ..runtime import load
-    from ..runtime.options import SAMPLING, DecodeOptions, cli_value
+    from ..runtime.options import SAMPLING, cli_value
 
     if options["rpc"]:
         from ..runtime.workers import leave_when_workers_lost
 
         leave_when_workers_lost()
-    decoding = None
-    if "beams" in options:
-        decoding = DecodeOptions(draft=options["draft"], draft_max=options["draft_max"], beams=options["beams"],
-                                 length_penalty=options["length_penalty"])
-    return load(
-        model, source=_source(options["source"]), ctx=options["ctx"], gpu_layers=options["gpu_layers"],
-        flash_attn=options["flash_attn"], kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
-        sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, on_notice=notice,
-        parallel=parallel, decoding=decoding, rpc=options["rpc"], tensor_split=options["tensor_split"],
-    )
+    return load(model, _load_spec(options, kind="run"), source=_source(options["source"]), on_notice=notice,
+                sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING})
 
 
-def _load_spec(options: dict, parallel: int):
-    """The load-time options as the resident runtime compares them, checked now (before any model loads)."""
-    from ..runtime.pool import LoadSpec
+def _load_spec(options: dict, parallel: int = 1, kind: str = "batch"):
+    """The load-time options the flags give (options.shared_options and the decoding flags), in the one shape
+    that loads a model (runtime.options.LoadSpec)."""
+    from ..runtime.options import LoadSpec
 
-    spec = LoadSpec(ctx=options["ctx"], parallel=parallel, gpu_layers=options["gpu_layers"], flash_attn=options["flash_attn"],
-                    kv_type=options["kv_type"], threads=options["threads"], batch=options["batch"],
-                    rpc=options["rpc"], tensor_split=options["tensor_split"], draft=options.get("draft"),
-                    draft_max=options.get("draft_max", 16))
+    given = {name: options[name] for name in ("ctx", "gpu_layers", "flash_attn", "kv_type", "threads", "batch", "rpc",
+                                              "tensor_split", "draft", "draft_max", "beams", "length_penalty") if name in options}
+    return LoadSpec(parallel=parallel, kind=kind, **given)
+
+
+def _served_spec(options: dict, parallel: int):
+    """serve's load options, checked now (before any model loads)."""
+    spec = _load_spec(options, parallel)
     spec.check()
     return spec
 

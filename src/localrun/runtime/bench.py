@@ -141,20 +141,18 @@ class Settings:
         return self.ctx if self.ctx is not None else max([16, *(t.context_needed for t in tests)])
 
     def load_options(self, n_ctx: int):
-        from ..engine import LoadOptions
-        from ..engine.strategies import context_options
+        """The engine's options for this row, built as every load builds them (runtime.options.LoadSpec):
+        one sequence, with logits for every row of a batch (perplexity reads them all; 0 = n_batch rows)
+        where beams do not size them."""
+        from dataclasses import replace
 
-        b = self.batch
-        layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
-        fa = {"auto": None, "on": True, "off": False}[self.flash_attn]
+        from .options import LoadSpec
 
-        from ..engine.rpc import parse_endpoints
-        from .workers import parse_tensor_split
-
-        options = LoadOptions(n_ctx=n_ctx, n_batch=b, n_ubatch=b, n_threads=self.threads, gpu_layers=layers,
-                              flash_attn=fa, kv_type=self.kv_type, rpc=parse_endpoints(self.rpc),
-                              tensor_split=parse_tensor_split(self.tensor_split))
-        return context_options(self.decoding(), options, answer_room=n_ctx)
+        spec = LoadSpec(ctx=n_ctx, gpu_layers=self.gpu_layers, flash_attn={"auto": None, "on": True, "off": False}[self.flash_attn],
+                        kv_type=self.kv_type, threads=self.threads, batch=self.batch, rpc=self.rpc, tensor_split=self.tensor_split)
+        decoding = self.decoding()
+        options = spec.engine_options(n_ctx, decoding)
+        return options if decoding.beams > 1 else replace(options, n_outputs=0)
 
     def decoding(self):
         return parse_decode(self.decode)

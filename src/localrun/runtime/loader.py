@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..engine import DecodeOptions, Engine, LoadOptions, SamplingOptions, merge_options, parse_gpu_layers
-from ..engine.strategies import PLAIN, context_options, load_draft, make_strategy
-from ..errors import SettingError, UsageError
+from ..engine import DecodeOptions, Engine, LoadOptions, SamplingOptions, merge_options
+from ..engine.strategies import PLAIN, load_draft, make_strategy
+from ..errors import UsageError
+from .options import FALLBACK_CONTEXT, LoadSpec
 
 
 @dataclass
@@ -37,48 +38,36 @@ class Loaded:
         self.engine.close()
 
 
-def load(
-    model: str,
-    *,
-    source: str = "auto",
-    ctx: Optional[int] = None,
-    gpu_layers: str = "auto",
-    flash_attn: Optional[bool] = None,
-    kv_type: str = "f16",
-    threads: Optional[int] = None,
-    batch: int = 512,
-    sampling: Optional[dict[str, Any]] = None,
-    on_notice=None,
-    parallel: int = 1,
-    decoding: Optional[DecodeOptions] = None,
-    embeddings: bool = False,
-    pooling: Optional[str] = None,
-    rpc: Optional[str] = None,
-    tensor_split: Optional[str] = None,
-) -> Loaded:
-    """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp. `sampling`: the
-    request's sampling values (None = not given), merged over the catalogue's defaults. `embeddings`: an
-    embeddings context instead (runtime.embed): `ctx` tokens, any text up to that long in one batch, and
-    EMBED_SEQUENCES texts per decode sharing them."""
+def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampling: Optional[dict[str, Any]] = None,
+         on_notice=None) -> Loaded:
+    """Resolve `model` (pulling it if needed), validate every option, then load llama.cpp with `spec`.
+    `sampling`: the request's sampling values (None = not given), merged over the catalogue's defaults. An
+    embeddings context (spec.kind "embed", runtime.embed): `ctx` tokens, any text up to that long in one
+    batch, and EMBED_SEQUENCES texts per decode sharing them."""
     from .. import hub
-    from ..engine.rpc import parse_endpoints
-    from .workers import parse_tensor_split
 
     brought = hub.defaults_for(model)
     defaults = dict(brought.sampling)
-    placed = dict(rpc=parse_endpoints(rpc), tensor_split=parse_tensor_split(tensor_split))
     merged = merge_options(defaults, sampling)
-    layers = parse_gpu_layers(gpu_layers)
-    check_slots(batch, parallel)
-    decoding = decoding or DecodeOptions()
+    embeddings = spec.kind == "embed"
+    decoding = spec.decoding()
     if decoding.draft is None and decoding.beams == 1 and brought.draft and not embeddings:  # a code model's default
         decoding = DecodeOptions(draft=brought.draft, draft_max=decoding.draft_max)
-    given = context_for(ctx, brought, None, embeddings=embeddings)
-    options = _context(given, parallel, batch, threads, layers, flash_attn, kv_type, pooling, placed, embeddings, decoding, merged)
+    if decoding.beams > 1:
+        given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),
+                                       ("--min-tokens", merged.min_tokens > 0)) if on]
+        if given:  # beam search ranks whole sequences by log-probability; it has no sampler chain to constrain
+            raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
+
+    def options_for(n_ctx: int) -> LoadOptions:  # checked: a bad value raises here
+        return spec.engine_options(n_ctx, decoding, answer_room=min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx)
+
+    given = context_for(spec.ctx, brought, None, embeddings=embeddings)
+    options = options_for(given)
     local = hub.ensure_local(model, source=source)  # (every option was checked first: nothing is pulled for a bad one)
-    n_ctx = context_for(ctx, brought, local.path, parallel, kv_type, embeddings=embeddings)
+    n_ctx = context_for(spec.ctx, brought, local.path, spec.parallel, spec.kv_type, embeddings=embeddings)
     if n_ctx != given:
-        options = _context(n_ctx, parallel, batch, threads, layers, flash_attn, kv_type, pooling, placed, embeddings, decoding, merged)
+        options = options_for(n_ctx)
     engine = Engine(local.path, options)
     engine.template_override = brought.template
     if engine.gpu_notice and on_notice:
@@ -89,37 +78,6 @@ def load(
                   brought=brought)
 
 
-def _context(n_ctx: int, parallel: int, batch: int, threads, layers, flash_attn, kv_type: str, pooling, placed: dict,
-             embeddings: bool, decoding: DecodeOptions, merged: SamplingOptions) -> LoadOptions:
-    """The context's options for `n_ctx` tokens per slot (checked: a bad value raises here)."""
-    if embeddings:  # one pool of cells for every text of a batch; a text must fit one batch
-        options = LoadOptions(
-            n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads, gpu_layers=layers, flash_attn=flash_attn,
-            kv_type=kv_type, n_seq_max=EMBED_SEQUENCES, kv_unified=True, embeddings=True, pooling=pooling, **placed,
-        )
-    else:
-        # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
-        # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
-        # another order, and greedy output would depend on what else is in the batch. A step asks for one
-        # row of logits per sequence (a strategy asks for more: context_options).
-        options = LoadOptions(
-            n_ctx=n_ctx * parallel, n_batch=batch, n_ubatch=batch, n_threads=threads, gpu_layers=layers,
-            flash_attn=flash_attn, kv_type=kv_type, n_seq_max=parallel, n_outputs=parallel, **placed,
-        )
-        if decoding.beams > 1:
-            given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),
-                                           ("--min-tokens", merged.min_tokens > 0)) if on]
-            if given:  # beam search ranks whole sequences by log-probability; it has no sampler chain to constrain
-                raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
-        answer_room = min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx
-        options = context_options(decoding, options, answer_room)
-    return options
-
-
-EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's sequences)
-
-
-FALLBACK_CONTEXT = 4096  # where nothing better is known (no trained length, no memory to size by)
 CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx, num_ctx), not given unasked
 
 
@@ -155,16 +113,6 @@ def default_context(info, parallel: int = 1, kv_type: str = "f16", available: Op
     while n_ctx > floor and kv_cache_bytes(info, n_ctx * parallel, kv_type) > available // 4:
         n_ctx //= 2
     return max(n_ctx, floor)
-
-
-def check_slots(batch: int, parallel: int) -> None:
-    """--batch and --parallel: each step decodes one token per sequence, so the batch holds them all."""
-    if batch < 1:
-        raise SettingError("batch", batch, "use 1 or more")
-    if parallel < 1:
-        raise SettingError("parallel", parallel, "use 1 or more")
-    if parallel > batch:
-        raise SettingError("parallel", parallel, f"each step decodes a token of every sequence: the batch ({batch}) must hold at least {parallel}")
 
 
 def strategy_for(engine: Engine, decoding: DecodeOptions, *, ctx_limit: int, source: str = "auto"):

@@ -1,7 +1,13 @@
 """Options as the layers above see them: the one list of sampling options (plain data, cheap to import for
 the command line's flags), its one merge, decoding strategies and load-time settings (imported on use)."""
 
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
 from ..engine.options import BY_NAME, KV_TYPES, SAMPLING, Option, cli_value, text_value
+from ..errors import SettingError, UsageError
 from ..lazy import exports
 
 _WHERE = {
@@ -10,7 +16,7 @@ _WHERE = {
     "json_grammar": "..engine.sampling",
     "DecodeOptions": "..engine.strategies",
 }
-__all__ = ["BY_NAME", "KV_TYPES", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
+__all__ = ["BY_NAME", "KV_TYPES", "LOAD_FIELDS", "LoadSpec", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
 __getattr__ = exports(globals(), _WHERE)
 
 # Ollama's option names (api.Options and api.Runner) where they are not localrun's own: what its clients send
@@ -19,3 +25,92 @@ OLLAMA_RENAMED = {"num_predict": "max_tokens"}
 OLLAMA_LOAD = {"num_ctx": "ctx", "num_gpu": "gpu_layers", "num_thread": "threads", "num_batch": "batch"}  # load-time
 OLLAMA_IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap", "use_mlock", "tfs_z",
                   "f16_kv", "logits_all", "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa")  # older clients send these
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """The load-time options (Ollama's api.Runner), the one shape of them: built from a command's flags, a
+    request's `options` (with_options) or a bench row; `runtime.loader.load` loads by it, the server's pool
+    compares it (a request asking for other values reloads the model), and `engine_options` is the one place
+    it becomes the engine's LoadOptions."""
+
+    ctx: Optional[int] = None  # per slot; None = the model's own (runtime.loader.context_for)
+    parallel: int = 1  # slots (sequences) in the context
+    gpu_layers: str = "auto"
+    flash_attn: Optional[bool] = None
+    kv_type: str = "f16"
+    threads: Optional[int] = None
+    batch: int = 512
+    rpc: Optional[str] = None  # llama.cpp RPC workers, HOST:PORT,... (engine.rpc)
+    tensor_split: Optional[str] = None
+    kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, a slot each;
+    # embed: an embeddings context (its requests take turns, each batched)
+    draft: Optional[str] = None  # "lookup" (prompt-lookup speculation) or a draft model; None: the model's default
+    draft_max: int = 16  # most tokens drafted per sequence and step
+    beams: int = 1  # beam search (in this process only: the server's slots do not search beams)
+    length_penalty: float = 1.0
+    pooling: Optional[str] = None  # an embeddings context's pooling (None: the model's own)
+
+    def decoding(self):
+        """The decoding strategy these options ask for (engine.strategies.DecodeOptions, checked)."""
+        from ..engine.strategies import DecodeOptions
+
+        return DecodeOptions(draft=self.draft, draft_max=self.draft_max, beams=self.beams, length_penalty=self.length_penalty)
+
+    def engine_options(self, n_ctx: int, decoding=None, answer_room: Optional[int] = None):
+        """The engine's LoadOptions for `n_ctx` tokens per slot (checked: a bad value raises here), with
+        what `decoding` needs beside (engine.strategies.context_options; `answer_room`: the most tokens an
+        answer takes, for beams)."""
+        from ..engine.model import LoadOptions, parse_gpu_layers
+        from ..engine.rpc import parse_endpoints
+        from ..engine.strategies import context_options
+        from .workers import parse_tensor_split
+
+        placed = dict(n_threads=self.threads, gpu_layers=parse_gpu_layers(self.gpu_layers), flash_attn=self.flash_attn,
+                      kv_type=self.kv_type, rpc=parse_endpoints(self.rpc), tensor_split=parse_tensor_split(self.tensor_split))
+        if self.kind == "embed":  # one pool of cells for every text of a batch; a text must fit one batch
+            return LoadOptions(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_seq_max=EMBED_SEQUENCES, kv_unified=True,
+                               embeddings=True, pooling=self.pooling, **placed)
+        check_slots(self.batch, self.parallel)
+        # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
+        # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
+        # another order, and greedy output would depend on what else is in the batch. A step asks for one
+        # row of logits per sequence (a strategy asks for more: context_options).
+        options = LoadOptions(n_ctx=n_ctx * self.parallel, n_batch=self.batch, n_ubatch=self.batch,
+                              n_seq_max=self.parallel, n_outputs=self.parallel, **placed)
+        return context_options(decoding or self.decoding(), options, n_ctx if answer_room is None else answer_room)
+
+    def check(self) -> None:
+        """Refuse, before any model loads, what the server's slots cannot take (the same messages loading
+        would give)."""
+        if self.draft not in (None, "lookup"):
+            raise UsageError(f"the server's slots draft by prompt lookup only (--draft lookup), not with a draft model "
+                             f"({self.draft}): run it with `localrun run --draft {self.draft} --keep-alive 0`")
+        if self.beams > 1:
+            raise UsageError("the server's slots do not search beams: run it with `localrun run --beams N --keep-alive 0`")
+        # The context as given, per slot (0 or 10 are refused, not read as 4096 nor checked as 4 slots' 40).
+        self.engine_options(FALLBACK_CONTEXT if self.ctx is None else self.ctx)
+
+    def differences(self, other: "LoadSpec") -> list[str]:
+        mine, theirs = asdict(self), asdict(other)
+        return [f"{k} {mine[k]} -> {theirs[k]}" for k in mine if mine[k] != theirs[k]]
+
+    def sent(self) -> dict[str, Any]:
+        """What a client sends the background server of its load (LOAD_FIELDS; the server decides the rest)."""
+        return {name: getattr(self, name) for name in LOAD_FIELDS}
+
+
+# What a client's flags set of a model's load: the server decides the slots and the kind, and searches no beams.
+LOAD_FIELDS = tuple(f.name for f in fields(LoadSpec) if f.name not in ("parallel", "kind", "beams", "length_penalty", "pooling"))
+FALLBACK_CONTEXT = 4096  # where nothing better is known (no trained length, no memory to size by)
+EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's sequences)
+
+
+def check_slots(batch: int, parallel: int) -> None:
+    """--batch and --parallel: each step decodes one token per sequence, so the batch holds them all."""
+    if batch < 1:
+        raise SettingError("batch", batch, "use 1 or more")
+    if parallel < 1:
+        raise SettingError("parallel", parallel, "use 1 or more")
+    if parallel > batch:
+        raise SettingError("parallel", parallel, f"each step decodes a token of every sequence: the batch ({batch}) must hold at least {parallel}")

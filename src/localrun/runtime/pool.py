@@ -15,11 +15,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import LocalrunError, ModelNotFound, UsageError
+from .options import LoadSpec
 
 FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or by `stop`)
 FOREVER_AFTER_S = 10 * 365 * 86400.0
@@ -33,52 +34,6 @@ class ModelTooBig(LocalrunError):
 
 class PoolBusy(LocalrunError):
     """Every loaded model is in use and the next one does not fit beside them: retry later."""
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """The load-time options (Ollama's api.Runner): a request asking for other values reloads the model."""
-
-    ctx: Optional[int] = None  # per slot; None = the model's own (runtime.loader.context_for)
-    parallel: int = 4
-    gpu_layers: str = "auto"
-    flash_attn: Optional[bool] = None
-    kv_type: str = "f16"
-    threads: Optional[int] = None
-    batch: int = 512
-    rpc: Optional[str] = None  # llama.cpp RPC workers, HOST:PORT,... (engine.rpc)
-    tensor_split: Optional[str] = None
-    kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, a slot each;
-    # embed: an embeddings context (its requests take turns, each batched)
-    draft: Optional[str] = None  # "lookup": prompt-lookup speculation in every slot (None: the model's default)
-    draft_max: int = 16  # most tokens drafted per slot and step
-
-    def check(self) -> None:
-        """Refuse bad values before any model loads (the same messages loading would give)."""
-        from ..engine.model import LoadOptions, parse_gpu_layers
-        from ..engine.strategies import DecodeOptions
-        from ..errors import UsageError
-        from ..engine.rpc import parse_endpoints
-        from .loader import FALLBACK_CONTEXT, check_slots
-        from .workers import parse_tensor_split
-
-        parse_gpu_layers(self.gpu_layers)
-        check_slots(self.batch, self.parallel)
-        if self.draft not in (None, "lookup"):
-            raise UsageError(f"the server's slots draft by prompt lookup only (--draft lookup), not with a draft model "
-                             f"({self.draft}): run it with `localrun run --draft {self.draft} --keep-alive 0`")
-        DecodeOptions(draft=self.draft, draft_max=self.draft_max)  # its checks: --draft-max 1 to 64
-        # The context as given, per slot (0 or 10 are refused, not read as 4096 nor checked as 4 slots' 40).
-        LoadOptions(n_ctx=FALLBACK_CONTEXT if self.ctx is None else self.ctx, n_threads=self.threads, flash_attn=self.flash_attn, kv_type=self.kv_type,
-                    rpc=parse_endpoints(self.rpc), tensor_split=parse_tensor_split(self.tensor_split))
-
-    def differences(self, other: "LoadSpec") -> list[str]:
-        mine, theirs = asdict(self), asdict(other)
-        return [f"{k} {mine[k]} -> {theirs[k]}" for k in mine if mine[k] != theirs[k]]
-
-
-# What a client's flags set of a model's load (the server decides the slots and the kind).
-LOAD_FIELDS = tuple(f.name for f in fields(LoadSpec) if f.name not in ("parallel", "kind"))
 
 
 def parse_keep_alive(value: Any) -> float:

@@ -23,13 +23,13 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     from ..engine.footprint import footprint, repacks_here
     from ..engine.gguf_info import read_info
 
-    from ..engine import LoadOptions
     from .loader import context_for
+    from .options import LoadSpec
 
     info = read_info(local.path)
     n_ctx = context_for(ctx, defaults_for(local.ref), local.path, 1, kv_type)
 
-    LoadOptions(n_ctx=n_ctx, kv_type=kv_type)  # run's checks and messages: --ctx 0 was taken as the default
+    LoadSpec(ctx=n_ctx, kv_type=kv_type).engine_options(n_ctx)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = footprint(info, n_ctx, kv_type, repack=repacks_here(rpc))
     out: dict[str, Any] = {
         "name": local.ref,
@@ -66,11 +66,12 @@ _SIZE = re.compile(r"(\w+)\s+(model|KV|compute|output) buffer size\s*=\s*([\d.]+
 def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
     """Load the model with this context and read the buffer sizes llama.cpp reports allocating: the weights
     (CPU_Mapped, or a device's), the repacked copy (CPU_REPACK), KV, compute (with the output buffer)."""
-    from ..engine import Engine, LoadOptions
+    from ..engine import Engine
     from ..engine.llama import captured_llama_log
+    from .options import LoadSpec
 
-    with captured_llama_log() as lines:
-        engine = Engine(path, LoadOptions(n_ctx=n_ctx, kv_type=kv_type, n_outputs=1))  # as `run` loads it
+    with captured_llama_log() as lines:  # as `run` loads it
+        engine = Engine(path, LoadSpec(ctx=n_ctx, kv_type=kv_type, kind="run").engine_options(n_ctx))
         engine.close()
     sizes = {"model": 0.0, "repacked": 0.0, "KV": 0.0, "compute": 0.0, "output": 0.0}
     for line in "".join(lines).splitlines():

@@ -25,7 +25,8 @@ from typing import Any, Optional
 
 from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
-from ..runtime.pool import FOREVER, LoadSpec, ModelPool, Resident, parse_keep_alive
+from ..runtime.options import LoadSpec
+from ..runtime.pool import FOREVER, ModelPool, Resident, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
 from .stream import Answer, answer_events
 from . import access, anthropic, native, ollama, openai, responses
@@ -39,7 +40,7 @@ _BIG_BODY = 1 << 20  # bodies over this are parsed on a worker thread
 
 @dataclass
 class ServeOptions:
-    spec: LoadSpec = field(default_factory=LoadSpec)  # the server's load-time options (requests may differ)
+    spec: LoadSpec = field(default_factory=lambda: LoadSpec(parallel=4))  # the server's load-time options (requests may differ)
     max_waiting: int = 64
     prefill_chunk: int = 256
     api_key: Optional[str] = None
@@ -128,12 +129,8 @@ class Service:
 
     def _load(self, ref: str, spec: LoadSpec):
         from ..runtime.loader import load
-        from ..runtime.options import DecodeOptions
 
-        return load(ref, source=self.options.source, ctx=spec.ctx, gpu_layers=spec.gpu_layers, flash_attn=spec.flash_attn,
-                    kv_type=spec.kv_type, threads=spec.threads, batch=spec.batch, rpc=spec.rpc, tensor_split=spec.tensor_split,
-                    sampling=self.options.sampling if spec.kind == "batch" else None, parallel=spec.parallel,
-                    embeddings=spec.kind == "embed", decoding=DecodeOptions(draft=spec.draft, draft_max=spec.draft_max))
+        return load(ref, spec, source=self.options.source, sampling=self.options.sampling if spec.kind == "batch" else None)
 
     def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec):
         if spec.kind == "embed":

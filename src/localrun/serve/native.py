@@ -15,7 +15,8 @@ import traceback
 
 from ..errors import InvalidModelFile, LocalrunError, ModelNotFound, UsageError
 from ..runtime.identity import build_identity
-from ..runtime.pool import LOAD_FIELDS, LoadSpec, ModelTooBig, PoolBusy, parse_keep_alive
+from ..runtime.options import LOAD_FIELDS, LoadSpec
+from ..runtime.pool import ModelTooBig, PoolBusy, parse_keep_alive
 from ..runtime.failures import message_for
 from ..runtime.resident import answer, converse, wire
 
