@@ -713,7 +713,7 @@ def _source(value: str) -> str:
     from ..hub import SOURCES
 
     if value not in SOURCES:
-        raise UsageError(f"invalid --source {value!r}: use auto, hub or mirror")
+        raise UsageError(f"invalid --source {value!r}: use {', '.join(SOURCES)}")
     return value
 
 
