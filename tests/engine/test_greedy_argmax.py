@@ -7,6 +7,7 @@ maximum."""
 from __future__ import annotations
 
 import pytest
+from conftest import CORES
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def test_numpy_argmax_picks_what_the_greedy_chain_picks(which, request):
     from localrun.engine.loop import evaluate
     from localrun.engine.sampling import Sampler, SamplingOptions
 
-    engine = Engine(request.getfixturevalue(which), LoadOptions(n_ctx=256, n_threads=2))
+    engine = Engine(request.getfixturevalue(which), LoadOptions(n_ctx=256, n_threads=min(2, CORES)))
     sampler = Sampler(engine, SamplingOptions(temperature=0.0, max_tokens=64, min_tokens=8))
     taken = []
     greedy = sampler._greedy
@@ -85,7 +86,7 @@ def test_warm_up_leaves_an_empty_cache_and_the_same_answers(smollm2):
         return [t for r in generate(engine, engine.tokenize("The capital of France is"),
                                     SamplingOptions(temperature=0.0, max_tokens=12)) for t in r.tokens]
 
-    cold, warm = (Engine(smollm2, LoadOptions(n_ctx=512, n_seq_max=4, n_threads=2)) for _ in range(2))
+    cold, warm = (Engine(smollm2, LoadOptions(n_ctx=512, n_seq_max=4, n_threads=min(2, CORES))) for _ in range(2))
     try:
         warm.warm_up()
         assert warm.kv.held() == 0 and warm._ll.llama_memory_seq_pos_max(warm.kv.memory, 0) == -1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import CORES
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +30,12 @@ def test_sampling_contexts_reserve_logits_for_their_sequences_not_the_batch(gemm
 
     vocab_mib = 262144 * 4 / 2**20  # one row of gemma's logits: 1 MiB
     with captured_llama_log() as lines:
-        whole = Engine(gemma, LoadOptions(n_ctx=1024, n_seq_max=2, n_threads=2))  # llama.cpp's default: n_batch rows
+        whole = Engine(gemma, LoadOptions(n_ctx=1024, n_seq_max=2, n_threads=min(2, CORES)))  # llama.cpp's default: n_batch rows
         whole.close()
     assert _compute_mib(lines) > 512 * vocab_mib
 
     with captured_llama_log() as lines:
-        loaded = load(str(gemma), LoadSpec(ctx=512, parallel=2, threads=2, gpu_layers="0"))  # as the server loads 2 slots
+        loaded = load(str(gemma), LoadSpec(ctx=512, parallel=2, threads=min(2, CORES), gpu_layers="0"))  # as the server loads 2 slots
     engine = loaded.engine
     try:
         assert engine.max_outputs == 2 and _compute_mib(lines) < 32  # llama-server's is 19.8 MiB for 8 slots

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LOCALRUN
+from conftest import CORES, LOCALRUN
 from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def made(smollm2, gemma, tmp_path_factory) -> dict[str, dict[str, Path]]:
 
 
 def greedy(path: Path, home: Path, n: int = 12) -> list[int]:
-    r = localrun("run", str(path), "--raw", "-t", "0", "-n", str(n), "--ctx", "256", "--threads", "2", "--json", PROMPT, home=home)
+    r = localrun("run", str(path), "--raw", "-t", "0", "-n", str(n), "--ctx", "256", "--threads", str(min(2, CORES)), "--json", PROMPT, home=home)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.splitlines()[-1])["tokens"]
 
@@ -134,7 +134,7 @@ def test_pull_each_quant_from_one_repo_and_run_it(model, made, request, hub_stub
         r = subprocess.run([LOCALRUN, "pull", f"{repo}:{quant.lower()}", "-q"], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         ref = f"{repo}:{quant}"
-        run = subprocess.run([LOCALRUN, "run", ref, "--raw", "-t", "0", "-n", "12", "--ctx", "256", "--threads", "2",
+        run = subprocess.run([LOCALRUN, "run", ref, "--raw", "-t", "0", "-n", "12", "--ctx", "256", "--threads", str(min(2, CORES)),
                               "--json", PROMPT], capture_output=True, text=True, env=env)
         assert run.returncode == 0, run.stderr
         tokens = json.loads(run.stdout.splitlines()[-1])["tokens"]
