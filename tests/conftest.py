@@ -266,6 +266,13 @@ class Result:
 LOCALRUN = str(Path(sys.executable).with_name("localrun"))
 
 
+def last_json(stdout: str) -> dict:
+    """The last line of a `--json` command's output, parsed: `run --json`'s done event (text, tokens, stats)."""
+    import json
+
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
 def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeout: float = 300) -> Result:
     """Run the installed `localrun` command as a user would (stdin closed unless `input` is given)."""
     full_env = {**os.environ, **(env or {})}
@@ -307,10 +314,11 @@ class Server:
         self.proc, self.port, self.stderr = proc, port, stderr
         self.url = f"http://127.0.0.1:{port}"
 
-    def client(self, key: str = SERVE_KEY, **kw):
+    def client(self, key: str = SERVE_KEY, timeout: float = 120, **kw):
+        """The real OpenAI client of this server (no retries: a failure is the test's)."""
         import openai
 
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=timeout, **kw)
 
     def __enter__(self) -> "Server":
         return self

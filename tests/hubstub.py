@@ -450,6 +450,10 @@ def hub_stub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 # Helpers for tests
 
 
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def random_bytes(n: int, seed: int = 0) -> bytes:
     """Deterministic pseudo-random bytes (fast, no entropy pool)."""
     import random

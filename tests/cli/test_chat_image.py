@@ -5,12 +5,12 @@ nothing, so each is compared token for token (greedy text) with `run --image`'s 
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from localrun.cli.chat import image_paths_in
 from test_chat import stats, term  # noqa: F401 - term: a fixture
+from conftest import last_json
 
 ARGS = ("-t", "0", "-n", "8", "--ctx", "512", "--threads", "1")
 QUESTION = "Look at this picture carefully and describe it"
@@ -77,7 +77,7 @@ def test_chat_answers_about_images_as_run_does_and_keeps_them(cli, smollm2, imag
     # `run --session` goes on with the same session: its images come back from it (no --image given).
     ran = cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), *ARGS, "--session", "pics", "--json", "Anything else?")
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
-    assert json.loads(ran.stdout.splitlines()[-1])["stats"]["cached_tokens"] >= third["prompt"]
+    assert last_json(ran.stdout)["stats"]["cached_tokens"] >= third["prompt"]
 
 
 @pytest.mark.slow

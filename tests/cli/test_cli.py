@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import LOCALRUN
+from conftest import LOCALRUN, last_json
 
 
 def one_line_error(r, code=1):
@@ -278,5 +278,5 @@ def test_ctrl_c_during_json_generation_ends_with_a_done_event(smollm2):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err
-    last = json.loads(out.strip().splitlines()[-1])
+    last = last_json(out)
     assert last["type"] == "done" and last["stats"]["finish_reason"] == "interrupted" and last["text"]

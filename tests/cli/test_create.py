@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import last_json
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +17,7 @@ PROMPT = "What is two plus two?"
 
 def _tokens(result) -> list[int]:
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])["tokens"]
+    return last_json(result.stdout)["tokens"]
 
 
 def test_create_runs_by_name_with_its_modelfile_and_rm_keeps_the_file(cli, tmp_path, smollm2):

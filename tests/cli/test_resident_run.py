@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from conftest import BACKGROUND_CLIENTS, LOCALRUN, _alive, _servers, _version, run_cli, wait_until
+from conftest import BACKGROUND_CLIENTS, LOCALRUN, _alive, _servers, _version, last_json, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -109,12 +109,12 @@ def test_sessions_are_kept_by_the_server_and_read_the_same_in_process(resident, 
     first = run(*args, "My name is Ada. Remember it.")
     assert first.returncode == 0, first.stderr
     second = run(*args, "What is my name?")
-    done = json.loads(second.stdout.splitlines()[-1])
+    done = last_json(second.stdout)
     assert done["stats"]["cached_tokens"] > 20  # the first turn's state was reused, not prefilled again
     # The store on disk has both turns: an in-process run resumes it as it would its own.
     third_here = run(*args, "And my name again?", keep_alive="0")
     assert third_here.returncode == 0, third_here.stderr
-    assert json.loads(third_here.stdout.splitlines()[-1])["stats"]["cached_tokens"] > 40
+    assert last_json(third_here.stdout)["stats"]["cached_tokens"] > 40
     shown = json.loads(run_cli("sessions", "show", "trip", "--json").stdout)
     assert len([m for m in shown["messages"] if m["role"] == "user"]) == 3
 
@@ -181,7 +181,7 @@ def test_runs_of_one_model_share_its_slots(resident, smollm2, gemma):
     for keep_alive in (None, "0", None):  # from disk into a slot, in-process, and back on the server
         again = run(*args, "and then", keep_alive=keep_alive)
         assert again.returncode == 0, again.stderr
-        assert json.loads(again.stdout.splitlines()[-1])["stats"]["cached_tokens"] > 700
+        assert last_json(again.stdout)["stats"]["cached_tokens"] > 700
 
 
 def test_a_run_waits_for_a_free_slot_and_says_so(resident, smollm2):

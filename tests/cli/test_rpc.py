@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import BACKGROUND_CLIENTS, LOCALRUN, run_cli, wait_until
+from conftest import BACKGROUND_CLIENTS, LOCALRUN, last_json, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -84,8 +84,8 @@ def test_a_split_model_answers_token_for_token_as_alone(which, layers, prompt, r
     for extra in (["--gpu-layers", layers], []):
         split = answer(model, "--json", "--rpc", f"{one},{two}", *extra, prompt=prompt)
         assert split.returncode == 0, split.stderr
-        assert json.loads(split.stdout.splitlines()[-1])["tokens"] == json.loads(alone.stdout.splitlines()[-1])["tokens"]
-        assert json.loads(split.stdout.splitlines()[-1])["text"] == json.loads(alone.stdout.splitlines()[-1])["text"]
+        assert last_json(split.stdout)["tokens"] == last_json(alone.stdout)["tokens"]
+        assert last_json(split.stdout)["text"] == last_json(alone.stdout)["text"]
 
     # Where the layers go, before loading anything: every layer once, every byte of weights and KV.
     shown = run_cli("show", str(model), "--rpc", f"{one},{two}", "--gpu-layers", layers, "--json")

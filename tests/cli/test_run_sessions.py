@@ -6,20 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import last_json
 
 pytestmark = pytest.mark.slow
 
 DOC = (Path(__file__).resolve().parents[2] / "src" / "localrun" / "data" / "wonderland.txt").read_text()[:4000]
 
 
-def done(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
-
 
 def ask(cli, model, *args, input=None):
     r = cli("run", str(model), "-t", "0", "-n", "16", "--ctx", "2048", "--json", *args, input=input)
     assert r.returncode == 0, r.stderr
-    return done(r.stdout)
+    return last_json(r.stdout)
 
 
 def test_prefix_cache_prefills_a_shared_document_once_and_changes_nothing(smollm2, cli):
@@ -50,7 +48,7 @@ def test_cache_max_caps_what_is_stored_and_0_turns_the_cache_off(smollm2, cli):
     ask(cli, smollm2, "Who is the story about?", input=DOC)  # stored again under the default cap
     off = cli("run", str(smollm2), "-t", "0", "-n", "4", "--ctx", "2048", "--json", "Where did Alice fall?",
               input=DOC, env={"LOCALRUN_CACHE_MAX": "0"})
-    assert off.returncode == 0 and done(off.stdout)["stats"]["cached_tokens"] == 0
+    assert off.returncode == 0 and last_json(off.stdout)["stats"]["cached_tokens"] == 0
     assert cache_bytes() == 0
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import ollama
-import openai
 import pytest
 
 from conftest import THINK_GRAMMAR, start_server
@@ -77,7 +76,7 @@ def test_chat_shows_thinking_on_stderr_and_keeps_it_out_of_the_history(thinking_
 
 def test_openai_reasoning_content_and_ollama_thinking(thinking_model, smollm2, tmp_path):
     with start_server(thinking_model, tmp_path / "home", "--parallel", "2", "--ctx", "1024") as srv:
-        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        c = srv.client("none")
         ask = dict(model=str(thinking_model), messages=[{"role": "user", "content": Q}], temperature=0, max_tokens=80)
         whole = c.chat.completions.create(**ask, extra_body={"grammar": THINK_GRAMMAR})
         message = whole.choices[0].message

@@ -8,14 +8,11 @@ import re
 
 import numpy as np
 import pytest
+from conftest import last_json
 
 pytestmark = pytest.mark.slow
 
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3,"
-
-
-def _done(stdout: str) -> dict:
-    return [json.loads(line) for line in stdout.splitlines() if line.strip()][-1]
 
 
 def _engine(path, beams: int = 1):
@@ -82,7 +79,7 @@ def test_beam_search_in_run_honours_stop_and_json(smollm2, cli):
     r = cli("run", str(smollm2), "--beams", "3", "--raw", "-n", "40", "--threads", "1", "--no-cache",
             "--stop", ".", "--json", prompt)
     assert r.returncode == 0, r.stderr
-    done = _done(r.stdout)
+    done = last_json(r.stdout)
     stats = done["stats"]
     engine = _engine(smollm2, beams=3)
     try:
@@ -112,7 +109,7 @@ def test_length_penalty_changes_which_beam_is_picked(smollm2, cli):
         r = cli("run", str(smollm2), "--beams", "4", "--length-penalty", penalty, "--stop", ".", "--raw", "-n", "30",
                 "--threads", "1", "--no-cache", "--json", prompt)
         assert r.returncode == 0, r.stderr
-        done = _done(r.stdout)
+        done = last_json(r.stdout)
         assert done["stats"]["finish_reason"] == "stop"
         picks[float(penalty)] = done
     assert [picks[p]["text"] for p in (0.0, 0.5, 1.0)] == [
@@ -139,7 +136,7 @@ def test_lookup_draft_is_token_identical_and_accepts_copied_text(smollm2, cli):
     plain = cli(*common, "--no-flash-attn")
     spec = cli(*common, "--draft", "lookup")
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
-    a, b = _done(plain.stdout), _done(spec.stdout)
+    a, b = last_json(plain.stdout), last_json(spec.stdout)
     assert b["tokens"] == a["tokens"] and b["text"] == a["text"]
     stats = b["stats"]
     assert stats["draft_tokens"] > 20 and stats["acceptance_rate"] > 0.6
@@ -153,7 +150,7 @@ def test_draft_model_with_same_vocabulary(smollm2, cli):
     r = cli(*common, "--draft", str(smollm2), "--draft-max", "4", "Once upon a time")
     plain = cli(*common, "--no-flash-attn", "Once upon a time")
     assert r.returncode == 0 and plain.returncode == 0, r.stderr + plain.stderr
-    done, ref = _done(r.stdout), _done(plain.stdout)
+    done, ref = last_json(r.stdout), last_json(plain.stdout)
     assert len(ref["tokens"]) == 30  # no end of text within 30 tokens: the whole run is compared
     assert done["tokens"] == ref["tokens"] and done["text"] == ref["text"]
     stats = done["stats"]
@@ -258,7 +255,7 @@ def test_draft_with_a_quantized_kv_cache_keeps_flash_attention(smollm2, cli):
     assert r.returncode == 0, r.stderr
     plain = cli(*common)  # the same quantized cache, flash attention on by default for it
     assert plain.returncode == 0, plain.stderr
-    done, ref = _done(r.stdout), _done(plain.stdout)
+    done, ref = last_json(r.stdout), last_json(plain.stdout)
     assert len(ref["tokens"]) == 40 and done["tokens"] == ref["tokens"] and done["text"] == ref["text"]
     stats = done["stats"]  # lookup did draft the repeated counting, and the target verified it
     assert stats["draft_accepted"] > 20 and stats["target_steps"] < stats["eval_tokens"]
@@ -272,7 +269,7 @@ def test_verbose_shows_target_steps_and_acceptance(smollm2, cli):
     r = cli(*common, "--verbose")
     ref = cli(*common, "--json")
     assert r.returncode == 0 and ref.returncode == 0, r.stderr + ref.stderr
-    stats = _done(ref.stdout)["stats"]
+    stats = last_json(ref.stdout)["stats"]
     steps = re.search(r"^target steps:\s+(\d+) \(([\d.]+) tokens per step\)$", r.stderr, re.M)
     accepted = re.search(r"^draft acceptance:\s+(\d+)/(\d+) \(([\d.]+)%\)$", r.stderr, re.M)
     assert steps and accepted, r.stderr

@@ -4,17 +4,13 @@ each validated, each changing real output."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from conftest import last_json
 
 pytestmark = pytest.mark.slow
 
 REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat"
 
-
-def done(stdout: str) -> dict:
-    return [json.loads(line) for line in stdout.splitlines() if line.strip()][-1]
 
 
 def repeat_extended(context: list[int], token: int) -> int:
@@ -37,10 +33,10 @@ def test_dry_cuts_repeated_sequences(smollm2, cli):
     from localrun.engine import Engine, LoadOptions
 
     args = ("run", str(smollm2), "--raw", "-t", "0", "-n", "48", "--json", REPEAT)
-    plain = done(cli(*args).stdout)["tokens"]
+    plain = last_json(cli(*args).stdout)["tokens"]
     r = cli(*args, "--dry-multiplier", "2", "--dry-base", "1.75", "--dry-allowed-length", "2", "--dry-penalty-last-n", "-1")
     assert r.returncode == 0, r.stderr
-    dry = done(r.stdout)["tokens"]
+    dry = last_json(r.stdout)["tokens"]
     assert dry != plain
     with Engine(smollm2, LoadOptions(n_ctx=256)) as engine:
         prompt = engine.tokenize(REPEAT)
@@ -54,26 +50,26 @@ def test_dry_sequence_breakers_change_what_counts_as_a_repeat(smollm2, cli):
     """A breaker ends a repeated sequence: the default ones (newline, colon, quote, star) given explicitly give
     the default's answer, and '.', which ends each sentence here, another one."""
     args = ("run", str(smollm2), "--raw", "-t", "0", "-n", "48", "--json", "--dry-multiplier", "2", REPEAT)
-    default = done(cli(*args).stdout)["tokens"]
+    default = last_json(cli(*args).stdout)["tokens"]
     absent = cli(*args, *[a for b in ("\n", ":", '"', "*") for a in ("--dry-sequence-breaker", b)])
     assert absent.returncode == 0, absent.stderr
-    assert done(absent.stdout)["tokens"] == default
+    assert last_json(absent.stdout)["tokens"] == default
     present = cli(*args, "--dry-sequence-breaker", ".")
     assert present.returncode == 0, present.stderr
-    assert done(present.stdout)["tokens"] != default
+    assert last_json(present.stdout)["tokens"] != default
 
 
 def test_xtc_excludes_the_top_choices(smollm2, cli):
     """XTC with probability 1 removes every token above the threshold but the least likely of them, so the
     near-greedy answer (temperature 0.01) changes, from its first token on."""
     args = ("run", str(smollm2), "--raw", "-t", "0.01", "--seed", "3", "-n", "24", "--json", "The capital of France is")
-    plain = done(cli(*args).stdout)["tokens"]
+    plain = last_json(cli(*args).stdout)["tokens"]
     r = cli(*args, "--xtc-probability", "1", "--xtc-threshold", "0.01")
     assert r.returncode == 0, r.stderr
-    xtc = done(r.stdout)["tokens"]
+    xtc = last_json(r.stdout)["tokens"]
     assert xtc[0] != plain[0]
     # Probability 0 is off: the same tokens as without it.
-    off = done(cli(*args, "--xtc-probability", "0", "--xtc-threshold", "0.01").stdout)["tokens"]
+    off = last_json(cli(*args, "--xtc-probability", "0", "--xtc-threshold", "0.01").stdout)["tokens"]
     assert off == plain
 
 
@@ -120,7 +116,7 @@ def test_the_server_takes_them_per_request(smollm2, tmp_path, cli):
         plain, dry = complete(), complete(dry_multiplier=2.0)
         assert dry != plain
         same = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--json", "--dry-multiplier", "2", REPEAT)
-        assert dry == done(same.stdout)["text"]
+        assert dry == last_json(same.stdout)["text"]
         with pytest.raises(openai.BadRequestError) as bad:
             complete(xtc_probability=3)
         assert bad.value.body["param"] == "xtc_probability"

@@ -15,17 +15,13 @@ from pathlib import Path
 
 import pytest
 from conftest import REAL_MODELS
-from hubstub import StubFile, build_wheel, hub_stub, random_bytes  # noqa: F401 - hub_stub is a fixture
+from hubstub import StubFile, build_wheel, hub_stub, random_bytes, sha  # noqa: F401 - hub_stub is a fixture
 
 REPO = "stub-org/Tiny-GGUF"
 Q4_0 = random_bytes(300_000, seed=31)
 Q8_0 = random_bytes(200_000, seed=32)
 MIRROR_PACKAGE = "tiny-gguf-mirror==1.0.0"
 MIRROR_MEMBERS = ["tiny_gguf_mirror/data/tiny.Q4_0.gguf.part00", "tiny_gguf_mirror/data/tiny.Q4_0.gguf.part01"]
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def tiny_catalogue(env, *, mirror_sha256: str | None = None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from hubstub import (  # noqa: F401 - hub_stub is a fixture
     point_hub_at,
     random_bytes,
     set_offline,
+    sha,
 )
 
 from localrun import hub
@@ -32,10 +32,6 @@ REPO = "stub-org/Tiny-GGUF"
 Q4_0 = random_bytes(300_000, seed=1)
 Q8_0 = random_bytes(200_000, seed=2)
 Q4_K_M = random_bytes(100_000, seed=3)
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def add_tiny_repo(stub: HubStub, repo: str = REPO, projectors: tuple[str, ...] = ()):

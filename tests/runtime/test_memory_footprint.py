@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import last_json
 
 MIB = 1 << 20
 
@@ -35,7 +36,7 @@ print(json.dumps({"estimate": estimate, "allocated": measured_allocation(path, n
 def probe(path, n_ctx: int) -> dict:
     r = subprocess.run([sys.executable, "-c", PROBE, str(path), str(n_ctx)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.splitlines()[-1])
+    return last_json(r.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import CORES, LOCALRUN
+from conftest import CORES, LOCALRUN, last_json
 from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 
 pytestmark = pytest.mark.slow
@@ -46,7 +45,7 @@ def made(smollm2, gemma, tmp_path_factory) -> dict[str, dict[str, Path]]:
 def greedy(path: Path, home: Path, n: int = 12) -> list[int]:
     r = localrun("run", str(path), "--raw", "-t", "0", "-n", str(n), "--ctx", "256", "--threads", str(min(2, CORES)), "--json", PROMPT, home=home)
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.splitlines()[-1])["tokens"]
+    return last_json(r.stdout)["tokens"]
 
 
 def test_quantize_writes_each_quant_and_registers_it(smollm2, tmp_path):
@@ -69,7 +68,7 @@ def test_quantize_writes_each_quant_and_registers_it(smollm2, tmp_path):
     # The registered name runs like a pulled model, and rm forgets it and deletes the file.
     ran = localrun("run", f"{name}:Q8_0", "--raw", "-t", "0", "-n", "4", "--json", PROMPT, home=home)
     assert ran.returncode == 0, ran.stderr
-    assert json.loads(ran.stdout.splitlines()[-1])["tokens"] == greedy(dest, home, 4)
+    assert last_json(ran.stdout)["tokens"] == greedy(dest, home, 4)
     gone = localrun("rm", f"{name}:Q8_0", home=home)
     assert gone.returncode == 0, gone.stderr
     assert not dest.exists() and json.loads(localrun("list", "--json", home=home).stdout) == []
@@ -137,7 +136,7 @@ def test_pull_each_quant_from_one_repo_and_run_it(model, made, request, hub_stub
         run = subprocess.run([LOCALRUN, "run", ref, "--raw", "-t", "0", "-n", "12", "--ctx", "256", "--threads", str(min(2, CORES)),
                               "--json", PROMPT], capture_output=True, text=True, env=env)
         assert run.returncode == 0, run.stderr
-        tokens = json.loads(run.stdout.splitlines()[-1])["tokens"]
+        tokens = last_json(run.stdout)["tokens"]
         assert tokens == greedy(made[model][quant], home)  # stable: the pulled file is the one made
         assert tokens[:4] == base[:4], (quant, tokens, base)  # sane: it starts as the 4-bit model does
         shown = subprocess.run([LOCALRUN, "show", ref, "--ctx", "1024", "--json"], capture_output=True, text=True, env=env)

@@ -42,7 +42,7 @@ def claude(server) -> anthropic.Anthropic:
 
 
 def oai(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0, timeout=120)
+    return server.client("sk-test")
 
 
 def test_the_same_greedy_answer_through_every_dialect(server, model):

@@ -12,7 +12,6 @@ import json
 import httpx
 import numpy as np
 import ollama
-import openai
 import pytest
 
 from conftest import start_server
@@ -75,7 +74,7 @@ def server(smollm2, tmp_path_factory):
 
 
 def test_openai_embeddings(server, smollm2):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    client = server.client("none")
     batch = client.embeddings.create(model=str(smollm2), input=TEXTS)  # the client asks for base64 and decodes it
     v = np.array([d.embedding for d in batch.data])
     assert [d.index for d in batch.data] == [0, 1, 2] and v.shape == (3, n_embd(smollm2))

@@ -19,7 +19,7 @@ SYSTEM = ("You are the help desk of a small public library. " * 4 + "\n".join(
 
 
 def ask(server, model, question: str):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    client = server.client("none", timeout=300)
     return client.chat.completions.create(model=model.name, temperature=0, max_tokens=12,
                                           messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
 
@@ -50,7 +50,7 @@ def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_no
     home = tmp_path / "home"
 
     def client(server):
-        return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        return server.client("none", timeout=300)
 
     with start_server(smollm2, home, "--ctx", "2048", "--parallel", "1") as first:
         stored = client(first).responses.create(model=smollm2.name, instructions=SYSTEM, input="My name is Ada.",

@@ -36,7 +36,7 @@ def server(smollm2, tmp_path_factory):
 
 
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return server.client("none")
 
 
 def test_current_openai_fields_are_accepted_or_refused_by_name(server, smollm2):

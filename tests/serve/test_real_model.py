@@ -33,9 +33,7 @@ def server(qwen, tmp_path_factory):
 
 
 def client(server):
-    import openai
-
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+    return server.client("none", timeout=600)
 
 
 def samples(n: int, ask):
@@ -123,7 +121,6 @@ def test_the_tool_result_is_answered_as_text_that_uses_it(server):
 def test_agent_dialects_get_the_models_calls(server):
     """Anthropic's Messages API and OpenAI's Responses API, tools left to the model (auto), and the second turn."""
     import anthropic
-    import openai
 
     claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=600)
     tools = [{"name": "get_weather", "description": "Get the current weather in a city", "input_schema": CITY}]
@@ -135,7 +132,7 @@ def test_agent_dialects_get_the_models_calls(server):
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "hailstorm, -7 C"}]}])
     assert second.stop_reason == "end_turn" and "hail" in second.content[0].text.lower()
 
-    responses = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600).responses
+    responses = server.client("none", timeout=600).responses
     r = responses.create(model=MODEL, input="What is the weather in Paris?", temperature=0, max_output_tokens=100,
                          tools=[{"type": "function", **TOOLS[0]["function"]}])
     assert [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"] == [("get_weather", {"city": "Paris"})]

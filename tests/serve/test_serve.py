@@ -4,10 +4,8 @@ serving the real SmolLM2 through real llama.cpp."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
 import threading
 import time
 
@@ -15,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from conftest import LOCALRUN, SERVE_KEY, Server, run_cli, start_server  # noqa: F401 - Server for annotations
+from conftest import LOCALRUN, SERVE_KEY, Server, last_json, run_cli, start_server  # noqa: F401 - Server for annotations
 
 openai = pytest.importorskip("openai")
 
@@ -93,7 +91,7 @@ def test_chat_non_streaming_and_streaming_agree(server, smollm2, cli):
     ran = cli("run", str(smollm2), "--system", "You are concise.", "-t", "0", "-n", "40", "--no-cache", "--threads", "1",
               "--json", "Name a primary colour.")
     assert ran.returncode == 0, ran.stderr
-    done = json.loads(ran.stdout.splitlines()[-1])
+    done = last_json(ran.stdout)
     assert done["type"] == "done"
     assert whole.choices[0].message.role == "assistant" and text == done["text"]
     assert whole.choices[0].finish_reason == {"eos": "stop", "stop": "stop", "length": "length"}[done["stats"]["finish_reason"]]
@@ -274,7 +272,7 @@ def hi_reference(smollm2) -> tuple[str, int]:
     """`localrun run --raw -t 0 -n 2 Hi`: its text and token count ("Hi" is one token: never a cached prefix)."""
     ran = run_cli("run", str(smollm2), "--raw", "-t", "0", "-n", "2", "--no-cache", "--threads", "1", "--json", "Hi")
     assert ran.returncode == 0, ran.stderr
-    done = json.loads(ran.stdout.splitlines()[-1])
+    done = last_json(ran.stdout)
     return done["text"], len(done["tokens"])
 
 
@@ -641,7 +639,7 @@ def test_gemma_sliding_window_model_batches_and_shares_prefixes(gemma, tmp_path,
     for answer, cached in ((first, 0), (again, again.usage.prompt_tokens_details.cached_tokens)):
         ran = cli("run", str(gemma), "--raw", "-t", "0", "-n", "12", "--threads", "1", "--json", shared + "Mars:")
         assert ran.returncode == 0, ran.stderr
-        done = json.loads(ran.stdout.splitlines()[-1])
+        done = last_json(ran.stdout)
         assert done["stats"]["cached_tokens"] == cached
         assert done["text"] == answer.choices[0].text and len(done["tokens"]) == answer.usage.completion_tokens
 

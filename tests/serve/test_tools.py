@@ -35,7 +35,7 @@ def server(tools_model, tmp_path_factory):
 
 
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return server.client("none")
 
 
 def valid(call) -> dict:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import threading
 
 import httpx
 import pytest
 
-from conftest import start_server
+from conftest import last_json, start_server
 from projector import IMAGE_SIZE, PATCH_SIZE, png_bytes, red_square, stripes
 
 openai = pytest.importorskip("openai")
@@ -50,14 +49,14 @@ def by_run(smollm2, image_files):
         r = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / name), "--temperature", "0",
                     "--max-tokens", str(N), "--ctx", "512", "--threads", "1", "--json", "--no-cache", QUESTION)
         assert r.returncode == 0, r.stderr
-        done = json.loads(r.stdout.strip().splitlines()[-1])
+        done = last_json(r.stdout)
         answers[name] = done
     assert answers["red.png"]["text"] != answers["stripes.png"]["text"]  # two images, two answers
     return answers
 
 
 def chat(server, model, image: bytes, question: str = QUESTION, **more):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    client = server.client("none", timeout=300)
     return client.chat.completions.create(model=model.name, temperature=0, max_tokens=N, **more, messages=[
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": question}]}])
 
@@ -90,7 +89,7 @@ def test_every_entry_point_gives_runs_answer_token_for_token(server, smollm2, by
         assert message.usage.input_tokens + message.usage.cache_read_input_tokens == want["stats"]["prompt_tokens"]
         assert message.usage.output_tokens == len(want["tokens"])
 
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        client = server.client("none", timeout=300)
         response = client.responses.create(model=smollm2.name, temperature=0, max_output_tokens=N, store=False, input=[
             {"role": "user", "content": [{"type": "input_image", "image_url": data_url(image)}, {"type": "input_text", "text": QUESTION}]}])
         assert response.output_text == want["text"]
@@ -114,7 +113,7 @@ def test_a_known_image_is_not_encoded_again(server, smollm2, by_run):
 
 def test_image_prompts_are_answered_beside_text_ones(server, smollm2, by_run):
     """Two image requests and a text one at once, on two slots: each answer as it is alone."""
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    client = server.client("none", timeout=300)
     text_alone = client.chat.completions.create(model=smollm2.name, temperature=0, max_tokens=N,
                                                 messages=[{"role": "user", "content": "Name three rivers of Europe."}])
     results: dict = {}
@@ -141,7 +140,7 @@ def test_webp_is_read_as_its_pixels(server, smollm2, by_run):
     pil = pytest.importorskip("PIL.Image")
     out = io.BytesIO()
     pil.open(io.BytesIO(red_square())).save(out, "WEBP", lossless=True)
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    client = server.client("none", timeout=300)
     answer = client.chat.completions.create(model=smollm2.name, temperature=0, max_tokens=N, messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": data_url(out.getvalue(), "webp")}}, {"type": "text", "text": QUESTION}]}])
     assert answer.choices[0].message.content == by_run["red.png"]["text"]  # lossless: the same pixels, the same answer
@@ -187,7 +186,7 @@ def test_every_dialect_refuses_a_corrupt_image_in_its_own_shape(server, smollm2)
             {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}, {"type": "text", "text": "Look"}]}])
     assert "messages.0.content.0: a remote URL, which localrun does not fetch" in err.value.body["error"]["message"]
 
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    client = server.client("none")
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model=smollm2.name, max_output_tokens=4, input=[{"role": "user", "content": [
             {"type": "input_text", "text": "Look"}, {"type": "input_image", "image_url": data_url(BROKEN)}]}])

@@ -20,10 +20,12 @@ def _context_size(value: Optional[int]) -> Optional[int]:
     """--ctx checked as it is read, before anything loads or the background server is asked (a 0 there
     reloaded the model the server held, then failed; 10 passed there as 4 slots' 40). The floor is the
     engine's (engine.model.LoadOptions), for one slot."""
-    if value is not None and value < 16:
+    from ..engine.options import MIN_CONTEXT
+
+    if value is not None and value < MIN_CONTEXT:
         from ..errors import UsageError
 
-        raise UsageError(f"invalid --ctx {value}: the context must hold at least 16 tokens")
+        raise UsageError(f"invalid --ctx {value}: the context must hold at least {MIN_CONTEXT} tokens")
     return value
 
 

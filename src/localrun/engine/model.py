@@ -14,7 +14,7 @@ from typing import Literal, Optional, Union
 from ..errors import ContextOverflow, EngineError, SettingError, UsageError
 from .kv import KVCache
 from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
-from .options import KV_TYPES
+from .options import KV_TYPES, check_context
 
 POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
 _GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
@@ -58,8 +58,7 @@ class LoadOptions:
     def __post_init__(self) -> None:
         if self.kv_type not in KV_TYPES:
             raise SettingError("kv_type", self.kv_type, f"use one of {', '.join(KV_TYPES)}")
-        if self.n_ctx < 16:
-            raise SettingError("ctx", self.n_ctx, "the context must hold at least 16 tokens")
+        check_context(self.n_ctx)
         if self.n_threads is not None and self.n_threads < 1:
             raise SettingError("threads", self.n_threads, "use 1 or more")
         most = max(64, 4 * (os.cpu_count() or 1))  # llama.cpp starts that many threads: 10,000 would stall it

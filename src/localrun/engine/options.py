@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import UsageError
+from ..errors import SettingError, UsageError
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,14 @@ class Option:
         return getattr(self.type, "__origin__", None) is list
 
 
+MIN_CONTEXT = 16  # the fewest tokens a context (a slot's, on a server) may hold (--ctx, options.num_ctx)
 KV_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache types a context takes (--kv-type, options.kv_type)
+
+
+def check_context(n_ctx: int) -> None:
+    if n_ctx < MIN_CONTEXT:
+        raise SettingError("ctx", n_ctx, f"the context must hold at least {MIN_CONTEXT} tokens")
+
 
 # Defaults follow llama.cpp's own (common/common.h).
 SAMPLING: tuple[Option, ...] = (

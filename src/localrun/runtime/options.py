@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
-from ..engine.options import BY_NAME, KV_TYPES, SAMPLING, Option, cli_value, text_value
+from ..engine.options import BY_NAME, KV_TYPES, SAMPLING, Option, check_context, cli_value, text_value
 from ..errors import SettingError, UsageError
 from ..lazy import exports
 
@@ -72,6 +72,7 @@ class LoadSpec:
             return LoadOptions(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_seq_max=EMBED_SEQUENCES, kv_unified=True,
                                embeddings=True, pooling=self.pooling, **placed)
         check_slots(self.batch, self.parallel)
+        check_context(n_ctx)  # a slot's (the engine checks all the slots' together)
         # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
         # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
         # another order, and greedy output would depend on what else is in the batch. A step asks for one
