@@ -33,7 +33,7 @@ demo: install
 	$(VENV)/bin/localrun run $(DEMO_MODEL) --temperature 0 --max-tokens 64 --verbose "$(DEMO_PROMPT)"
 
 test: install-test
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 bench: install-test
 	$(PY) scripts/bench_startup.py

@@ -119,6 +119,19 @@ def _fetch(target: Path, packages: list[str], members: list[str], sha: str) -> N
         os.replace(partial, target)
 
 
+# The files that take a minute or more: given out first. pytest-xdist hands a worker the next file when it
+# is done with its last, in collection order (make test turns off its default order, most tests first, which
+# left the one-test files that run longest for the end, one worker busy and the other idle).
+LONGEST = ("test_open_webui_replay.py", "test_default_context.py", "test_real_model.py", "test_resident_run.py",
+           "test_chat.py", "test_resident_waits.py", "test_run.py", "test_bench.py", "test_quantize.py", "test_run_sessions.py",
+           "test_ollama.py", "test_serve.py", "test_launch.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     return fetch_real_model("SmolLM2-135M-Instruct.Q4_1.gguf")
