@@ -158,8 +158,8 @@ def test_a_bad_load_option_is_refused_before_any_model_loads(spec, setting, word
 @pytest.mark.parametrize("spec, words", [
     (LoadSpec(draft="some/draft-model"), "prompt lookup only"),
     (LoadSpec(beams=4), "do not search beams"),
-    (LoadSpec(draft="lookup", draft_max=99), "draft-max"),
-    (LoadSpec(draft="lookup", draft_max=32, batch=16), "--batch of at least 33"),
+    (LoadSpec(draft="lookup", draft_max=99), "invalid draft_max 99: use 1 to 64"),
+    (LoadSpec(draft="lookup", draft_max=32, batch=16), "invalid draft_max 32: a step of it needs a batch of at least 33 tokens"),
     (LoadSpec(gpu_layers="most"), "invalid gpu_layers .most.: use a number of layers"),
 ])
 def test_what_the_servers_slots_cannot_take_is_refused_in_one_line(spec, words):

@@ -23,7 +23,6 @@ from localrun.engine.loop import evaluate
 from localrun.errors import SessionError, UsageError
 from localrun.runtime.sessions import Sessions as SessionStore
 from localrun.store.sessions import MIN_PREFIX_TOKENS, cache_max_bytes, check_name, unpack_tokens
-from conftest import last_json
 
 GREEDY = SamplingOptions(temperature=0, max_tokens=12)
 SYSTEM = (
@@ -68,6 +67,8 @@ def child(*args: str, timeout: float = 120) -> dict:
         [sys.executable, str(HERE), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
     )
     assert proc.returncode == 0, proc.stderr
+    from conftest import last_json  # (this file also runs as a script, where conftest is not importable)
+
     return last_json(proc.stdout)
 
 

@@ -20,7 +20,7 @@ def _context_size(value: Optional[int]) -> Optional[int]:
     """--ctx checked as it is read, before anything loads or the background server is asked (a 0 there
     reloaded the model the server held, then failed; 10 passed there as 4 slots' 40). The floor is the
     engine's (engine.model.LoadOptions), for one slot."""
-    from ..engine.options import MIN_CONTEXT
+    from ..runtime.options import MIN_CONTEXT
 
     if value is not None and value < MIN_CONTEXT:
         from ..errors import UsageError

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from ..errors import ContextOverflow, EngineError, UsageError
+from ..errors import ContextOverflow, EngineError, SettingError, UsageError
 from .loop import PLAIN, Plain, Prefill, Task, drive, generate
 from .model import Batch, Engine, LoadOptions
 from .sampling import Sampler, SamplingOptions, check_bias_tokens
@@ -47,13 +47,13 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         if self.draft_max < 1 or self.draft_max > 64:
-            raise UsageError(f"invalid --draft-max {self.draft_max}: use 1 to 64")
+            raise SettingError("draft_max", self.draft_max, "use 1 to 64")
         if self.beams < 1 or self.beams > 64:
-            raise UsageError(f"invalid --beams {self.beams}: use 1 to 64")
+            raise SettingError("beams", self.beams, "use 1 to 64")
         if self.beams > 1 and self.draft:
-            raise UsageError("--beams and --draft do not combine: pick one")
+            raise SettingError("beams", self.beams, "beam search and a draft do not combine: pick one")
         if not -10.0 <= self.length_penalty <= 10.0:
-            raise UsageError(f"invalid --length-penalty {self.length_penalty}: use -10 to 10 (1 = average log-probability)")
+            raise SettingError("length_penalty", self.length_penalty, "use -10 to 10 (1 = average log-probability)")
 
 
 # -- drafters --------------------------------------------------------------------------------------
@@ -552,9 +552,9 @@ def context_options(decoding: DecodeOptions, options: LoadOptions, answer_room: 
     """The context a strategy needs, from the one plain decoding would get (options.n_ctx: the context
     asked for). Refuses, before any model is loaded, a --batch that cannot hold one step of it."""
     if decoding.draft and decoding.draft_max + 1 > options.n_batch:
-        raise UsageError(f"--draft-max {decoding.draft_max} needs --batch of at least {decoding.draft_max + 1}")
+        raise SettingError("draft_max", decoding.draft_max, f"a step of it needs a batch of at least {decoding.draft_max + 1} tokens (it is {options.n_batch})")
     if decoding.beams > options.n_batch:
-        raise UsageError(f"--beams {decoding.beams} needs --batch of at least {decoding.beams}")
+        raise SettingError("beams", decoding.beams, f"a step of them needs a batch of at least {decoding.beams} tokens (it is {options.n_batch})")
     if decoding.beams > 1:
         # The prompt in sequence 0, the beams in two banks of N; one KV pool, so a fork shares cells.
         return replace(options, n_ctx=options.n_ctx + decoding.beams * answer_room,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
-from ..engine.options import BY_NAME, KV_TYPES, SAMPLING, Option, check_context, cli_value, text_value
+from ..engine.options import BY_NAME, KV_TYPES, MIN_CONTEXT, SAMPLING, Option, check_context, cli_value, text_value
 from ..errors import SettingError, UsageError
 from ..lazy import exports
 
@@ -16,7 +16,7 @@ _WHERE = {
     "json_grammar": "..engine.sampling",
     "DecodeOptions": "..engine.strategies",
 }
-__all__ = ["BY_NAME", "KV_TYPES", "LOAD_FIELDS", "LoadSpec", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
+__all__ = ["BY_NAME", "KV_TYPES", "LOAD_FIELDS", "MIN_CONTEXT", "LoadSpec", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
 __getattr__ = exports(globals(), _WHERE)
 
 # Ollama's option names (api.Options and api.Runner) where they are not localrun's own: what its clients send
