@@ -39,10 +39,10 @@ def _a_core_each() -> None:
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto` (make test): a worker per core and one more, at most 4. Most of a test's time is a new
-    interpreter starting, a model loading or a wait on a server: the one more keeps the cores busy meanwhile
-    (on 2 cores: 14.5 minutes with 2 workers, 3 workers: see the README)."""
-    return min(len(os.sched_getaffinity(0)) + 1, 4) if hasattr(os, "sched_getaffinity") else 2
+    """`-n auto` (make test): a worker per core this process may use, at most 4. One more did not help on 2
+    cores (the suite is CPU-bound: 14 min 39 s with 3 workers, 14 min 30 s with 2; the longest prefills took
+    twice as long on a shared core)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4)) if hasattr(os, "sched_getaffinity") else 2
 
 
 _a_core_each()

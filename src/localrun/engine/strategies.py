@@ -51,7 +51,7 @@ class DecodeOptions:
         if self.beams < 1 or self.beams > 64:
             raise SettingError("beams", self.beams, "use 1 to 64")
         if self.beams > 1 and self.draft:
-            raise SettingError("beams", self.beams, "beam search and a draft do not combine: pick one")
+            raise UsageError("--beams and --draft do not combine: pick one")  # a rule across two settings
         if not -10.0 <= self.length_penalty <= 10.0:
             raise SettingError("length_penalty", self.length_penalty, "use -10 to 10 (1 = average log-probability)")
 
