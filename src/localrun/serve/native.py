@@ -19,6 +19,7 @@ from ..runtime.options import LOAD_FIELDS, LoadSpec
 from ..runtime.pool import ModelTooBig, PoolBusy, parse_keep_alive
 from ..runtime.failures import message_for
 from ..runtime.resident import answer, converse, wire
+from .stream import ToLoop
 
 
 
@@ -114,15 +115,9 @@ def routes(service) -> list:
             pool.release(resident, 0.0)
             service.activity(-1)
             return failed(499, "the client went away while its model loaded", 130, code="cancelled")
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        out = ToLoop()
+        put, queue = out.put, out.queue
         gone = threading.Event()
-
-        def put(item) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop closed: nobody reads
-                pass
 
         def work() -> None:
             try:

@@ -26,6 +26,21 @@ from .openai import FINISH_REASONS, PING_S, ApiError
 FAILURES = {"error": 500, "shutdown": 503}  # how an answer that did not finish ends; otherwise 499 (cancelled)
 
 
+class ToLoop:
+    """What a worker thread hands the event loop, in order: `put` on the thread (dropped once the loop has
+    closed: nobody reads then), `queue` read in the loop. Made in the loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop closed: nobody reads
+            pass
+
+
 _live: set = set()  # answer threads still running: their state may still be going to disk
 _live_lock = threading.Lock()
 
@@ -63,8 +78,8 @@ class Answer:
         self.prompt = None  # runtime.request.Prompt, once admitted
         self.failure_status: Optional[int] = None  # an answer that failed for the request's own fault: 400
         self.gone = threading.Event()
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._loop = asyncio.get_running_loop()
+        self._out = ToLoop()
+        self._queue, self._loop = self._out.queue, self._out.loop
 
     @property
     def prompt_tokens(self) -> int:
@@ -83,11 +98,7 @@ class Answer:
             self.prompt = prompt
             self._loop.call_soon_threadsafe(settle, None)
 
-        def put(item) -> None:
-            try:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-            except RuntimeError:  # the loop closed: nobody reads
-                pass
+        put = self._out.put
 
         def work() -> None:
             from ..runtime.generate import generate
