@@ -193,6 +193,6 @@ def _settle(final, scheduler, cancelled: Callable[[], bool], fresh: bool) -> Non
     """An answer's last response as the client gets it: one the server's stop interrupted is an error
     (not a short answer), and a model that was loaded already took no load time for it."""
     if final.finish_reason == "shutdown" or (final.finish_reason == "interrupted" and scheduler.stopping and not cancelled()):
-        raise ServerStopping("the localrun server was stopped during the answer: run again to start a new one")
+        raise ServerStopping(during=True)
     if not fresh and final.stats is not None:
         final.stats.load_s = 0.0

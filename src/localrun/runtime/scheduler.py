@@ -451,11 +451,12 @@ def _answer_calls(calls) -> None:
 
 
 class ServerStopping(LocalrunError):
-    """The server was stopped (stop --server, SIGTERM) while this request was running or waiting; or, with
-    `failure`, its scheduler failed (the message says how)."""
+    """The server was stopped (stop --server, SIGTERM) while this request was waiting, or `during` its answer;
+    or, with `failure`, its scheduler failed (the message says how)."""
 
-    def __init__(self, failure: Optional[str] = None):
-        super().__init__(failure or "the localrun server is stopping: run again to start a new one")
+    def __init__(self, failure: Optional[str] = None, *, during: bool = False):
+        stopped = "the localrun server was stopped during the answer" if during else "the localrun server is stopping"
+        super().__init__(failure or f"{stopped}: run again to start a new one")
         self.failure = failure
 
 
