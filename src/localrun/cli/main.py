@@ -677,11 +677,12 @@ def _load(model: str, options: dict):
 def _load_spec(options: dict, parallel: int = 1, kind: str = "batch"):
     """The load-time options the flags give (options.shared_options and the decoding flags), in the one shape
     that loads a model (runtime.options.LoadSpec)."""
+    from dataclasses import fields
+
     from ..runtime.options import LoadSpec
 
-    given = {name: options[name] for name in ("ctx", "gpu_layers", "flash_attn", "kv_type", "threads", "batch", "rpc",
-                                              "tensor_split", "draft", "draft_max", "beams", "length_penalty") if name in options}
-    return LoadSpec(parallel=parallel, kind=kind, **given)
+    given = {f.name: options[f.name] for f in fields(LoadSpec) if f.name in options}  # the flags this command has
+    return LoadSpec(**{**given, "parallel": parallel, "kind": kind})
 
 
 def _served_spec(options: dict, parallel: int):

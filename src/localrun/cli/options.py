@@ -19,13 +19,11 @@ _M = "Model and hardware"
 def _context_size(value: Optional[int]) -> Optional[int]:
     """--ctx checked as it is read, before anything loads or the background server is asked (a 0 there
     reloaded the model the server held, then failed; 10 passed there as 4 slots' 40). The floor is the
-    engine's (engine.model.LoadOptions), for one slot."""
-    from ..runtime.options import MIN_CONTEXT
+    engine's (engine.options.check_context), for one slot; the error table names it --ctx."""
+    if value is not None:
+        from ..runtime.options import check_context
 
-    if value is not None and value < MIN_CONTEXT:
-        from ..errors import UsageError
-
-        raise UsageError(f"invalid --ctx {value}: the context must hold at least {MIN_CONTEXT} tokens")
+        check_context(value)
     return value
 
 

@@ -148,7 +148,7 @@ class Settings:
 
         from .options import LoadSpec
 
-        spec = LoadSpec(ctx=n_ctx, gpu_layers=self.gpu_layers, flash_attn={"auto": None, "on": True, "off": False}[self.flash_attn],
+        spec = LoadSpec(gpu_layers=self.gpu_layers, flash_attn={"auto": None, "on": True, "off": False}[self.flash_attn],
                         kv_type=self.kv_type, threads=self.threads, batch=self.batch, rpc=self.rpc, tensor_split=self.tensor_split)
         decoding = self.decoding()
         options = spec.engine_options(n_ctx, decoding)

@@ -29,7 +29,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     info = read_info(local.path)
     n_ctx = context_for(ctx, defaults_for(local.ref), local.path, 1, kv_type)
 
-    LoadSpec(ctx=n_ctx, kv_type=kv_type).engine_options(n_ctx)  # run's checks and messages: --ctx 0 was taken as the default
+    LoadSpec(kv_type=kv_type).engine_options(n_ctx)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = footprint(info, n_ctx, kv_type, repack=repacks_here(rpc))
     out: dict[str, Any] = {
         "name": local.ref,
@@ -71,7 +71,7 @@ def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
     from .options import LoadSpec
 
     with captured_llama_log() as lines:  # as `run` loads it
-        engine = Engine(path, LoadSpec(ctx=n_ctx, kv_type=kv_type, kind="run").engine_options(n_ctx))
+        engine = Engine(path, LoadSpec(kv_type=kv_type, kind="run").engine_options(n_ctx))
         engine.close()
     sizes = {"model": 0.0, "repacked": 0.0, "KV": 0.0, "compute": 0.0, "output": 0.0}
     for line in "".join(lines).splitlines():

@@ -79,7 +79,6 @@ class Answer:
         self.failure_status: Optional[int] = None  # an answer that failed for the request's own fault: 400
         self.gone = threading.Event()
         self._out = ToLoop()
-        self._queue, self._loop = self._out.queue, self._out.loop
 
     @property
     def prompt_tokens(self) -> int:
@@ -88,7 +87,7 @@ class Answer:
     async def start(self) -> None:
         """Start the request and wait until it is taken (its prompt fits, it has a slot or waits for one);
         raise what refused it (LocalrunError), the reference given back."""
-        admitted = self._loop.create_future()
+        admitted = self._out.loop.create_future()
 
         def settle(outcome) -> None:
             if not admitted.done():
@@ -96,7 +95,7 @@ class Answer:
 
         def on_admitted(prompt) -> None:
             self.prompt = prompt
-            self._loop.call_soon_threadsafe(settle, None)
+            self._out.loop.call_soon_threadsafe(settle, None)
 
         put = self._out.put
 
@@ -112,7 +111,7 @@ class Answer:
                     put(response)
             except BaseException as exc:  # noqa: BLE001 - refused before it was taken, or failed on the way
                 if self.prompt is None:
-                    self._loop.call_soon_threadsafe(settle, exc)
+                    self._out.loop.call_soon_threadsafe(settle, exc)
                 else:
                     if not isinstance(exc, LocalrunError):
                         traceback.print_exc()
@@ -123,7 +122,7 @@ class Answer:
                     self.on_end(final)
                 finally:
                     with contextlib.suppress(RuntimeError):  # (a loop already closed: nobody waits)
-                        self._loop.call_soon_threadsafe(settle, LocalrunError("the request ended before it was taken"))
+                        self._out.loop.call_soon_threadsafe(settle, LocalrunError("the request ended before it was taken"))
 
         thread = threading.Thread(target=_tracked(work), name="localrun-answer", daemon=True)
         with _live_lock:
@@ -140,10 +139,10 @@ class Answer:
     async def next_piece(self) -> tuple[Response, str, str, list]:
         """The next response and whatever already waits behind it, as one: (the last response, the text, the
         thinking, the tokens' logprobs). One write per step instead of one per token."""
-        response: Response = await self._queue.get()
+        response: Response = await self._out.queue.get()
         text, thought, entries = response.text, response.thinking, list(response.logprobs or [])
-        while not response.done and not self._queue.empty():
-            more = self._queue.get_nowait()
+        while not response.done and not self._out.queue.empty():
+            more = self._out.queue.get_nowait()
             text += more.text
             thought += more.thinking
             entries += more.logprobs or []
