@@ -16,11 +16,15 @@ $(VENV)/.llama-$(strip $(BACKEND)): $(PY) pyproject.toml scripts/build_llama_cpp
 	bash scripts/build_llama_cpp.sh $(strip $(BACKEND)) $(VENV)
 	touch $@
 
+# compileall: an editable install leaves our own modules uncompiled, and where PYTHONDONTWRITEBYTECODE is set
+# (as on CI) every command would compile them again on start (a tenth of a second each time).
 install: $(VENV)/.llama-$(strip $(BACKEND))
 	$(PY) -m pip install --quiet -e .
+	$(PY) -m compileall -q src
 
 install-test: $(VENV)/.llama-$(strip $(BACKEND)) $(VENV)/.llama-tools
 	$(PY) -m pip install --quiet -e '.[test,plot]'
+	$(PY) -m compileall -q src
 
 # llama.cpp's own llama-bench, llama-perplexity and llama-batched-bench (the references the tests compare
 # against), built once from the same vendored source and flags and cached in ~/.cache/localrun.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 from pathlib import Path
@@ -286,6 +287,33 @@ def test_truncated_in_header(tmp_path: Path, smollm2: Path) -> None:
     with open(smollm2, "rb") as f:
         path.write_bytes(f.read(100))
     assert_refused(path, "truncated")
+
+
+def test_truncated_inside_the_vocabulary(tmp_path: Path, smollm2: Path) -> None:
+    """A cut inside the 49,152-token list, which is stepped over string by string, not kept."""
+    with open(smollm2, "rb") as f:
+        head = f.read(600_000)
+    assert b"<|im_start|>" in head[:300_000]  # the vocabulary runs on past the cut
+    path = tmp_path / "vocab.gguf"
+    path.write_bytes(head)
+    assert_refused(path, "truncated")
+
+
+def test_a_file_read_before_is_not_parsed_again_until_it_changes(tmp_path: Path, smollm2: Path) -> None:
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(smollm2, path)
+    assert read_info(path) is not read_info(path)  # just written: its time could stay the same through a change
+    old = path.stat().st_mtime - 60
+    os.utime(path, (old, old))
+    first = read_info(path)
+    assert read_info(path) is first and read_info(str(path)) is first
+    with open(path, "r+b") as f:  # the same file, cut, and given its old time back
+        f.truncate(path.stat().st_size - 1)
+    os.utime(path, (old, old))
+    assert_refused(path, "truncated")
+    shutil.copyfile(smollm2, path)
+    os.utime(path, (old, old))
+    assert read_info(path) == first
 
 
 def test_unknown_architecture(tmp_path: Path) -> None:

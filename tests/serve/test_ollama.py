@@ -147,25 +147,31 @@ def test_pull_and_delete(served, hub_stub, smollm2):
     assert "No-Such" in unknown.value.error
 
 
-@pytest.mark.parametrize("call, status, fragment", [
+BAD_CALLS = [
     (lambda c: c.chat(model="no-such-model", messages=[{"role": "user", "content": "x"}]), 404, 'model "no-such-model" not found'),
     (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"temperature": -1}), 400, "invalid 'options.temperature'"),
     (lambda c: c.chat(model=REF, messages=[{"role": "user", "content": "x"}], options={"num_predict": "many"}), 400, "options.num_predict"),
     (lambda c: c.generate(model=REF, prompt="x", images=[b"\x89PNG"]), 400, "images"),
     (lambda c: c.generate(model=REF, prompt="x", suffix="y"), 400, "suffix"),
     (lambda c: c.show("no-such-model"), 404, "not found"),
-])
-def test_bad_requests_get_ollamas_error_shape_and_the_server_goes_on(served, call, status, fragment):
+]
+
+
+def test_bad_requests_get_ollamas_error_shape_and_the_server_goes_on(served):
+    """Each through the ollama client (its ResponseError: the status and Ollama's words), then raw bodies no
+    client would send; one server for all of them, answering after each."""
     c = ollama.Client(host=served.url)
-    with pytest.raises(ollama.ResponseError) as failed:
-        call(c)
-    assert failed.value.status_code == status and fragment in failed.value.error, failed.value.error
+    for call, status, fragment in BAD_CALLS:
+        with pytest.raises(ollama.ResponseError) as failed:
+            call(c)
+        assert failed.value.status_code == status and fragment in failed.value.error, (fragment, failed.value.error)
+        assert c.chat(model=REF, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done  # still serving
     for body in (b"{not json", b'{"model": "%s", "messages": [], "format": "yaml"}' % REF.encode(), b'{"model": "%s", "prompt": 3}' % REF.encode(),
                  b'{"model": "%s", "prompt": "x", "stream": "yes"}' % REF.encode(), b'{"model": 12, "prompt": "x"}',
                  b'{"model": "%s", "messages": [], "format": %s}' % (REF.encode(), b"[" * 5000 + b"]" * 5000)):
         raw = httpx.post(served.url + ("/api/generate" if b"prompt" in body else "/api/chat"), content=body)
         assert raw.status_code == 400 and set(raw.json()) == {"error"}, raw.text
-    assert c.chat(model=REF, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done  # still serving
+    assert c.chat(model=REF, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done
 
 
 def test_langchain_ollama_chat_and_stream(served, cli):

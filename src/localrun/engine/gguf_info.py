@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,11 +227,25 @@ class _Cursor:
         if etype == GGUFValueType.STRING:
             if count <= 256:
                 return tuple(self.string() for _ in range(count))
-            for _ in range(count):
-                self.skip_string()
+            self.pos = _skip_strings(self.buf, self.pos, count, self.order)
+            if self.pos > self.size:
+                raise _Truncated
             return ArraySummary(etype.name, count)
         items = [self.array() for _ in range(count)]  # arrays of arrays
         return tuple(items) if count <= 256 else ArraySummary(etype.name, count)
+
+
+def _skip_strings(buf: Any, pos: int, count: int, order: str) -> int:
+    """Where `count` length-prefixed strings from `pos` end: the loop over a vocabulary (hundreds of thousands
+    of tokens and merges) kept to one unpack per string, as _Cursor.skip_string would take seconds' worth of
+    calls. A length running past the end makes the next unpack fail (_Truncated); the caller checks the last."""
+    length = struct.Struct(order + "Q").unpack_from
+    try:
+        for _ in range(count):
+            pos += 8 + length(buf, pos)[0]
+    except struct.error as exc:
+        raise _Truncated from exc
+    return pos
 
 
 def _value_type(raw: int) -> GGUFValueType:
@@ -365,8 +380,37 @@ def read_info(path: Path | str) -> GGUFInfo:
 
     Raises InvalidModelFile with a one-line message naming the path for anything llama.cpp would
     choke on: not GGUF, truncated, corrupt header, unknown architecture, not a model, missing shard.
+    A file read before is not parsed again while it and its shards are unchanged (their inode, size and
+    modification time the same): one load asks for the summary more than once (the default context, then
+    the engine), and a server for every request that names the model.
     """
     path = Path(path)
+    state = _file_state(path)
+    known = _READ.get(path)
+    if state is not None and known is not None and known[0] == state and all(
+            _file_state(shard) == seen for shard, seen in known[1]):
+        return known[2]
+    info = _read_info(path)
+    if state is not None and state[3] < time.time_ns() - 2_000_000_000:  # as git's index: a file written in the
+        # last moments could change again within the clock's tick and keep its time, so it is read again
+        if len(_READ) >= 32:
+            _READ.clear()
+        _READ[path] = (state, [(shard, _file_state(shard)) for shard in info.shards[1:]], info)
+    return info
+
+
+_READ: dict[Path, tuple] = {}  # read_info's summaries: path -> (its state, its shards' states, the summary)
+
+
+def _file_state(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read_info(path: Path) -> GGUFInfo:
     header = _read_header(path)
     meta = header.metadata
     shards = _shard_paths(path, header)
