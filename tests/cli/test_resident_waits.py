@@ -46,7 +46,7 @@ def test_a_server_silent_past_any_timeout_is_waited_for(resident, smollm2):
     server = resident()
 
     # Silent before the first token (a long prompt on a slow CPU): one line says what is awaited, then the answer.
-    long_prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 150
+    long_prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 30  # seconds of evaluation
     first = _client(["run", str(smollm2), "--threads", "1", "-t", "0", "-n", "8", "--no-cache", long_prompt])
     wait_until(lambda: _busy_slots() == 1, what="the request to reach the server")
     os.kill(server, signal.SIGSTOP)
@@ -80,7 +80,7 @@ def test_a_gone_server_is_still_reported_at_once(resident, smollm2):
     """No timeout on the answer: a server killed while the client waits for the first token ends the wait."""
     assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
     server = resident()
-    long_prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 150
+    long_prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 30  # seconds of evaluation
     proc = _client(["run", str(smollm2), "--threads", "1", "-t", "0", "-n", "8", "--no-cache", long_prompt])
     wait_until(lambda: _busy_slots() == 1, what="the request to reach the server")
     os.kill(server, signal.SIGSTOP)  # before its first token, whatever the machine's speed

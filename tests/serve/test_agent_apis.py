@@ -155,11 +155,13 @@ def test_a_long_prompt_is_not_silent(model, tmp_path_factory, monkeypatch):
     silence): an SSE comment on /v1/chat/completions and /v1/responses, Anthropic's ping event."""
     monkeypatch.setenv("LOCALRUN_PING_S", "0.05")
     with start_server(model, tmp_path_factory.mktemp("ping-home"), "--ctx", "2048") as srv:
-        long = "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 150
+        def long(n: int) -> str:  # about 2 s of evaluation each (some 20 pings), none a prefix of another
+            return f"Summarise text {n}. " + "The quick brown fox jumps over the lazy dog. " * 25
+
         for path, body, alive in [
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}], "max_tokens": 2}, ": keep-alive"),
-            ("/v1/messages", {"messages": [{"role": "user", "content": long + " 2"}], "max_tokens": 2}, "event: ping"),
-            ("/v1/responses", {"input": long + " 3", "max_output_tokens": 2}, ": keep-alive"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": long(1)}], "max_tokens": 2}, ": keep-alive"),
+            ("/v1/messages", {"messages": [{"role": "user", "content": long(2)}], "max_tokens": 2}, "event: ping"),
+            ("/v1/responses", {"input": long(3), "max_output_tokens": 2}, ": keep-alive"),
         ]:
             with httpx.stream("POST", srv.url + path, json={"model": model.name, "stream": True, **body}, timeout=120) as r:
                 text = "".join(r.iter_text())
