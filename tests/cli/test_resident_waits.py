@@ -21,7 +21,7 @@ from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 pytestmark = pytest.mark.slow
 
 # The socket client used to give every read of the answer 30 s: a silence past that was taken for a dead server.
-PAST_THE_OLD_TIMEOUT_S = 35
+PAST_THE_OLD_TIMEOUT_S = 32
 
 
 def _client(args: list[str]) -> subprocess.Popen:

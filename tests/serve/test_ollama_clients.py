@@ -204,7 +204,8 @@ def test_a_conversation_over_the_context_keeps_its_newest_messages_on_api_chat(s
     wait_until(lambda: "oldest" in log(served) and "messages were left out" in log(served), what="the notice")
     # what was kept: the system prompt and the newest messages, from a user's turn on (prompt_eval_count says so)
     # (a shorter conversation counts fewer tokens; a longer one is cut to the same)
-    start = max(k for k in range(1, len(conversation)) if _count(c, name, [conversation[0], *conversation[k:]]) == used)
+    # (the largest such start, found from the shortest conversation up: each one asked is short)
+    start = next(k for k in range(len(conversation) - 1, 0, -1) if _count(c, name, [conversation[0], *conversation[k:]]) == used)
     assert start > 1 and conversation[start]["role"] == "user"
     # the newest message alone over the context: a 400 naming both numbers and the option that gives more room
     alone = c.post("/api/chat", json={"model": name, "messages": [{"role": "user", "content": story * 4}], "stream": False})
