@@ -120,6 +120,7 @@ def test_a_request_takes_a_free_slot_beside_the_busy_ones(smollm2):
         slots[2].leased = True  # now slot 3 is beside a busy slot, slot 0 holds the prompt's prefix
         with scheduler.hold(prompt) as seat:
             assert seat.slot.seq_id == 0  # a useful prefix outweighs the neighbour
+        slots[2].leased = False  # (left leased, the stop waited SETTLE_S for that made-up request to give it back)
     finally:
         scheduler.stop()
         loaded.close()
