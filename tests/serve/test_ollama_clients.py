@@ -6,7 +6,6 @@ conversation over the context keeps its newest messages on /api/chat and is a 40
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime
 
