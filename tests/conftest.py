@@ -41,7 +41,9 @@ def _a_core_each() -> None:
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (make test): a worker per core this process may use, at most 4. One more did not help on 2
     cores (the suite is CPU-bound: 14 min 39 s with 3 workers, 14 min 30 s with 2; the longest prefills took
-    twice as long on a shared core)."""
+    twice as long on a shared core). Nor did 3 workers left unpinned with one llama.cpp thread each, so that
+    one worker's waits would be another's time: 12 min 12 s against 11 min 57 s pinned (more CPU for the
+    same work: decodes running side by side share the memory bandwidth)."""
     return max(1, min(len(os.sched_getaffinity(0)), 4)) if hasattr(os, "sched_getaffinity") else 2
 
 
@@ -129,9 +131,9 @@ def _fetch(target: Path, packages: list[str], members: list[str], sha: str) -> N
 # The files that take a minute or more: given out first. pytest-xdist hands a worker the next file when it
 # is done with its last, in collection order (make test turns off its default order, most tests first, which
 # left the one-test files that run longest for the end, one worker busy and the other idle).
-LONGEST = ("test_open_webui_replay.py", "test_default_context.py", "test_real_model.py", "test_resident_run.py",
-           "test_chat.py", "test_resident_waits.py", "test_run.py", "test_bench.py", "test_quantize.py", "test_run_sessions.py",
-           "test_ollama.py", "test_serve.py", "test_launch.py")
+LONGEST = ("test_real_model.py", "test_resident_run.py", "test_chat.py", "test_open_webui_replay.py", "test_resident_waits.py",
+           "test_quantize.py", "test_bench.py", "test_run.py", "test_serve.py", "test_run_sessions.py", "test_ollama.py",
+           "test_run_image.py")
 
 
 def pytest_collection_modifyitems(config, items):
