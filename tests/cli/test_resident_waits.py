@@ -42,36 +42,33 @@ def _loaded() -> list[str]:
 
 
 def test_a_server_silent_past_any_timeout_is_waited_for(resident, smollm2):
+    """Two clients of one server stopped for longer than the old 30 s: one in the middle of its answer, one
+    still waiting for its first token (a long prompt on a slow CPU), which says in one line what it awaits."""
     assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0  # started and loaded
     server = resident()
 
-    # Silent before the first token (a long prompt on a slow CPU): one line says what is awaited, then the answer.
+    streaming = _client(["run", str(smollm2), "--raw", "--threads", "1", "-t", "0", "-n", "400", "--min-tokens", "400",
+                         "--no-cache", "Once upon a time"])
+    streaming.stdout.read(20)  # it is streaming
     long_prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 30  # seconds of evaluation
-    first = _client(["run", str(smollm2), "--threads", "1", "-t", "0", "-n", "8", "--no-cache", long_prompt])
-    wait_until(lambda: _busy_slots() == 1, what="the request to reach the server")
+    waiting = _client(["run", str(smollm2), "--threads", "1", "-t", "0", "-n", "8", "--no-cache", long_prompt])
+    wait_until(lambda: _busy_slots() == 2, what="the second request to reach the server")
     os.kill(server, signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
         said: list[str] = []
-        reader = threading.Thread(target=lambda: said.append(first.stderr.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: said.append(waiting.stderr.readline()), daemon=True)
         reader.start()
         reader.join(timeout=60)
+        time.sleep(max(0.0, PAST_THE_OLD_TIMEOUT_S - (time.monotonic() - stopped)))
     finally:
         os.kill(server, signal.SIGCONT)
     assert said and "waiting for " in said[0] and "Ctrl-C stops" in said[0], said
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 0 and out.strip(), err
-
-    # Silent in the middle of the answer for longer than the old 30 s: still the whole answer, exit 0.
-    second = _client(["run", str(smollm2), "--raw", "--threads", "1", "-t", "0", "-n", "400", "--min-tokens", "400",
-                      "--ctx", "1024", "--no-cache", "Once upon a time"])
-    second.stdout.read(20)  # it is streaming
-    os.kill(server, signal.SIGSTOP)
-    try:
-        time.sleep(PAST_THE_OLD_TIMEOUT_S)
-    finally:
-        os.kill(server, signal.SIGCONT)
-    out, err = second.communicate(timeout=300)
-    assert second.returncode == 0, err
+    out, err = waiting.communicate(timeout=300)
+    assert waiting.returncode == 0 and out.strip(), err
+    # Silent in the middle of the answer: still the whole answer, exit 0.
+    out, err = streaming.communicate(timeout=300)
+    assert streaming.returncode == 0 and len(out) > 400, err
     assert "stopped in the middle" not in err and "Traceback" not in err
     assert json.loads(run_cli("ps", "--json").stdout)[0]["slots_busy"] == 0
 
