@@ -5,7 +5,6 @@ under 4096 (#32: a 4,096-token default refused Open WebUI's first message, 6,623
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -35,34 +34,23 @@ def test_halved_to_fit_a_quarter_of_free_memory_never_under_the_fallback(smollm2
     assert default_context(info, 1, "q8_0", available=4 * q8 - 4) == 4096
 
 
-@pytest.fixture(scope="module")
-def tiny_tools_model(smollm2, tmp_path_factory) -> Path:
-    """Two layers of random weights with SmolLM2's tokenizer, its trained 8192 tokens and Qwen 2.5's tool
-    template (tests/tinymodel.py): the prompt below counts what it counts for SmolLM2 with that template,
-    evaluated in seconds instead of SmolLM2's minute and a half on one core; the answer is not read."""
-    from tinymodel import write_tiny_model
-
-    template = (Path(__file__).resolve().parents[1] / "data" / "hermes_tools.jinja").read_text()
-    return write_tiny_model(smollm2, tmp_path_factory.mktemp("tiny") / "tiny-tools.gguf", template)
-
-
 @pytest.mark.slow
 def test_open_webuis_first_message_with_its_36_tools_is_answered(tiny_tools_model, cli, tmp_path):
     """The recorded first message of an Open WebUI chat, with the 36 tools it attaches, to a server started
     with no --ctx: a model whose template renders tools makes it a prompt of over 4,096 tokens, answered
-    (it was a 400 at the old default). `show` and /api/ps say the context chosen."""
-    tools_model = tiny_tools_model
+    (it was a 400 at the old default). `show` and /api/ps say the context chosen. The model is the tiny one
+    with SmolLM2's tokenizer (conftest.tiny_tools_model): the prompt's tokens are what is tested, not the answer."""
     import httpx
 
     from conftest import OPEN_WEBUI_RECORDINGS, start_server
 
-    shown = json.loads(cli("show", str(tools_model), "--json").stdout)
+    shown = json.loads(cli("show", str(tiny_tools_model), "--json").stdout)
     assert shown["memory_estimate"]["n_ctx"] == 8192, shown
     recorded = OPEN_WEBUI_RECORDINGS / "ollama-api.jsonl"
     call = json.loads(recorded.read_text().splitlines()[8])
     assert call["path"] == "/api/chat" and len(call["body"]["tools"]) == 36
-    body = {**call["body"], "model": tools_model.name, "stream": False, "options": {"num_predict": 8}}
-    with start_server(tools_model, tmp_path / "home", "--parallel", "1", threads=2) as srv:  # the client only waits
+    body = {**call["body"], "model": tiny_tools_model.name, "stream": False, "options": {"num_predict": 8}}
+    with start_server(tiny_tools_model, tmp_path / "home", "--parallel", "1", threads=2) as srv:  # the client only waits
         r = httpx.post(srv.url + "/api/chat", json=body, timeout=600)
         assert r.status_code == 200, r.text
         assert r.json()["prompt_eval_count"] > 4096
