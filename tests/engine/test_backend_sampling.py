@@ -76,8 +76,8 @@ def test_the_top_k_runs_in_the_graph_stays_between_generations_and_yields_to_raw
         return seen
 
     assert candidates_while_generating(seed=1) == {PREFILTER_K}
-    chain = engine._prefilter
-    assert candidates_while_generating(temperature=0.0) == {PREFILTER_K} and engine._prefilter is chain
+    chain = engine._prefilters[0]
+    assert candidates_while_generating(temperature=0.0) == {PREFILTER_K} and engine._prefilters[0] is chain
     assert candidates_while_generating(seed=1, top_k=300) == {300}
     assert candidates_while_generating(seed=1, top_k=0) == {0}  # the whole vocabulary: raw logits
     assert ll.llama_get_logits_ith(engine.ctx, -1)
@@ -105,7 +105,7 @@ def test_a_device_that_cannot_run_the_top_k_falls_back_to_the_cpu_chain(smollm2,
     try:
         monkeypatch.setattr(llama_cpp_module(), "llama_get_sampled_candidates_ith", lambda ctx, i: None)
         assert _tokens(engine, {"seed": 2}) == _tokens(cpu, {"seed": 2})
-        assert engine.backend_sampling is False and engine._prefilter is None
+        assert engine.backend_sampling is False and not engine._prefilters
         assert _tokens(engine, {"temperature": 0.0}) == _tokens(cpu, {"temperature": 0.0})
     finally:
         engine.close()
@@ -138,3 +138,59 @@ def test_gemma_large_vocabulary_same_tokens(gemma):
     finally:
         for e in pair:
             e.close()
+
+
+def _slots_tokens(smollm2, backend: bool, requests: list[dict]) -> tuple[list[list[int]], list[bool]]:
+    """The server's scheduler with one slot per request, all submitted at once (they decode in one batch):
+    each request's tokens, and whether its slot carried a backend top-k when it was assigned."""
+    import queue
+
+    from localrun.engine import Engine, LoadOptions
+    from localrun.engine.sampling import merge_options
+    from localrun.runtime.scheduler import Job, Scheduler
+
+    n = len(requests)
+    engine = Engine(smollm2, LoadOptions(n_ctx=256 * n, n_threads=1, n_seq_max=n, n_outputs=n, backend_sampling=backend))
+    scheduler = Scheduler(engine, parallel=n, slot_ctx=256, max_waiting=n, prefill_chunk=64,
+                          deliver=lambda pairs: [job.sink.put_nowait(r) for job, r in pairs])
+    try:
+        jobs = []
+        for i, options in enumerate(requests):
+            options = dict(options)
+            logprobs = options.pop("logprobs", None)
+            job = Job.create(engine, engine.tokenize(f"{PROMPT} Chapter {i}:"), merge_options(options), max_tokens=24,
+                             n_ctx=256, top_logprobs=logprobs)
+            job.sink = queue.Queue()
+            jobs.append(job)
+        scheduler.start()
+        prefiltered = []
+        for job in jobs:
+            assert scheduler.submit(job)
+        out = []
+        for job in jobs:
+            tokens = []
+            while True:
+                response = job.sink.get(timeout=60)
+                tokens += response.tokens
+                if response.done:
+                    break
+            out.append(tokens)
+            prefiltered.append(job.task.prefiltered)
+        return out, prefiltered
+    finally:
+        scheduler.stop()
+        engine.close()
+
+
+def test_each_server_slot_samples_from_its_own_top_k(smollm2):
+    """The server's slots (one KV stream and one sampler chain each, decoded in one batch): every slot
+    carries a backend top-k from the start, a request whose chain needs the whole vocabulary (penalties)
+    or logprobs takes it off its own slot only, and every request gets the tokens it gets from raw logits."""
+    requests = [{"seed": 7}, {"temperature": 0.0}, {"seed": 5, "repeat_penalty": 1.3}, {"seed": 9, "logprobs": 2},
+                {"seed": 3, "top_k": 5, "temperature": 1.5}]
+    plain, raw = _slots_tokens(smollm2, False, requests)
+    backend, prefiltered = _slots_tokens(smollm2, True, requests)
+    assert raw == [False] * len(requests)
+    assert prefiltered == [True, True, False, False, True]
+    assert backend == plain
+    assert all(len(tokens) == 24 for tokens in plain) and len({tuple(t) for t in plain}) == len(plain)

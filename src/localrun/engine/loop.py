@@ -169,7 +169,7 @@ class Plain(Prefill):
                 self.engine.kv.truncate(self.seq_id, len(self.engine.kv.tokens[self.seq_id]) - 1)
                 self.n_done -= 1
                 return []
-        token = self.sampler.sample(self.engine.ctx, len(self.seq.generated), self.row)
+        token = self.sampler.sample(self.engine.ctx, len(self.seq.generated), self.row, self.prefiltered)
         logprob = None if self.seq.top_logprobs is None else token_logprob(self.engine.logits(self.row), token, self.seq.top_logprobs)
         response = self.seq.push(token)
         if logprob is not None and response.tokens:

@@ -213,7 +213,7 @@ class Engine:
         mparams.n_gpu_layers = self.gpu_layers = int(gpu_layers)  # -1: all
         self.backend_sampling = self._resolve_backend_sampling(ll, options) and not options.embeddings
         self.pooling = pooling_for(self.info, options.pooling) if options.embeddings else None
-        self._prefilter, self._prefilter_k = None, 0  # the top-k chain attached to sequence 0, and its k
+        self._prefilters: dict[int, tuple[object, int]] = {}  # sequence id -> the top-k chain attached to it, its k
         self._rows: dict[int, object] = {}  # logits()' one-row numpy views, by address
         self.ctx = None
         self._batch: Optional[Batch] = None
@@ -273,12 +273,16 @@ class Engine:
         else:
             cparams.flash_attn_type = 1 if options.flash_attn else 0
         if self.backend_sampling:
-            # Attached from the start, so that llama.cpp sizes its graphs for it while loading, not
-            # while the first prompt waits (a later attach costs a graph reservation: ~6 ms on an H100).
-            chain = self._prefilter_chain(PREFILTER_K)
-            config = ll.llama_sampler_seq_config(0, ctypes.cast(chain, ctypes.c_void_p))
-            cparams.samplers, cparams.n_samplers = ctypes.pointer(config), 1
-            self._prefilter, self._prefilter_k = chain, PREFILTER_K
+            # Attached to every sequence (each of the server's slots) from the start, so that llama.cpp
+            # sizes its graphs for them while loading, not while the first prompt waits (a later attach
+            # costs a graph reservation: ~6 ms on an H100).
+            n = options.n_seq_max
+            configs = (ll.llama_sampler_seq_config * n)()
+            for seq in range(n):
+                chain = self._prefilter_chain(PREFILTER_K)
+                configs[seq].seq_id, configs[seq].sampler = seq, ctypes.cast(chain, ctypes.c_void_p)
+                self._prefilters[seq] = (chain, PREFILTER_K)
+            cparams.samplers, cparams.n_samplers = configs, n
         self.ctx = ll.llama_init_from_model(self.model, cparams)
 
     # -- the one decode call ---------------------------------------------------------------
@@ -323,10 +327,10 @@ class Engine:
             view = self._rows[address] = np.frombuffer((ctypes.c_float * self.n_vocab).from_address(address), dtype=np.float32)
         return view
 
-    @property
-    def raw_logits(self) -> bool:
-        """Whether batch rows hold the whole vocabulary's logits: no backend top-k is attached to the context."""
-        return self._prefilter is None
+    def raw_logits(self, seq_id: int = 0) -> bool:
+        """Whether the batch rows of sequence `seq_id` hold the whole vocabulary's logits: no backend top-k
+        is attached to it."""
+        return seq_id not in self._prefilters
 
     def synchronize(self) -> None:
         llama_cpp_module().llama_synchronize(self.ctx)  # a GPU backend may still be running when decode returns
@@ -399,8 +403,8 @@ class Engine:
     # -- backend sampling -----------------------------------------------------------------
 
     def _resolve_backend_sampling(self, ll, options: LoadOptions) -> bool:
-        if options.n_seq_max > 1:
-            return False  # the server and beam search sample many sequences from raw logits
+        if options.kv_unified:
+            return False  # beam search's context: it reads every beam's raw logits
         if options.backend_sampling is not None:
             return options.backend_sampling
         env = os.environ.get("LOCALRUN_BACKEND_SAMPLING", "auto").lower()
@@ -420,46 +424,52 @@ class Engine:
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
         return chain
 
-    def prefilter_for(self, k: Optional[int]) -> bool:
-        """Make sequence 0 carry an exact top-k of at least k in llama.cpp's graph (backend sampling), or
-        none (k None: the chain needs raw logits). With it, llama_sampler_sample gives the C chain those
-        candidates, and the logits are never copied off the device. It stays attached between
-        generations; any top-k at least as wide as the chain's own first cut picks the same tokens."""
-        if k is not None and self._prefilter is not None and k <= self._prefilter_k:
+    def prefilter_for(self, k: Optional[int], seq_id: int = 0) -> bool:
+        """Make sequence `seq_id` (a server slot, or the one sequence of a run) carry an exact top-k of at
+        least k in llama.cpp's graph (backend sampling), or none (k None: the chain needs raw logits). With
+        it, llama_sampler_sample gives the C chain those candidates, and the logits of that sequence's rows
+        are never copied off the device. It stays attached between generations; any top-k at least as wide
+        as the chain's own first cut picks the same tokens."""
+        held = self._prefilters.get(seq_id)
+        if k is not None and held is not None and k <= held[1]:
             return True
-        self.use_raw_logits()
+        self.use_raw_logits(seq_id)
         if k is None or not self.backend_sampling:
             return False
         ll = llama_cpp_module()
         k = max(k, PREFILTER_K)
         chain = self._prefilter_chain(k)
-        with deferred_interrupt():  # llama.cpp logs here: a Ctrl-C is raised once self._prefilter is set
-            if ll.llama_set_sampler(self.ctx, 0, chain):
-                self._prefilter, self._prefilter_k = chain, k
+        with deferred_interrupt():  # llama.cpp logs here: a Ctrl-C is raised once the chain is recorded
+            if ll.llama_set_sampler(self.ctx, seq_id, chain):
+                self._prefilters[seq_id] = (chain, k)
             else:
                 ll.llama_sampler_free(chain)
-        return self._prefilter is not None
+        return seq_id in self._prefilters
 
     def prefilter_failed(self, row: int) -> bool:
         """Whether the device left no top-k candidates for `row` (it could not run the prefilter): then
-        backend sampling goes off for good, and the caller evaluates the row's token again."""
+        backend sampling goes off for good, on every sequence, and the caller evaluates the row's token
+        again."""
         if llama_cpp_module().llama_get_sampled_candidates_ith(self.ctx, row):
             return False
         self.use_raw_logits()
         self.backend_sampling = False  # for good: the next generation would only fall back again
         return True
 
-    def use_raw_logits(self) -> None:
-        """For whatever reads the logits itself (the server's slots, speculative decoding, beam search,
-        perplexity): no prefilter on sequence 0 from here on, until a plain generation attaches one again."""
-        chain, self._prefilter = self._prefilter, None
-        if chain is None:
+    def use_raw_logits(self, seq_id: Optional[int] = None) -> None:
+        """For whatever reads the logits itself (speculative decoding, beam search, perplexity, a request
+        for logprobs): no prefilter on sequence `seq_id` (None: on any) from here on, until a plain
+        generation attaches one again."""
+        seqs = list(self._prefilters) if seq_id is None else [seq_id] if seq_id in self._prefilters else []
+        if not seqs:
             return
         ll = llama_cpp_module()
         with deferred_interrupt():
-            if self.ctx:
-                ll.llama_set_sampler(self.ctx, 0, None)
-            ll.llama_sampler_free(chain)
+            for seq in seqs:
+                chain, _ = self._prefilters.pop(seq)
+                if self.ctx:
+                    ll.llama_set_sampler(self.ctx, seq, None)
+                ll.llama_sampler_free(chain)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -516,7 +526,7 @@ class Engine:
             return
         ll = llama_cpp_module()
         with deferred_interrupt():  # llama.cpp logs while it frees: see deferred_interrupt()
-            if getattr(self, "_prefilter", None) is not None:
+            if getattr(self, "_prefilters", None):
                 self.use_raw_logits()
             if getattr(self, "vision", None) is not None:
                 self.vision.close()  # before the model it was loaded for

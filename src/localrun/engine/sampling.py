@@ -223,10 +223,12 @@ class Sampler:
             for t in tokens[-(last_n if last_n > 0 else len(tokens)) :]:
                 self._ll.llama_sampler_accept(pen, t)
 
-    def sample(self, ctx, n_generated: int, idx: int = -1) -> int:
-        """Pick the next token from the logits of batch position `idx` (-1: the last one)."""
+    def sample(self, ctx, n_generated: int, idx: int = -1, prefiltered: bool = False) -> int:
+        """Pick the next token from the logits of batch position `idx` (-1: the last one). `prefiltered`: its
+        sequence carries the engine's backend top-k (Engine.prefilter_for), so the row holds candidates,
+        not logits."""
         ll = self._ll
-        if self._argmax and self._engine.raw_logits:
+        if self._argmax and not prefiltered:
             return self._greedy(self._engine.logits(idx), n_generated < self.options.min_tokens)
         if self.early is not None and n_generated < self.options.min_tokens:
             tok = ll.llama_sampler_sample(self.early, ctx, idx)

@@ -112,7 +112,6 @@ class Scheduler:
         lookup: int = 0,
     ):
         self.engine = engine
-        engine.use_raw_logits()  # each request's own chain (grammar, penalties) reads its slot's logits
         self.slot_ctx = slot_ctx
         self.max_waiting = max_waiting
         self.deliver = deliver
@@ -375,10 +374,15 @@ class Scheduler:
         slot.job, job.slot = slot, slot
         job.seq.seq_id = slot.seq_id
         if self.lookup and job.seq.top_logprobs is None:  # logprobs: one row per token, plainly
+            self.engine.use_raw_logits(slot.seq_id)  # it reads every drafted position's logits
             job.task = SpeculativeTask(self.engine, job.seq, job.sampler, LookupDrafter(), self.lookup,
                                        chunk=self.prefill_chunk, reused=kept)
         else:
-            job.task = Plain(self.engine, job.seq, job.sampler, chunk=self.prefill_chunk, reused=kept)
+            # The slot's backend top-k where the engine has one (a GPU) and the request's chain can start
+            # from its candidates; raw logits for a chain that needs them all (grammar, penalties) or logprobs.
+            k = job.sampler.prefilter if job.seq.top_logprobs is None else None
+            prefilter = self.engine.prefilter_for(k, slot.seq_id)
+            job.task = Plain(self.engine, job.seq, job.sampler, chunk=self.prefill_chunk, reused=kept, prefilter=prefilter)
         job.task.job = job
 
     def _step(self, out: list) -> None:
