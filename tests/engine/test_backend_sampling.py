@@ -1,7 +1,8 @@
 """Backend sampling: an exact top-k in llama.cpp's graph before the C sampler chain (on by default where
 the output layer runs on a GPU). On the CPU build it is forced on here, so that CI exercises the same
 llama.cpp code path and checks the one promise it makes: the chain picks exactly the tokens it picks
-from the whole vocabulary."""
+from the whole vocabulary. Every model here is on the GPU of a GPU build (gpu_layers auto), where the
+top-k runs in the device's graph."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ CASES = [
 def engines(smollm2):
     from localrun.engine import Engine, LoadOptions
 
-    pair = [Engine(smollm2, LoadOptions(n_ctx=256, n_threads=1, backend_sampling=on)) for on in (False, True)]
+    pair = [Engine(smollm2, LoadOptions(n_ctx=256, n_threads=1, gpu_layers="auto", backend_sampling=on)) for on in (False, True)]
     yield pair
     for e in pair:
         e.close()
@@ -101,7 +102,7 @@ def test_a_device_that_cannot_run_the_top_k_falls_back_to_the_cpu_chain(smollm2,
     from localrun.engine import Engine, LoadOptions, llama_cpp_module
 
     cpu, _ = engines
-    engine = Engine(smollm2, LoadOptions(n_ctx=256, n_threads=1, backend_sampling=True))
+    engine = Engine(smollm2, LoadOptions(n_ctx=256, n_threads=1, gpu_layers="auto", backend_sampling=True))
     try:
         monkeypatch.setattr(llama_cpp_module(), "llama_get_sampled_candidates_ith", lambda ctx, i: None)
         assert _tokens(engine, {"seed": 2}) == _tokens(cpu, {"seed": 2})
@@ -130,7 +131,7 @@ def test_gemma_large_vocabulary_same_tokens(gemma):
     """gemma's 262k-entry vocabulary (where the prefilter saves the most) and sliding-window attention."""
     from localrun.engine import Engine, LoadOptions
 
-    pair = [Engine(gemma, LoadOptions(n_ctx=256, n_threads=min(2, CORES), backend_sampling=on)) for on in (False, True)]
+    pair = [Engine(gemma, LoadOptions(n_ctx=256, n_threads=min(2, CORES), gpu_layers="auto", backend_sampling=on)) for on in (False, True)]
     try:
         for options in ({"seed": 9}, {"temperature": 0.0}, {"seed": 4, "min_tokens": 16}):
             cpu, backend = (_tokens(e, options, n=24) for e in pair)
@@ -150,7 +151,8 @@ def _slots_tokens(smollm2, backend: bool, requests: list[dict]) -> tuple[list[li
     from localrun.runtime.scheduler import Job, Scheduler
 
     n = len(requests)
-    engine = Engine(smollm2, LoadOptions(n_ctx=256 * n, n_threads=1, n_seq_max=n, n_outputs=n, backend_sampling=backend))
+    engine = Engine(smollm2, LoadOptions(n_ctx=256 * n, n_threads=1, n_seq_max=n, n_outputs=n, gpu_layers="auto",
+                                              backend_sampling=backend))
     scheduler = Scheduler(engine, parallel=n, slot_ctx=256, max_waiting=n, prefill_chunk=64,
                           deliver=lambda pairs: [job.sink.put_nowait(r) for job, r in pairs])
     try:
