@@ -18,3 +18,35 @@ def exports(namespace: dict, where: dict[str, str]):
         raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def submodule_first(package: str, submodule: str):
+    """`package`, its `submodule` imported and its public names on the package, without running the package's
+    __init__ first: for a third-party package whose __init__ imports far more than we use (llama_cpp's pulls in
+    its Llama class with numpy, jinja2 and diskcache; gguf's its reader and writer with numpy). The rest of the
+    package is there on first use of a name it lacks: its own __init__ runs then. A package already imported
+    (whole, by a program that embeds localrun) is returned as it is."""
+    import importlib.util
+    import sys
+
+    if package in sys.modules:
+        return sys.modules[package]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        return import_module(package)  # not a regular package: let the import system say what is wrong
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[package] = module
+    try:
+        inner = import_module(f"{package}.{submodule}")
+    except BaseException:
+        del sys.modules[package]
+        raise
+    module.__dict__.update((name, value) for name, value in vars(inner).items() if not name.startswith("_"))
+
+    def the_rest(name: str):
+        del module.__getattr__
+        spec.loader.exec_module(module)  # the package's own __init__
+        return getattr(module, name)
+
+    module.__getattr__ = the_rest
+    return module

@@ -112,18 +112,38 @@ def _special_texts(engine) -> tuple[str, str]:
 
 @lru_cache(maxsize=8)
 def _formatter(template: str, bos: str, eos: str):
-    """The template compiled once (a few ms each time otherwise), in llama-cpp-python's Jinja environment
-    (trim_blocks, lstrip_blocks, loopcontrols, tojson as Transformers writes it, as llama.cpp's own)."""
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    """The template compiled once (a few ms each time otherwise), in the Jinja environment that llama-cpp-python
+    and Transformers render chat templates in: sandboxed, trim_blocks, lstrip_blocks, loopcontrols, the
+    `{% generation %}` tag passed through, tojson as Transformers writes it (not ASCII-escaped), strftime_now."""
+    import json
+    from datetime import datetime
 
-    formatter = Jinja2ChatFormatter(template=template, bos_token=bos, eos_token=eos)
-    environment = formatter._environment
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class IgnoreGenerationTags(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            parser.stream.skip(1)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Optional[int] = None, separators=None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(f: str) -> str:
+        return datetime.now().strftime(f)
+
+    environment = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
+                                                extensions=[IgnoreGenerationTags, jinja2.ext.loopcontrols])
+    environment.filters["tojson"] = tojson
+    compiled = environment.from_string(template)
 
     def render(messages: list, add_generation_prompt: bool, **extra: Any) -> str:
         def raise_exception(message: str):
             raise ValueError(message)
 
-        return environment.render(messages=messages, bos_token=bos, eos_token=eos, raise_exception=raise_exception,
-                                  add_generation_prompt=add_generation_prompt, strftime_now=formatter.strftime_now, **extra)
+        return compiled.render(messages=messages, bos_token=bos, eos_token=eos, raise_exception=raise_exception,
+                               add_generation_prompt=add_generation_prompt, strftime_now=strftime_now, **extra)
 
     return render

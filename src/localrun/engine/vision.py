@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import io
+import importlib
 import re
 import struct
 import threading
@@ -98,7 +99,7 @@ class Projector:
 
     def __init__(self, engine, path: Path | str):
         ll = llama_cpp_module()
-        from llama_cpp import mtmd_cpp
+        mtmd_cpp = importlib.import_module("llama_cpp.mtmd_cpp")  # not `from llama_cpp import`: see lazy.submodule_first
 
         from . import llama as _llama
 
