@@ -313,11 +313,32 @@ def test_llama_cpp_is_loaded_before_numpy(smollm2, how):
                     "try:\n    main()\nexcept SystemExit:\n    pass"}[how]
     code = ("import sys\norder = []\nclass Seen:\n    def find_spec(self, name, path=None, target=None):\n"
             "        order.append(name)\nsys.meta_path.insert(0, Seen())\n"
-            f"{load}\nprint('order', order.index('llama_cpp'), order.index('numpy'), file=sys.stderr)")
+            f"{load}\nimport numpy\n"
+            "print('order', *(order.index(m) if m in order else -1 for m in ('llama_cpp', 'llama_cpp.llama_cpp', 'numpy')), file=sys.stderr)\n"
+            "print('loaded', *sorted(m for m in ('numpy', 'llama_cpp.llama', 'gguf.gguf_reader') if m in sys.modules), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code.replace("import numpy\n", "", 1)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # Loading a model needs neither numpy nor llama_cpp's high-level Llama class nor gguf's reader (0.15 s of
+    # CPU on every start): the bindings and gguf's tables are imported without their packages' __init__.
+    assert out.stderr.split("loaded")[-1].split() == [], out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # numpy after all
+    assert out.returncode == 0, out.stderr
+    package_at, bindings_at, numpy_at = map(int, out.stderr.split("order ")[-1].split("\n")[0].split())
+    assert package_at < bindings_at < numpy_at
+
+
+def test_the_rest_of_a_package_imported_submodule_first_is_there_on_first_use():
+    """lazy.submodule_first gives llama_cpp's bindings without its __init__; a program that embeds localrun and
+    then asks the package for its Llama class or version still gets them (its __init__ runs then)."""
+    code = ("import sys\nfrom localrun.engine import llama_cpp_module\nll = llama_cpp_module()\n"
+            "assert callable(ll.llama_backend_init) and 'llama_cpp.llama' not in sys.modules\n"
+            "import llama_cpp\nassert llama_cpp is ll\n"
+            "print(llama_cpp.__version__, llama_cpp.Llama.__name__, 'llama_cpp.llama' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    llama_at, numpy_at = map(int, out.stderr.split("order ")[-1].split())
-    assert llama_at < numpy_at
+    from importlib.metadata import version
+
+    assert out.stdout.split() == [version("llama-cpp-python"), "Llama", "True"]
 
 
 def test_ctrl_c_while_llama_cpp_logs_during_load_is_not_lost(smollm2):
