@@ -20,14 +20,16 @@ def exports(namespace: dict, where: dict[str, str]):
     return __getattr__
 
 
-def submodule_first(package: str, submodule: str):
+def submodule_first(package: str, submodule: str, after_init=None):
     """`package`, its `submodule` imported and its public names on the package, without running the package's
     __init__ first: for a third-party package whose __init__ imports far more than we use (llama_cpp's pulls in
     its Llama class with numpy, jinja2 and diskcache; gguf's its reader and writer with numpy). The rest of the
-    package is there on first use of a name it lacks: its own __init__ runs then. A package already imported
-    (whole, by a program that embeds localrun) is returned as it is."""
+    package is there on first use of a name it lacks: its own __init__ runs then (once, whichever thread asks
+    first; the others wait for it), and then `after_init(package)` (to undo what the __init__ changed, say).
+    A package already imported (whole, by a program that embeds localrun) is returned as it is."""
     import importlib.util
     import sys
+    import threading
 
     if package in sys.modules:
         return sys.modules[package]
@@ -42,11 +44,21 @@ def submodule_first(package: str, submodule: str):
         del sys.modules[package]
         raise
     module.__dict__.update((name, value) for name, value in vars(inner).items() if not name.startswith("_"))
+    lock, state = threading.RLock(), {"init": "not run"}
 
     def the_rest(name: str):
-        del module.__getattr__
-        spec.loader.exec_module(module)  # the package's own __init__
-        return getattr(module, name)
+        with lock:
+            if state["init"] == "not run":  # (a name asked for while the __init__ runs in this thread: not there yet)
+                state["init"] = "running"
+                spec.loader.exec_module(module)  # the package's own __init__
+                if after_init is not None:
+                    after_init(module)
+                state["init"] = "done"
+                module.__dict__.pop("__getattr__", None)
+        try:
+            return module.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
 
     module.__getattr__ = the_rest
     return module

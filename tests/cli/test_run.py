@@ -327,18 +327,24 @@ def test_llama_cpp_is_loaded_before_numpy(smollm2, how):
     assert package_at < bindings_at < numpy_at
 
 
-def test_the_rest_of_a_package_imported_submodule_first_is_there_on_first_use():
+def test_the_rest_of_a_package_imported_submodule_first_is_there_on_first_use(smollm2):
     """lazy.submodule_first gives llama_cpp's bindings without its __init__; a program that embeds localrun and
-    then asks the package for its Llama class or version still gets them (its __init__ runs then)."""
-    code = ("import sys\nfrom localrun.engine import llama_cpp_module\nll = llama_cpp_module()\n"
+    then asks the package for its Llama class or version still gets them (its __init__ runs then, once, while
+    eight threads ask at the same moment: a server's requests did, and all but the first got an AttributeError),
+    and llama.cpp's log still comes to localrun afterwards (that __init__ sets llama-cpp-python's own callback)."""
+    code = ("import sys, threading\nfrom localrun.engine import Engine, LoadOptions, llama_cpp_module\n"
+            "from localrun.engine.llama import captured_llama_log\nll = llama_cpp_module()\n"
             "assert callable(ll.llama_backend_init) and 'llama_cpp.llama' not in sys.modules\n"
-            "import llama_cpp\nassert llama_cpp is ll\n"
-            "print(llama_cpp.__version__, llama_cpp.Llama.__name__, 'llama_cpp.llama' in sys.modules)")
+            "import llama_cpp\nassert llama_cpp is ll\nseen = []\n"
+            "threads = [threading.Thread(target=lambda: seen.append(llama_cpp.__version__)) for _ in range(8)]\n"
+            "[t.start() for t in threads]\n[t.join() for t in threads]\n"
+            f"with captured_llama_log() as lines:\n    Engine({str(smollm2)!r}, LoadOptions(n_ctx=64, n_threads=1)).close()\n"
+            "print(*set(seen), len(seen), llama_cpp.Llama.__name__, 'llama_cpp.llama' in sys.modules, len(lines) > 10)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     from importlib.metadata import version
 
-    assert out.stdout.split() == [version("llama-cpp-python"), "Llama", "True"]
+    assert out.stdout.split() == [version("llama-cpp-python"), "8", "Llama", "True", "True"]
 
 
 def test_ctrl_c_while_llama_cpp_logs_during_load_is_not_lost(smollm2):

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Optional
 
 from ..lazy import submodule_first
@@ -35,6 +36,11 @@ def library_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+def _set_log_callback(llama_cpp) -> None:
+    if _log_callback is not None:
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
 def llama_cpp_module():
     """Import llama_cpp lazily (it loads a shared library) and silence its logging.
 
@@ -47,7 +53,9 @@ def llama_cpp_module():
     if _llama is None:
         # Its ctypes bindings (every llama_* function), not its high-level Llama class (numpy, jinja2 and
         # diskcache: 0.27 s of CPU on every start against 0.11 s).
-        llama_cpp = submodule_first("llama_cpp", "llama_cpp")
+        # Its own __init__, when something asks for the rest of the package, sets llama-cpp-python's log
+        # callback: ours is set again after it.
+        llama_cpp = submodule_first("llama_cpp", "llama_cpp", after_init=_set_log_callback)
 
         show = bool(os.environ.get("LOCALRUN_LLAMA_LOG"))
 
@@ -59,7 +67,7 @@ def llama_cpp_module():
                 sys.stderr.write(text.decode("utf-8", "replace"))
 
         _log_callback = _log
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        _set_log_callback(llama_cpp)
         llama_cpp.llama_backend_init()
         _llama = llama_cpp
     return _llama
@@ -126,7 +134,9 @@ def deferred_interrupt() -> Iterator[list]:
         raise KeyboardInterrupt
 
 
+@lru_cache(maxsize=1)
 def _package_version() -> str:
+    """llama-cpp-python's version, from its metadata: asking the package would import all of it (see llama_cpp_module)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -151,7 +161,7 @@ def build_id() -> str:
     version are two builds there, and a state from one is refused by the other. That is deliberate: the state
     format would load, but the KV in it was computed by other kernels, so a resumed answer could differ from
     one computed here (the reason states are refused across versions too)."""
-    return f"llama-cpp-python {llama_cpp_module().__version__}"
+    return f"llama-cpp-python {_package_version()}"
 
 
 def build_system_info() -> str:
