@@ -124,3 +124,61 @@ def test_a_request_takes_a_free_slot_beside_the_busy_ones(smollm2):
     finally:
         scheduler.stop()
         loaded.close()
+
+
+def test_a_burst_sharing_a_long_prefix_evaluates_it_once(smollm2):
+    """Requests that arrive together with one long system prompt (an agent's fan-out, a sampler's batch): the
+    first evaluates it, the others wait for it to be in the KV and copy it from that slot instead of evaluating
+    the same tokens beside it; each still gets the answer it gets alone."""
+    import queue
+
+    from localrun.runtime.scheduler import PREFIX_WAIT, Job
+
+    loaded, scheduler = start(smollm2, parallel=3, chunk=64)
+    try:
+        engine = scheduler.engine
+        system = engine.tokenize("You are a careful assistant. Answer briefly and check every fact twice. " * 12)
+        prompts = [system + engine.tokenize(f" Question {i}: name a colour.", add_special=False) for i in range(3)]
+        shared = min(len(p) for p in prompts) - 8
+        assert shared > PREFIX_WAIT + 64  # longer than a chunk: the others wait over several steps
+
+        def jobs(reuse: bool) -> list:
+            made = []
+            for prompt in prompts:
+                job = Job.create(engine, prompt, merge_options(GREEDY), max_tokens=4, n_ctx=512)
+                job.sink, job.reuse = queue.Queue(), reuse
+                made.append(job)
+            return made
+
+        def answers(batch: list, one_at_a_time: bool) -> list:
+            out = []
+            for job in batch:
+                assert scheduler.submit(job)
+                if one_at_a_time:
+                    out.append(_collect(job))
+            return out or [_collect(job) for job in batch]
+
+        burst = jobs(True)
+        together = answers(burst, one_at_a_time=False)
+        cached = sorted(job.seq.stats.cached_tokens for job in burst)
+        assert cached[0] == 0 and all(c >= common_prefix_len(prompts) for c in cached[1:]), cached
+        alone = answers(jobs(False), one_at_a_time=True)  # no reuse: each evaluates its whole prompt
+        assert together == alone
+    finally:
+        scheduler.stop()
+        loaded.close()
+
+
+def common_prefix_len(prompts: list) -> int:
+    from localrun.engine.kv import common_prefix
+
+    return min(common_prefix(prompts[0], p) for p in prompts[1:])
+
+
+def _collect(job) -> list:
+    tokens = []
+    while True:
+        response = job.sink.get(timeout=60)
+        tokens += response.tokens
+        if response.done:
+            return tokens

@@ -42,6 +42,9 @@ from ..engine.sequence import SequenceState
 from ..engine.strategies import LookupDrafter, SpeculativeTask
 from ..errors import EngineError, LocalrunError
 
+# A request waits for another slot to finish evaluating a prefix they share when it is at least this long (a
+# copy of a slot's KV stream costs far less than evaluating the tokens; a short one is not worth the wait).
+PREFIX_WAIT = 64
 SETTLE_S = 10.0  # stopping: how long the seats still held may use the scheduler thread (see Scheduler._settle)
 
 @dataclass
@@ -332,15 +335,36 @@ class Scheduler:
             self.waiting.remove(job)
             self._assign(job, [job.leased])
             self.running.append(job)
+        later: list[Job] = []
         while self.waiting:
             free = [s for s in self.slots if s.free]
             if not free:
                 break
             job = self.waiting.popleft()
+            if job.reuse and self._prefix_coming(job):
+                later.append(job)
+                continue
             self._assign(job, free)
             self.running.append(job)
+        self.waiting.extendleft(reversed(later))  # first in line again, in their order
         self.stats.waiting = len(self.waiting) + self.waiters
         self.stats.running = len(self.running)
+
+    def _prefix_coming(self, job: Job) -> bool:
+        """Whether a prompt still being evaluated in another slot shares more of `job`'s prompt (at least
+        PREFIX_WAIT tokens more) than any slot holds now: then `job` waits until that prefix is in the KV and
+        copies it, instead of evaluating the same tokens beside it (a burst of requests with one long system
+        prompt, as agents and the tests' samplers send, evaluated it once per slot)."""
+        kv, prompt = self.engine.kv, job.prompt
+        limit = len(prompt) - 1
+        evaluating = [j for j in self.running if j.task is not None and j.task.next_token is None and not j.task.done]
+        busy = {j.slot.seq_id for j in evaluating}
+        held = max((min(common_prefix(kv.tokens[s.seq_id], prompt), limit) for s in self.slots if s.seq_id not in busy), default=0)
+        for other in evaluating:
+            coming = min(common_prefix(other.prompt, prompt), limit)
+            if coming - held >= PREFIX_WAIT and len(kv.tokens[other.slot.seq_id]) < coming:
+                return True
+        return False
 
     def _closest(self, free: list[Slot], tokens: Sequence[int]) -> Slot:
         """The slot among `free` sharing the longest prefix with `tokens` (its last token never counts: it is
