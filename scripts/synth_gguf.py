@@ -19,14 +19,14 @@ Checked on CPU with llama-bench (tg16, t/s): SmolLM2-135M Q4_1 118.8 and 113.5 r
 synthetic; Qwen2.5-Coder-1.5B Q4_K_M 23.9 and 25.1 real, 27.5 and 24.7 synthetic; pp64 agreed likewise.
 Real and synthetic are as far apart as two runs of one file: the same speeds.
 
-Stdlib + numpy only (Python 3.10+).  The GGUF header is parsed here (no `gguf` package needed).
+`fill` needs only the standard library and numpy (Python 3.10+: it runs on the device machine); `skeleton`
+reads the header with localrun's own reader (engine.gguf_info), run where localrun is installed.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import struct
 import sys
 import time
 
@@ -81,83 +81,27 @@ QUANT_SCALES = {
 
 # --------------------------------------------------------------------------- GGUF header parsing
 
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-           10: "<Q", 11: "<q", 12: "<d"}
-
-
-class _Reader:
-    def __init__(self, f):
-        self.f = f
-
-    def read(self, n):
-        b = self.f.read(n)
-        if len(b) != n:
-            raise ValueError("truncated GGUF header")
-        return b
-
-    def unpack(self, fmt):
-        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
-
-    def string(self):
-        return self.read(self.unpack("<Q")).decode("utf-8", errors="replace")
-
-    def value(self, vtype, keep=True):
-        if vtype == 8:
-            return self.string()
-        if vtype == 9:
-            itype = self.unpack("<I")
-            n = self.unpack("<Q")
-            if itype in _SCALAR and itype != 8:
-                size = struct.calcsize(_SCALAR[itype])
-                self.f.seek(n * size, os.SEEK_CUR)  # skip fixed-size arrays (scores, token types)
-                return None
-            vals = [self.value(itype, keep) for _ in range(n)]
-            return vals if keep else None
-        return self.unpack(_SCALAR[vtype])
-
-
 def parse_gguf(path):
-    with open(path, "rb") as f:
-        r = _Reader(f)
-        if r.read(4) != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        version = r.unpack("<I")
-        if version < 2:
-            raise ValueError(f"{path}: GGUF v{version} not supported")
-        n_tensors = r.unpack("<Q")
-        n_kv = r.unpack("<Q")
-        alignment = 32
-        arch = None
-        for _ in range(n_kv):
-            key = r.string()
-            vtype = r.unpack("<I")
-            val = r.value(vtype, keep=False)
-            if key == "general.alignment":
-                alignment = int(val)
-            elif key == "general.architecture":
-                arch = val
-        tensors = []
-        for _ in range(n_tensors):
-            name = r.string()
-            n_dims = r.unpack("<I")
-            shape = [r.unpack("<Q") for _ in range(n_dims)]
-            ttype = r.unpack("<I")
-            offset = r.unpack("<Q")
-            if ttype not in GGML_TYPES:
-                raise ValueError(f"{name}: unknown ggml type {ttype}")
-            tname, blck, tsize = GGML_TYPES[ttype]
-            n_el = 1
-            for d in shape:
-                n_el *= d
-            if n_el % blck:
-                raise ValueError(f"{name}: {n_el} elements not a multiple of block {blck}")
-            tensors.append({"name": name, "type": ttype, "type_name": tname, "shape": shape,
-                            "offset": offset, "nbytes": n_el // blck * tsize})
-        pos = f.tell()
-        data_offset = (pos + alignment - 1) // alignment * alignment
-        file_size = os.fstat(f.fileno()).st_size
-    return {"version": version, "architecture": arch, "alignment": alignment,
-            "data_offset": data_offset, "file_size": file_size, "tensors": tensors}
+    """The header's layout, read by localrun's own GGUF reader (engine.gguf_info: it checks and sizes the file
+    and skips the vocabulary's arrays). Only `skeleton` needs it, where localrun is installed; `fill` reads
+    the JSON it wrote."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    from pathlib import Path
+
+    from localrun.engine.gguf_info import _read_header
+
+    header = _read_header(Path(path))
+    tensors = []
+    for t in header.tensors:
+        ttype = int(t.ggml_type)
+        if ttype not in GGML_TYPES:
+            raise ValueError(f"{t.name}: ggml type {ttype} is not one synth_gguf.py can fill")
+        tensors.append({"name": t.name, "type": ttype, "type_name": GGML_TYPES[ttype][0], "shape": list(t.shape),
+                        "offset": t.offset, "nbytes": t.n_bytes})
+    meta = header.metadata
+    return {"version": header.version, "architecture": meta.get("general.architecture"),
+            "alignment": int(meta.get("general.alignment", 32)), "data_offset": header.data_start,
+            "file_size": header.file_size, "tensors": tensors}
 
 
 # --------------------------------------------------------------------------- sub-commands

@@ -44,16 +44,16 @@ def submodule_first(package: str, submodule: str, after_init=None):
         del sys.modules[package]
         raise
     module.__dict__.update((name, value) for name, value in vars(inner).items() if not name.startswith("_"))
-    lock, state = threading.RLock(), {"init": "not run"}
+    lock, started = threading.RLock(), False
 
     def the_rest(name: str):
+        nonlocal started
         with lock:
-            if state["init"] == "not run":  # (a name asked for while the __init__ runs in this thread: not there yet)
-                state["init"] = "running"
+            if not started:  # (a name asked for while the __init__ runs in this thread: not there yet)
+                started = True
                 spec.loader.exec_module(module)  # the package's own __init__
                 if after_init is not None:
                     after_init(module)
-                state["init"] = "done"
                 module.__dict__.pop("__getattr__", None)
         try:
             return module.__dict__[name]

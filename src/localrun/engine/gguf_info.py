@@ -240,7 +240,8 @@ class _Cursor:
 def _skip_strings(buf: Any, pos: int, count: int, order: str) -> int:
     """Where `count` length-prefixed strings from `pos` end: the loop over a vocabulary (hundreds of thousands
     of tokens and merges) kept to one unpack per string (through _Cursor.skip_string it took 0.16 s a parse of
-    SmolLM2's 49k tokens and merges, more for larger vocabularies). A length running past the end makes the next unpack fail (_Truncated); the caller checks the last."""
+    SmolLM2's 49k tokens and merges, more for larger vocabularies). A length running past the end makes the
+    next unpack fail (_Truncated); the caller checks the last."""
     length = struct.Struct(order + "Q").unpack_from
     try:
         for _ in range(count):

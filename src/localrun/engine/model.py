@@ -460,7 +460,7 @@ class Engine:
         """For whatever reads the logits itself (speculative decoding, beam search, perplexity, a request
         for logprobs): no prefilter on sequence `seq_id` (None: on any) from here on, until a plain
         generation attaches one again."""
-        seqs = list(self._prefilters) if seq_id is None else [seq_id] if seq_id in self._prefilters else []
+        seqs = [seq for seq in self._prefilters if seq_id is None or seq == seq_id]
         if not seqs:
             return
         ll = llama_cpp_module()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import io
 import importlib
+import io
 import re
 import struct
 import threading
