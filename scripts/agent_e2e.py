@@ -20,7 +20,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import socket
 import subprocess

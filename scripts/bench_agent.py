@@ -9,7 +9,7 @@ Prints, per turn, the median TTFT of each server and their ratio, the total time
 localrun's first turn after a restart of its server against its cold first turn (what a prefix cache on disk
 would serve; the same figure for llama-server, which keeps nothing across a restart).
 
-    python scripts/bench_agent.py [--model PATH] [--reps 2] [--turns 8] [--system 5000] [--json F]
+    python scripts/bench_agent.py [--model PATH] [--reps 2] [--turns 8] [--system 5000] [--json F] [--localrun-args "--draft lookup"]
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", default="0")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--localrun-args", default="", help="more `localrun serve` flags, e.g. \"--draft lookup\" (what a "
+                    "code model's catalogue entry loads with)")
     args = ap.parse_args()
     if args.model is None:
         sys.path.insert(0, str(HERE.parent / "tests"))
@@ -105,7 +107,7 @@ def main() -> None:
         args.model = fetch_real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     bench_serve.SLOTS = 1
     messages, results = conversation(args.system, args.turns)
-    ours, ours_url = bench_serve.start_localrun(args.model, args)
+    ours, ours_url = bench_serve.start_localrun(args.model, args, tuple(args.localrun_args.split()))
     theirs, theirs_url = bench_serve.start_llama_server(args.model, args)
     runs: dict[str, list[list[dict]]] = {"localrun": [], "llama-server": []}
     try:
@@ -121,7 +123,7 @@ def main() -> None:
         first = [{"role": "system", "content": "Session 0.\n" + messages[0]["content"]},
                  {"role": "user", "content": messages[1]["content"] + " (run 0)"}]
         bench_serve.stop(ours)
-        ours, ours_url = bench_serve.start_localrun(args.model, args)
+        ours, ours_url = bench_serve.start_localrun(args.model, args, tuple(args.localrun_args.split()))
         restart_ours = replay(ours_url, args.model.name, first, [], args.max_tokens)[0]
         bench_serve.stop(theirs)
         theirs, theirs_url = bench_serve.start_llama_server(args.model, args)

@@ -393,3 +393,24 @@ def test_pull_and_rm_print_paths_verbatim(hub_stub, cli, tmp_path, monkeypatch, 
     removed = cli("rm", "tiny")
     assert not mirrored.exists()
     assert (removed.returncode, removed.stderr.strip()) == (0, f"removed {mirrored}")
+
+
+@pytest.mark.slow
+def test_an_alias_that_drafts_by_default_and_draft_none_turns_it_off(hub_stub, smol_file, cli):
+    """`draft: lookup` in an entry (a code model's default): its runs draft by prompt lookup; `--draft none` decodes
+    plainly; the same greedy tokens either way."""
+    hub_stub.stub.add_repo(SMOL_REPO, [smol_file])
+    hub_stub.write_models_yaml(f"""
+models:
+  coder:
+    repo: {SMOL_REPO}
+    quants: {{Q4_1: {SMOL_NAME}}}
+    default_quant: Q4_1
+    draft: lookup
+""")
+    ok(cli("pull", "coder", "-q"))
+    text = "The keeper lit the lamp, wound the clock, and wrote the weather in the log."
+    args = ("-t", "0", "-n", "24", "--no-cache", *T1, "--json", f"Repeat this text exactly:\n\n{text}")
+    drafting, plain = generated(cli("run", "coder", *args)), generated(cli("run", "coder", "--draft", "none", *args))
+    assert drafting["stats"]["draft_accepted"] > 0 and drafting["stats"]["target_steps"] < len(drafting["tokens"]), drafting["stats"]
+    assert "target_steps" not in plain["stats"] and plain["tokens"] == drafting["tokens"]

@@ -66,3 +66,37 @@ def test_a_request_for_logprobs_decodes_plainly_with_the_same_tokens(servers, sm
     # The lookup server evaluates without flash attention (a verified draft must round as single steps do),
     # the plain one with it: the same tokens, log-probabilities equal to rounding.
     assert all(abs(o["logprob"] - t["logprob"]) < 0.02 for o, t in zip(ours, theirs)), (ours, theirs)
+
+
+def _ask(url: str, model, **extra) -> dict:
+    body = {"model": str(model), "messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0, "max_tokens": 40, **extra}
+    answer = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_each_request_may_cap_or_turn_off_its_drafts(servers, smollm2):
+    """draft_max per request (llama-server's speculative.n_max is read as it; Ollama's options.draft_max): 0 decodes
+    plainly, 1 drafts at most one token a step, none the model's own cap; the answer is the same each way."""
+    _, lookup = servers
+    free = _ask(lookup.url, smollm2)
+    text, steps, tokens = free["choices"][0]["message"]["content"], free["timings"]["steps"], free["usage"]["completion_tokens"]
+    assert free["timings"]["draft_n_accepted"] > 0 and tokens > 2 * steps, free["timings"]  # long drafts kept
+
+    one = _ask(lookup.url, smollm2, draft_max=1)
+    assert one["choices"][0]["message"]["content"] == text
+    assert 0 < one["timings"]["draft_n"] <= one["timings"]["steps"] and one["usage"]["completion_tokens"] <= 2 * one["timings"]["steps"]
+
+    before = _metric(lookup.url, "localrun_draft_tokens_total")
+    for extra in ({"draft_max": 0}, {"speculative.n_max": 0}):
+        off = _ask(lookup.url, smollm2, **extra)
+        assert off["choices"][0]["message"]["content"] == text and "draft_n" not in off["timings"], (extra, off["timings"])
+    ollama = httpx.post(lookup.url + "/api/chat", timeout=300, json={
+        "model": str(smollm2), "messages": [{"role": "user", "content": PROMPTS[0]}], "stream": False,
+        "options": {"temperature": 0, "num_predict": 40, "draft_max": 0}})
+    assert ollama.status_code == 200 and ollama.json()["message"]["content"] == text, ollama.text
+    assert _metric(lookup.url, "localrun_draft_tokens_total") == before  # none of the three drafted
+
+    bad = httpx.post(lookup.url + "/v1/chat/completions", timeout=60, json={
+        "model": str(smollm2), "messages": [{"role": "user", "content": "hi"}], "draft_max": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "draft_max", bad.text

@@ -323,7 +323,7 @@ def _resident_settings(keep_alive: str, options: dict) -> Optional[dict]:
 
     seconds = parse_keep_alive(keep_alive)
     spec = _load_spec(options)
-    if seconds == 0 or spec.draft not in (None, "lookup") or spec.beams > 1:
+    if seconds == 0 or spec.draft not in (None, "lookup", "none") or spec.beams > 1:
         return None
     return dict(load=spec.sent(), keep_alive=seconds, source=_source(options["source"]),
                 sampling={o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None})
@@ -436,7 +436,8 @@ def serve(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no access log (one line per request on stderr)")] = False,
     mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="MODEL's vision projector (mmproj GGUF), loaded with the first image; default: the mmproj-*.gguf beside a model")] = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="speculative decoding in every slot: lookup (prompt n-grams: "
-                                                 "edits and copies decode faster, the output unchanged)")] = None,
+                                                 "edits and copies decode faster, the output unchanged); none: a model's "
+                                                 "default off")] = None,
     draft_max: DraftMaxOpt = 16,
     **options,
 ) -> None:

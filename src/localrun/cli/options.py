@@ -46,7 +46,7 @@ SourceOpt = Annotated[str, typer.Option("--source", help="auto (Hub, else mirror
 
 
 _D = "Decoding"
-DraftOpt = Annotated[Optional[str], typer.Option("--draft", help="speculative decoding: lookup (prompt n-grams) or a draft MODEL with the same vocabulary", rich_help_panel=_D)]
+DraftOpt = Annotated[Optional[str], typer.Option("--draft", help="speculative decoding: lookup (prompt n-grams), a draft MODEL with the same vocabulary, or none (a model's default off)", rich_help_panel=_D)]
 DraftMaxOpt = Annotated[int, typer.Option("--draft-max", help="most tokens drafted per step (adapts below it)", rich_help_panel=_D)]
 BeamsOpt = Annotated[int, typer.Option("--beams", help="beam search with N beams (deterministic; 1 = off)", rich_help_panel=_D)]
 LengthPenaltyOpt = Annotated[float, typer.Option("--length-penalty", help="beam score = logprob / length**P", rich_help_panel=_D)]

@@ -33,7 +33,8 @@ class InProcess(EngineSeat):
         """Tokens in the KV cache now."""
         return len(self.tokens)
 
-    def generate(self, tokens: list[int], sampling, *, cancelled=None, thinking=None, top_logprobs=None) -> Iterator[Response]:
+    def generate(self, tokens: list[int], sampling, *, cancelled=None, thinking=None, top_logprobs=None,
+                 draft_max=None) -> Iterator[Response]:
         if top_logprobs is not None:
             from ..errors import UsageError
 
@@ -105,7 +106,8 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
             answer: list[str] = []
             final = None
             responses = seat.generate(prompt.tokens, with_stops(request.sampling, prompt.stops), cancelled=cancelled,
-                                      thinking=prompt.splitter(request.sampling), top_logprobs=request.top_logprobs)
+                                      thinking=prompt.splitter(request.sampling), top_logprobs=request.top_logprobs,
+                                      draft_max=request.draft_max)
             for response in responses:
                 answer.append(response.text)
                 if response.done:

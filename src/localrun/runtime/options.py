@@ -45,7 +45,7 @@ class LoadSpec:
     tensor_split: Optional[str] = None
     kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, a slot each;
     # embed: an embeddings context (its requests take turns, each batched)
-    draft: Optional[str] = None  # "lookup" (prompt-lookup speculation) or a draft model; None: the model's default
+    draft: Optional[str] = None  # "lookup" (prompt-lookup speculation), a draft model, "none"; None: the model's default
     draft_max: int = 16  # most tokens drafted per sequence and step
     beams: int = 1  # beam search (in this process only: the server's slots do not search beams)
     length_penalty: float = 1.0
@@ -55,7 +55,8 @@ class LoadSpec:
         """The decoding strategy these options ask for (engine.strategies.DecodeOptions, checked)."""
         from ..engine.strategies import DecodeOptions
 
-        return DecodeOptions(draft=self.draft, draft_max=self.draft_max, beams=self.beams, length_penalty=self.length_penalty)
+        return DecodeOptions(draft=None if self.draft == "none" else self.draft, draft_max=self.draft_max, beams=self.beams,
+                             length_penalty=self.length_penalty)
 
     def engine_options(self, n_ctx: int, decoding=None, answer_room: Optional[int] = None):
         """The engine's LoadOptions for `n_ctx` tokens per slot (checked: a bad value raises here), with
@@ -84,7 +85,7 @@ class LoadSpec:
     def check(self) -> None:
         """Refuse, before any model loads, what the server's slots cannot take (the same messages loading
         would give)."""
-        if self.draft not in (None, "lookup"):
+        if self.draft not in (None, "lookup", "none"):
             raise UsageError(f"the server's slots draft by prompt lookup only (--draft lookup), not with a draft model "
                              f"({self.draft}): run it with `localrun run --draft {self.draft} --keep-alive 0`")
         if self.beams > 1:

@@ -31,6 +31,9 @@ class Request:
     think: Optional[bool] = None  # a reasoning model: thinking on or off where its template has a switch
     reasoning: str = "auto"  # auto: a reasoning model's thinking apart from the answer; none: left inline
     top_logprobs: Optional[int] = None  # each token's log-probability and that many alternatives' (server slots)
+    # At most this many tokens drafted a step by prompt lookup where the model drafts (a server's slots); 0: this
+    # request decodes plainly. None: the model's own draft-max. In-process the run's --draft/--draft-max decide.
+    draft_max: Optional[int] = None
 
 
 @dataclass

@@ -60,6 +60,7 @@ class Job:
     cancelled: bool = False
     leased: Optional["Slot"] = None  # the slot a lease holds for it (run, chat); None: any free slot
     reuse: bool = True  # False: the slot starts empty (--no-cache), no prefix kept or copied
+    draft_max: Optional[int] = None  # this request's cap on a lookup draft (0: none); None: the model's
     # scheduler thread only
     slot: Optional["Slot"] = None
     task: Optional[Plain] = None
@@ -70,14 +71,15 @@ class Job:
 
     @classmethod
     def create(cls, engine: Engine, prompt: list[int], sampling, *, max_tokens: int, n_ctx: int,
-               top_logprobs: Optional[int] = None) -> "Job":
+               top_logprobs: Optional[int] = None, draft_max: Optional[int] = None) -> "Job":
         """A job for `prompt`: its sampler chain is built here (a bad grammar or logit bias fails in the
         caller's thread, before anything is queued); its time to first token counts from now.
-        `top_logprobs`: report each token's log-probability and that many alternatives'."""
+        `top_logprobs`: report each token's log-probability and that many alternatives'. `draft_max`: at
+        most that many tokens drafted a step where the model drafts (0: this request decodes plainly)."""
         sampler = Sampler(engine, sampling)
         seq = SequenceState(engine, prompt, sampling, seq_id=-1, n_ctx=n_ctx, max_tokens=max_tokens)
         seq.top_logprobs = top_logprobs
-        return cls(seq, sampler)
+        return cls(seq, sampler, draft_max=draft_max)
 
 
 @dataclass
@@ -397,9 +399,10 @@ class Scheduler:
             kept = 0
         slot.job, job.slot = slot, slot
         job.seq.seq_id = slot.seq_id
-        if self.lookup and job.seq.top_logprobs is None:  # logprobs: one row per token, plainly
+        drafts = self.lookup if job.draft_max is None else min(self.lookup, job.draft_max)  # the rows reserved at most
+        if drafts and job.seq.top_logprobs is None:  # logprobs: one row per token, plainly
             self.engine.use_raw_logits(slot.seq_id)  # it reads every drafted position's logits
-            job.task = SpeculativeTask(self.engine, job.seq, job.sampler, LookupDrafter(), self.lookup,
+            job.task = SpeculativeTask(self.engine, job.seq, job.sampler, LookupDrafter(), drafts,
                                        chunk=self.prefill_chunk, reused=kept)
         else:
             # The slot's backend top-k where the engine has one (a GPU) and the request's chain can start
@@ -537,11 +540,12 @@ class SlotSeat:
         return self.scheduler.held(tokens)
 
     def generate(self, tokens: list[int], sampling, *, cancelled: Optional[Callable[[], bool]] = None,
-                 thinking=None, top_logprobs: Optional[int] = None) -> Iterator[Response]:
+                 thinking=None, top_logprobs: Optional[int] = None, draft_max: Optional[int] = None) -> Iterator[Response]:
         """Stream the answer to `tokens` from this slot, decoded in the scheduler's batch; `cancelled` is
         asked between responses (once true, the job leaves the batch at the next step). The job is made
         and queued here, before the first response is asked for: a bad grammar or logit bias raises now.
-        `top_logprobs`: each token's log-probability and that many alternatives' in the responses."""
+        `top_logprobs`: each token's log-probability and that many alternatives' in the responses; `draft_max`:
+        this request's cap on a lookup draft where the model drafts (0: none)."""
         from ..errors import UsageError
 
         if not tokens:
@@ -551,7 +555,7 @@ class SlotSeat:
         if scheduler.engine.vision is not None and any(t < 0 for t in tokens):  # evaluated by the job's prefill
             scheduler.engine.vision.check(tokens)
         job = Job.create(scheduler.engine, tokens, sampling, max_tokens=sampling.max_tokens, n_ctx=self.n_ctx,
-                         top_logprobs=top_logprobs)
+                         top_logprobs=top_logprobs, draft_max=draft_max)
         job.seq.thinking = thinking
         job.leased, job.reuse, self.reuse = self.slot, self.reuse, True
         job.sink = queue.SimpleQueue()

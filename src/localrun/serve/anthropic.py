@@ -152,7 +152,7 @@ def chat_body(data: Any) -> ChatBody:
     names: list[str] = []
     openai_body: dict[str, Any] = {
         "model": data.get("model"), "messages": _messages(data, names), "max_tokens": max_tokens, "stream": data.get("stream", False),
-        **{k: data[k] for k in ("temperature", "top_p", "top_k") if data.get(k) is not None},
+        **{k: data[k] for k in ("temperature", "top_p", "top_k", "draft_max") if data.get(k) is not None},
     }
     if data.get("stop_sequences"):
         openai_body["stop"] = data["stop_sequences"]

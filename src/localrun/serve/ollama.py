@@ -31,7 +31,8 @@ from .openai import ApiError, ChatBody, CompletionBody, validation_error
 _SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
              "min_p": "min_p", "typical_p": "typical_p", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop",
-             "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
+             "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta",
+             "draft_max": "draft_max"}  # localrun's own: a cap on this request's lookup drafts (0: none)
 _LOAD = tuple(OLLAMA_LOAD)
 _IGNORED = OLLAMA_IGNORED  # older clients send these
 _REFUSED = {"suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",

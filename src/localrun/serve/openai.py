@@ -49,7 +49,8 @@ _FOREIGN_LENGTH = frozenset({"num_predict", "n_predict"})
 _FOREIGN_IGNORED = frozenset({
     *OLLAMA_IGNORED, "n_keep", "penalize_nl", "cache_prompt", "n_probs", "samplers", "dynatemp_range", "dynatemp_exponent", "id_slot", "slot_id", "t_max_predict_ms", "timings_per_token",
     "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "return_progress", "response_fields"})
-_FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED
+_FOREIGN_DRAFT = frozenset({"speculative.n_max"})  # llama-server's per-request cap on a draft: our draft_max
+_FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED | _FOREIGN_DRAFT
 
 
 class _Fields(BaseModel):
@@ -67,6 +68,9 @@ class _Fields(BaseModel):
             value = data.pop(name)
             if name in _FOREIGN_LOAD and value is not None:
                 load[name] = value
+            elif name in _FOREIGN_DRAFT:
+                if data.get("draft_max") is None:
+                    data["draft_max"] = value
             elif name in _FOREIGN_LENGTH:
                 unlimited = isinstance(value, int) and not isinstance(value, bool) and value <= 0
                 if value is not None and not unlimited and data.get("max_tokens") is None:
@@ -88,6 +92,8 @@ class _Fields(BaseModel):
     logit_bias: Optional[dict[int, float]] = None
     response_format: Optional[dict[str, Any]] = None
     ignore_eos: StrictBool = Field(False, description="llama.cpp server's extension: generate exactly max_tokens")
+    draft_max: Optional[StrictInt] = Field(None, ge=0, le=64, description="at most this many tokens drafted a step by prompt "
+                                           "lookup, where the model drafts (serve --draft lookup, a catalogue default); 0: none")
     # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
     logprobs: Union[StrictBool, StrictInt, None] = None
     top_logprobs: Optional[StrictInt] = None
@@ -426,6 +432,7 @@ def request_for(resident, body: Union[CompletionBody, ChatBody]) -> tuple[Reques
     _check_sampler(engine, options, "tool_choice" if tooling is not None and tooling.forced is not None else "response_format")
     request.sampling = options
     request.top_logprobs = _top_logprobs(body)
+    request.draft_max = body.draft_max
     return request, tooling
 
 
@@ -710,7 +717,10 @@ def usage(stats: Stats) -> dict:
 
 
 def timings(stats: Stats) -> dict:
-    return {"ttft_s": round(stats.ttft_s, 6), "tpot_s": round(stats.tpot_s, 6)}
+    """The answer's timings; where it was decoded with drafts, what they gave (llama-server's draft_n and
+    draft_n_accepted, and the batched steps they took)."""
+    drafted = {"draft_n": stats.draft_tokens, "draft_n_accepted": stats.draft_accepted, "steps": stats.target_steps}
+    return {"ttft_s": round(stats.ttft_s, 6), "tpot_s": round(stats.tpot_s, 6), **(drafted if stats.target_steps else {})}
 
 
 def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, logprobs: Optional[dict] = None,

@@ -168,7 +168,7 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
         messages = [{"role": "system", "content": data["instructions"]}, *messages]
     tools = _tools(data.get("tools"))
     body: dict[str, Any] = {"model": data.get("model"), "messages": messages, "stream": data.get("stream", False),
-                            **{k: data[k] for k in ("temperature", "top_p") if data.get(k) is not None}}
+                            **{k: data[k] for k in ("temperature", "top_p", "draft_max") if data.get(k) is not None}}
     if data.get("max_output_tokens") is not None:
         body["max_tokens"] = data["max_output_tokens"]
     choice = data.get("tool_choice")
