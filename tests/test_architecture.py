@@ -22,7 +22,7 @@ CONTRACT: dict[str, set[str]] = {
     "lazy": set(),
     "engine": {"errors", "lazy"},
     "store": {"errors"},
-    "hub": {"store", "errors", "console"},
+    "hub": {"store", "errors", "console", "lazy"},
     "runtime": {"engine", "store", "hub", "errors", "lazy"},
     "serve": {"runtime", "errors"},
     "cli": {"runtime", "serve", "hub", "store", "errors", "console"},

