@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import time
 
 import httpx
 import pytest
 
-from conftest import start_server
+from conftest import start_server, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ def test_lookup_in_slots_answers_as_plain_decoding_with_drafts_accepted(servers,
     theirs = [a["choices"][0]["message"]["content"] for a in _answers(plain.url, smollm2)]
     ours = [a["choices"][0]["message"]["content"] for a in _answers(lookup.url, smollm2)]
     assert ours == theirs and all(ours)
-    drafted = _metric(lookup.url, "localrun_draft_tokens_total")
+    drafted = _settled(lookup.url)
     accepted = _metric(lookup.url, "localrun_draft_accepted_tokens_total")
     assert drafted > 0 and 0 < accepted <= drafted, (drafted, accepted)
     assert _metric(plain.url, "localrun_draft_tokens_total") == 0
@@ -66,6 +67,16 @@ def test_a_request_for_logprobs_decodes_plainly_with_the_same_tokens(servers, sm
     # The lookup server evaluates without flash attention (a verified draft must round as single steps do),
     # the plain one with it: the same tokens, log-probabilities equal to rounding.
     assert all(abs(o["logprob"] - t["logprob"]) < 0.02 for o, t in zip(ours, theirs)), (ours, theirs)
+
+
+def _settled(url: str) -> float:
+    """The drafted-token count once two reads 0.2 s apart agree."""
+    def steady():
+        first = _metric(url, "localrun_draft_tokens_total")
+        time.sleep(0.2)
+        return (first,) if _metric(url, "localrun_draft_tokens_total") == first else None
+
+    return wait_until(steady, what="the draft count to settle")[0]
 
 
 def _ask(url: str, model, **extra) -> dict:
@@ -87,7 +98,7 @@ def test_each_request_may_cap_or_turn_off_its_drafts(servers, smollm2):
     assert one["choices"][0]["message"]["content"] == text
     assert 0 < one["timings"]["draft_n"] <= one["timings"]["steps"] and one["usage"]["completion_tokens"] <= 2 * one["timings"]["steps"]
 
-    before = _metric(lookup.url, "localrun_draft_tokens_total")
+    before = _settled(lookup.url)  # (an answer is counted just after it is sent)
     for extra in ({"draft_max": 0}, {"speculative.n_max": 0}):
         off = _ask(lookup.url, smollm2, **extra)
         assert off["choices"][0]["message"]["content"] == text and "draft_n" not in off["timings"], (extra, off["timings"])
@@ -95,7 +106,7 @@ def test_each_request_may_cap_or_turn_off_its_drafts(servers, smollm2):
         "model": str(smollm2), "messages": [{"role": "user", "content": PROMPTS[0]}], "stream": False,
         "options": {"temperature": 0, "num_predict": 40, "draft_max": 0}})
     assert ollama.status_code == 200 and ollama.json()["message"]["content"] == text, ollama.text
-    assert _metric(lookup.url, "localrun_draft_tokens_total") == before  # none of the three drafted
+    assert _settled(lookup.url) == before  # none of the three drafted
 
     bad = httpx.post(lookup.url + "/v1/chat/completions", timeout=60, json={
         "model": str(smollm2), "messages": [{"role": "user", "content": "hi"}], "draft_max": -1})
