@@ -409,6 +409,8 @@ models:
     draft: lookup
 """)
     ok(cli("pull", "coder", "-q"))
+    assert json.loads(ok(cli("show", "coder", "--json")).stdout)["draft"] == "lookup"
+    assert re.search(r"^drafts:\s+lookup by default \(--draft none turns it off", ok(cli("show", "coder")).stdout, re.M)
     text = "The keeper lit the lamp, wound the clock, and wrote the weather in the log."
     args = ("-t", "0", "-n", "24", "--no-cache", *T1, "--json", f"Repeat this text exactly:\n\n{text}")
     drafting, plain = generated(cli("run", "coder", *args)), generated(cli("run", "coder", "--draft", "none", *args))

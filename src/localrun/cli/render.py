@@ -224,6 +224,8 @@ def model_details(details: dict, as_json: bool) -> None:
         ("sliding window", str(details["sliding_window"] or "none")),
         ("chat template", "yes" if details["chat_template"] else "no (base model: completion only)"),
         *([("vision", f"yes: projector {details['projector']}")] if details.get("projector") else []),
+        *([("drafts", f"{details['draft']} by default (--draft none turns it off; a request's draft_max 0 too)")]
+          if details.get("draft") else []),
         ("file size", human_size(details["file_size"])),
         ("sha256", details["sha256"] + (" (hashed now)" if details.get("sha256_checked") == "now" else
                                         " (from the pull; size and mtime unchanged since: --verify hashes it)")),

@@ -27,7 +27,8 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     from .options import LoadSpec
 
     info = read_info(local.path)
-    n_ctx = context_for(ctx, defaults_for(local.ref), local.path, 1, kv_type)
+    brought = defaults_for(local.ref)
+    n_ctx = context_for(ctx, brought, local.path, 1, kv_type)
 
     LoadSpec(kv_type=kv_type).engine_options(n_ctx)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = footprint(info, n_ctx, kv_type, repack=repacks_here(rpc))
@@ -49,6 +50,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
         "sliding_window": info.sliding_window,
         "vocab_size": info.vocab_size,
         "chat_template": info.chat_template is not None,
+        "draft": brought.draft,  # a catalogue entry's speculative decoding by default (lookup), or None
         "file_size": info.file_size,
         "sha256": local.sha256[0] if local.sha256 else sha256_file(local.path),
         # where the sha256 comes from: hashed now, or the pull's record (the file's size and mtime still match it)
