@@ -84,3 +84,5 @@ def test_the_real_size_test_model_has_its_mirror_and_ollamas_name():
         parsed = parse_ref(ref)
         assert (parsed.kind, parsed.name, parsed.quant) == ("alias", "qwen2.5-coder-1.5b", None), ref
     assert parse_ref("qwen2.5-coder-1.5b:q8_0").quant == "Q8_0" and parse_ref("llama3.2:1b").name == "llama3.2-1b"
+    # the code models draft by prompt lookup by default (their edits copy their input); nothing else does
+    assert {name for name, e in catalogue().models.items() if e.draft} == {"qwen2.5-coder-1.5b", "qwen2.5-coder-3b", "qwen2.5-coder-7b"}

@@ -291,7 +291,7 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> l
         return []
     if sum(str(p) == "-" for p in paths) > 1:
         raise UsageError("--image - reads one image from stdin: give the others as files")
-    if options.get("draft") not in (None, "lookup") or (options.get("beams") or 1) > 1:  # lookup drafts from the prompt
+    if options.get("draft") not in (None, "lookup", "none") or (options.get("beams") or 1) > 1:  # lookup drafts from the prompt
         raise UsageError("--image cannot combine with a --draft model or --beams (they decode the prompt's tokens themselves): drop one")
     return read_images(paths)
 
@@ -440,7 +440,7 @@ def serve(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no access log (one line per request on stderr)")] = False,
     mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="MODEL's vision projector (mmproj GGUF), loaded with the first image; default: the mmproj-*.gguf beside a model")] = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="speculative decoding in every slot: lookup (prompt n-grams: "
-                                                 "edits and copies decode faster, the output unchanged); none: a model's "
+                                                 "edits and copies decode faster, greedy output unchanged on a CPU); none: a model's "
                                                  "default off")] = None,
     draft_max: DraftMaxOpt = 16,
     **options,

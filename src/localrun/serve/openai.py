@@ -48,8 +48,10 @@ _FOREIGN_LOAD = frozenset(OLLAMA_LOAD)
 _FOREIGN_LENGTH = frozenset({"num_predict", "n_predict"})
 _FOREIGN_IGNORED = frozenset({
     *OLLAMA_IGNORED, "n_keep", "penalize_nl", "cache_prompt", "n_probs", "samplers", "dynatemp_range", "dynatemp_exponent", "id_slot", "slot_id", "t_max_predict_ms", "timings_per_token",
-    "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "return_progress", "response_fields"})
+    "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "return_progress", "response_fields",
+    "speculative.n_min", "speculative.p_min"})
 _FOREIGN_DRAFT = frozenset({"speculative.n_max"})  # llama-server's per-request cap on a draft: our draft_max
+_DRAFT_MAX = 64  # the most a request's draft_max may say (a slot drafts at most its load's --draft-max)
 _FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED | _FOREIGN_DRAFT
 
 
@@ -68,9 +70,11 @@ class _Fields(BaseModel):
             value = data.pop(name)
             if name in _FOREIGN_LOAD and value is not None:
                 load[name] = value
-            elif name in _FOREIGN_DRAFT:
+            elif name in _FOREIGN_DRAFT:  # llama-server takes any count: more than a slot drafts is the slot's
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ApiError(400, f"invalid {name!r}: a whole number, 0 or more (0: no drafts)", param=name)
                 if data.get("draft_max") is None:
-                    data["draft_max"] = value
+                    data["draft_max"] = min(value, _DRAFT_MAX)
             elif name in _FOREIGN_LENGTH:
                 unlimited = isinstance(value, int) and not isinstance(value, bool) and value <= 0
                 if value is not None and not unlimited and data.get("max_tokens") is None:
@@ -92,7 +96,7 @@ class _Fields(BaseModel):
     logit_bias: Optional[dict[int, float]] = None
     response_format: Optional[dict[str, Any]] = None
     ignore_eos: StrictBool = Field(False, description="llama.cpp server's extension: generate exactly max_tokens")
-    draft_max: Optional[StrictInt] = Field(None, ge=0, le=64, description="at most this many tokens drafted a step by prompt "
+    draft_max: Optional[StrictInt] = Field(None, ge=0, le=_DRAFT_MAX, description="at most this many tokens drafted a step by prompt "
                                            "lookup, where the model drafts (serve --draft lookup, a catalogue default); 0: none")
     # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
     logprobs: Union[StrictBool, StrictInt, None] = None
