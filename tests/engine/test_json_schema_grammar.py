@@ -133,3 +133,45 @@ def test_cli_refuses_a_bad_pattern_in_one_line(smollm2, cli, tmp_path):
         "error: the JSON schema's pattern at 'properties.version' cannot be turned into a grammar: "
         "lookarounds, named groups and inline flags ('(?') are not supported (in \"^(?=x)[0-9]+$\", as JSON writes it)"
     ]
+
+
+def test_a_grammar_checks_the_chains_pick_and_picks_as_if_applied_first(smollm2):
+    """The grammar is its own sampler beside the chain (llama.cpp's common sampler): the chain's pick is checked
+    against it alone, and only a refused pick has the grammar applied to every token. Greedy, that is the token
+    the grammar applied first gives, step after step (here against a chain with the grammar in it, the whole
+    vocabulary filtered each step); the prompt makes the unconstrained pick text the grammar refuses."""
+    from localrun.engine import Engine, LoadOptions, SamplingOptions
+    from localrun.engine.llama import llama_cpp_module
+    from localrun.engine.model import Batch
+    from localrun.engine.sampling import Sampler
+
+    ll = llama_cpp_module()
+    grammar = json_schema_grammar(VERSION)
+    engine = Engine(str(smollm2), LoadOptions(n_ctx=512, n_threads=1))
+    try:
+        reference = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        ll.llama_sampler_chain_add(reference, ll.llama_sampler_init_grammar(engine.vocab, grammar.encode(), b"root"))
+        ll.llama_sampler_chain_add(reference, ll.llama_sampler_init_greedy())
+        sampler = Sampler(engine, SamplingOptions(temperature=0, json_schema=VERSION))
+        prompt = engine.tokenize("Tell me a story about a dragon.")
+        batch, ours, theirs, refused = Batch(len(prompt) + 64), [], [], 0
+        batch.add_span(prompt, 0, 0)
+        batch.want_output(batch.n - 1)
+        for step in range(40):
+            engine.decode(batch)
+            free = int(engine.logits(batch.n - 1).argmax())
+            tok = sampler.sample(engine.ctx, step, batch.n - 1)
+            assert tok == ll.llama_sampler_sample(reference, engine.ctx, batch.n - 1), (step, ours)
+            refused += tok != free
+            ours.append(tok)
+            if engine.is_eog(tok):
+                break
+            batch.clear()
+            batch.add(tok, len(prompt) + step, 0, True)
+        ll.llama_sampler_free(reference)
+        sampler.close()
+        text = engine.detokenize([t for t in ours if not engine.is_eog(t)])
+    finally:
+        engine.close()
+    assert refused > 0, ours  # some picks were refused and made again under the grammar
+    assert re.fullmatch(r"[0-9]+\.[0-9]+", json.loads(text)["version"]), text

@@ -124,10 +124,14 @@ class Sampler:
         self._from_schema = options.json_schema is not None
         if self._from_schema:
             grammar = json_schema_grammar(options.json_schema)
-        self.chain = self._build(engine, options, grammar, ban_eog=False)
-        # min_tokens: a second chain with end-of-generation banned, used until min_tokens is reached.
-        # Both see every accepted token, so penalty and grammar state stay in step.
-        self.early = self._build(engine, options, grammar, ban_eog=True) if options.min_tokens > 0 else None
+        # A grammar is a sampler of its own beside the chain, as llama.cpp's common sampler keeps it: the chain's
+        # pick is checked against it alone, and only a pick it refuses has it applied to the whole vocabulary
+        # (for Qwen's 151k tokens that pass cost more than the rest of a token on a CPU: 0.131 against 0.064 s).
+        self.grammar = self._grammar(engine, grammar) if grammar is not None else None
+        self.chain = self._build(engine, options, ban_eog=False)
+        # min_tokens: a second chain with end-of-generation banned, used until min_tokens is reached (never with a
+        # grammar). Both see every accepted token, so penalty state stays in step.
+        self.early = self._build(engine, options, ban_eog=True) if options.min_tokens > 0 else None
         self.prefilter = self._prefilter(engine, options, grammar)
         # Plain greedy (no bias, penalties, grammar): the chain is a stateless argmax, taken here with numpy over
         # the logits row instead: llama_sampler_sample first copies the whole vocabulary into candidates
@@ -155,7 +159,16 @@ class Sampler:
             lowered.update(engine.eog_tokens())
         return min(keep + len(lowered), engine.n_vocab)
 
-    def _build(self, engine, o: SamplingOptions, grammar: Optional[str], ban_eog: bool):
+    def _grammar(self, engine, grammar: str):
+        g = self._ll.llama_sampler_init_grammar(engine.vocab, grammar.encode("utf-8"), b"root")
+        if not g:
+            if self._from_schema:  # the user wrote a schema, not this grammar: the converter is at fault
+                raise EngineError("llama.cpp refuses the grammar made from the JSON schema (a localrun bug): "
+                                  "report the schema, or give a --grammar instead")
+            raise UsageError("the grammar does not parse (GBNF): check it with llama.cpp's gbnf-validator")
+        return g
+
+    def _build(self, engine, o: SamplingOptions, ban_eog: bool):
         ll = self._ll
         check_bias_tokens(o.logit_bias, engine.n_vocab)  # before there is a chain to free
         params = ll.llama_sampler_chain_default_params()
@@ -183,15 +196,6 @@ class Sampler:
                                             (ctypes.c_char_p * len(breakers))(*breakers), len(breakers))
             add(dry)
             self._penalties.append((dry, last_n))
-        if grammar is not None:
-            g = ll.llama_sampler_init_grammar(engine.vocab, grammar.encode("utf-8"), b"root")
-            if not g:
-                ll.llama_sampler_free(chain)
-                if self._from_schema:  # the user wrote a schema, not this grammar: the converter is at fault
-                    raise EngineError("llama.cpp refuses the grammar made from the JSON schema (a localrun bug): "
-                                      "report the schema, or give a --grammar instead")
-                raise UsageError("the grammar does not parse (GBNF): check it with llama.cpp's gbnf-validator")
-            add(g)
         seed = o.seed if o.seed is not None and o.seed >= 0 else 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
         if o.greedy:
             add(ll.llama_sampler_init_greedy())
@@ -230,6 +234,8 @@ class Sampler:
         ll = self._ll
         if self._argmax and not prefiltered:
             return self._greedy(self._engine.logits(idx), n_generated < self.options.min_tokens)
+        if self.grammar is not None:
+            return self._constrained(idx)
         if self.early is not None and n_generated < self.options.min_tokens:
             tok = ll.llama_sampler_sample(self.early, ctx, idx)
             ll.llama_sampler_accept(self.chain, tok)
@@ -238,6 +244,41 @@ class Sampler:
         if self.early is not None:
             ll.llama_sampler_accept(self.early, tok)
         return tok
+
+    def _constrained(self, idx: int) -> int:
+        """The chain's pick where the grammar allows it, else the chain's pick among what the grammar allows
+        (llama.cpp's common_sampler_sample): the same token as the grammar applied first for greedy decoding;
+        sampled, a token the grammar allows keeps its own chance. Both accept the token."""
+        ll = self._ll
+        row = self._engine.logits(idx)
+        cur = self._candidates(row)
+        ll.llama_sampler_apply(self.chain, ctypes.byref(cur))
+        tok = cur.data[cur.selected].id
+        one = self._one
+        one.id, one.logit, one.p = tok, 0.0, 0.0
+        ll.llama_sampler_apply(self.grammar, ctypes.byref(ll.llama_token_data_array(ctypes.pointer(one), 1, -1, False)))
+        if one.logit == float("-inf"):  # refused: the grammar over the whole vocabulary, then the chain
+            cur = self._candidates(row)
+            ll.llama_sampler_apply(self.grammar, ctypes.byref(cur))
+            ll.llama_sampler_apply(self.chain, ctypes.byref(cur))
+            tok = cur.data[cur.selected].id
+        ll.llama_sampler_accept(self.grammar, tok)
+        ll.llama_sampler_accept(self.chain, tok)
+        return tok
+
+    def _candidates(self, row):
+        """llama.cpp's candidates array over `row` (every token, its logit), in a buffer kept for the next."""
+        import numpy as np
+
+        ll = self._ll
+        if getattr(self, "_cand", None) is None:
+            self._cand = np.empty(len(row), dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+            self._ids = np.arange(len(row), dtype=np.int32)
+            self._one = ll.llama_token_data()
+        cand = self._cand
+        cand["id"], cand["logit"], cand["p"] = self._ids, row, 0.0
+        data = ctypes.cast(cand.ctypes.data, ctypes.POINTER(ll.llama_token_data))
+        return ll.llama_token_data_array(data, len(cand), -1, False)
 
     def _greedy(self, row, ban: bool) -> int:
         """The first highest logit (llama.cpp's greedy sampler picks the first of equals), end-of-generation
@@ -252,7 +293,7 @@ class Sampler:
         return tok
 
     def close(self) -> None:
-        for name in ("chain", "early"):
+        for name in ("chain", "early", "grammar"):
             handle = getattr(self, name, None)
             if handle:
                 self._ll.llama_sampler_free(handle)
