@@ -154,7 +154,7 @@ def test_a_grammar_checks_the_chains_pick_and_picks_as_if_applied_first(smollm2)
         ll.llama_sampler_chain_add(reference, ll.llama_sampler_init_greedy())
         sampler = Sampler(engine, SamplingOptions(temperature=0, json_schema=VERSION))
         prompt = engine.tokenize("Tell me a story about a dragon.")
-        batch, ours, theirs, refused = Batch(len(prompt) + 64), [], [], 0
+        batch, ours, refused = Batch(len(prompt) + 64), [], 0
         batch.add_span(prompt, 0, 0)
         batch.want_output(batch.n - 1)
         for step in range(40):
