@@ -14,16 +14,14 @@ The default model is Qwen2.5-Coder-1.5B-Instruct Q4_K_M (tests/conftest.fetch_re
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_serve  # noqa: E402
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city", "parameters": CITY}},
          {"type": "function", "function": {"name": "get_time", "description": "Get the local time in a city", "parameters": CITY}}]
@@ -45,25 +43,20 @@ def main() -> None:
         args.model = fetch_real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     import openai
 
-    exe = shutil.which("localrun") or str(Path(sys.executable).with_name("localrun"))
-    with tempfile.TemporaryDirectory() as home:
-        proc = subprocess.Popen([exe, "serve", str(args.model), "--port", "0", "--threads", str(args.threads), "--parallel", str(args.parallel),
-                                 "--ctx", "4096", "--quiet", *args.serve_args.split()], stdin=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "LOCALRUN_HOME": home})
-        try:
-            url = next(m.group(1) for line in proc.stderr if (m := re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)))
-            client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
-            for choice in ("auto", "required"):
-                tpot, calls = [], None
-                for _ in range(args.reps):
-                    r = client.chat.completions.create(model=args.model.name, messages=ASK, tools=TOOLS, tool_choice=choice,
-                                                       temperature=0, max_tokens=100)
-                    tpot.append(r.model_extra["timings"]["tpot_s"])
-                    calls = [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls or []]
-                print(f"tool_choice {choice:<8} {statistics.median(tpot) * 1000:6.1f} ms a token  {calls}")
-        finally:
-            proc.terminate()
-            proc.wait()
+    bench_serve.SLOTS, args.ctx, args.gpu_layers = args.parallel, 4096, "auto"
+    proc, url = bench_serve.start_localrun(args.model, args, ("--quiet", *args.serve_args.split()))
+    try:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+        for choice in ("auto", "required"):
+            tpot, calls = [], None
+            for _ in range(args.reps):
+                r = client.chat.completions.create(model=args.model.name, messages=ASK, tools=TOOLS, tool_choice=choice,
+                                                   temperature=0, max_tokens=100)
+                tpot.append(r.model_extra["timings"]["tpot_s"])
+                calls = [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls or []]
+            print(f"tool_choice {choice:<8} {statistics.median(tpot) * 1000:6.1f} ms a token  {calls}")
+    finally:
+        bench_serve.stop(proc)
 
 
 if __name__ == "__main__":

@@ -291,7 +291,9 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> l
         return []
     if sum(str(p) == "-" for p in paths) > 1:
         raise UsageError("--image - reads one image from stdin: give the others as files")
-    if options.get("draft") not in (None, "lookup", "none") or (options.get("beams") or 1) > 1:  # lookup drafts from the prompt
+    from ..runtime.options import SLOT_DRAFTS
+
+    if options.get("draft") not in SLOT_DRAFTS or (options.get("beams") or 1) > 1:  # lookup drafts from the prompt
         raise UsageError("--image cannot combine with a --draft model or --beams (they decode the prompt's tokens themselves): drop one")
     return read_images(paths)
 
@@ -322,12 +324,12 @@ def _resident_settings(keep_alive: str, options: dict) -> Optional[dict]:
     """What run and chat send the resident server (load options, the sampling flags given, keep-alive,
     source), or None where this process should answer: keep-alive 0, or a decoding strategy (--draft,
     --beams: loaded per run)."""
-    from ..runtime.options import SAMPLING, cli_value
+    from ..runtime.options import SAMPLING, SLOT_DRAFTS, cli_value
     from ..runtime.pool import parse_keep_alive
 
     seconds = parse_keep_alive(keep_alive)
     spec = _load_spec(options)
-    if seconds == 0 or spec.draft not in (None, "lookup", "none") or spec.beams > 1:
+    if seconds == 0 or spec.draft not in SLOT_DRAFTS or spec.beams > 1:
         return None
     return dict(load=spec.sent(), keep_alive=seconds, source=_source(options["source"]),
                 sampling={o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None})

@@ -38,6 +38,7 @@ class Option:
 
 MIN_CONTEXT = 16  # the fewest tokens a context (a slot's, on a server) may hold (--ctx, options.num_ctx)
 KV_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache types a context takes (--kv-type, options.kv_type)
+DRAFT_MAX = 64  # the most tokens a step may draft (--draft-max; a request's draft_max)
 
 
 def check_context(n_ctx: int) -> None:

@@ -129,6 +129,12 @@ class Sampler:
         # (over Qwen's 151k tokens a forced tool call took 61 ms a token against 43 free on 2 CPU threads; now 42:
         # scripts/bench_tool_calls.py).
         self.grammar = self._grammar(engine, grammar) if grammar is not None else None
+        if self.grammar is not None:  # the candidates it and the chain filter (every token and its logit), reused
+            import numpy as np
+
+            self._cand = np.empty(engine.n_vocab, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+            self._ids = np.arange(engine.n_vocab, dtype=np.int32)
+            self._one = self._ll.llama_token_data()  # the chain's pick, checked alone
         self.chain = self._build(engine, options, ban_eog=False)
         # min_tokens: a second chain with end-of-generation banned, used until min_tokens is reached (never with a
         # grammar). Both see every accepted token, so penalty state stays in step.
@@ -268,14 +274,8 @@ class Sampler:
         return tok
 
     def _candidates(self, row):
-        """llama.cpp's candidates array over `row` (every token, its logit), in a buffer kept for the next."""
-        import numpy as np
-
+        """llama.cpp's candidates array over `row` (every token, its logit), in the buffer kept for it."""
         ll = self._ll
-        if getattr(self, "_cand", None) is None:
-            self._cand = np.empty(len(row), dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
-            self._ids = np.arange(len(row), dtype=np.int32)
-            self._one = ll.llama_token_data()
         cand = self._cand
         cand["id"], cand["logit"], cand["p"] = self._ids, row, 0.0
         data = ctypes.cast(cand.ctypes.data, ctypes.POINTER(ll.llama_token_data))

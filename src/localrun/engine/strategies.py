@@ -32,6 +32,7 @@ from typing import Optional
 from ..errors import ContextOverflow, EngineError, SettingError, UsageError
 from .loop import PLAIN, Plain, Prefill, Task, drive, generate
 from .model import Batch, Engine, LoadOptions
+from .options import DRAFT_MAX
 from .sampling import Sampler, SamplingOptions, check_bias_tokens
 from .sequence import SequenceState
 from .stops import StopMatcher
@@ -46,8 +47,8 @@ class DecodeOptions:
     length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.draft_max < 1 or self.draft_max > 64:
-            raise SettingError("draft_max", self.draft_max, "use 1 to 64")
+        if self.draft_max < 1 or self.draft_max > DRAFT_MAX:
+            raise SettingError("draft_max", self.draft_max, f"use 1 to {DRAFT_MAX}")
         if self.beams < 1 or self.beams > 64:
             raise SettingError("beams", self.beams, "use 1 to 64")
         if self.beams > 1 and self.draft:

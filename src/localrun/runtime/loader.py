@@ -50,9 +50,7 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     defaults = dict(brought.sampling)
     merged = merge_options(defaults, sampling)
     embeddings = spec.kind == "embed"
-    decoding = spec.decoding()
-    if spec.draft is None and decoding.beams == 1 and brought.draft and not embeddings:  # a code model's default (--draft none: off)
-        decoding = DecodeOptions(draft=brought.draft, draft_max=decoding.draft_max)
+    decoding = spec.decoding(None if embeddings else brought.draft)  # a code model's default
     if decoding.beams > 1:
         given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),
                                        ("--min-tokens", merged.min_tokens > 0)) if on]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
-from ..engine.options import BY_NAME, KV_TYPES, MIN_CONTEXT, SAMPLING, Option, check_context, cli_value, text_value
+from ..engine.options import BY_NAME, DRAFT_MAX, KV_TYPES, MIN_CONTEXT, SAMPLING, Option, check_context, cli_value, text_value
 from ..errors import SettingError, UsageError
 from ..lazy import exports
 
@@ -16,7 +16,7 @@ _WHERE = {
     "json_grammar": "..engine.sampling",
     "DecodeOptions": "..engine.strategies",
 }
-__all__ = ["BY_NAME", "KV_TYPES", "LOAD_FIELDS", "MIN_CONTEXT", "LoadSpec", "check_context", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
+__all__ = ["BY_NAME", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "MIN_CONTEXT", "LoadSpec", "check_context", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
 __getattr__ = exports(globals(), _WHERE)
 
 # Ollama's option names (api.Options and api.Runner) where they are not localrun's own: what its clients send
@@ -51,11 +51,14 @@ class LoadSpec:
     length_penalty: float = 1.0
     pooling: Optional[str] = None  # an embeddings context's pooling (None: the model's own)
 
-    def decoding(self):
-        """The decoding strategy these options ask for (engine.strategies.DecodeOptions, checked)."""
+    def decoding(self, default_draft: Optional[str] = None):
+        """The decoding strategy these options ask for (engine.strategies.DecodeOptions, checked). `default_draft`:
+        the model's own (a code model's catalogue entry), taken where they name none and search no beams;
+        --draft none turns it off."""
         from ..engine.strategies import DecodeOptions
 
-        return DecodeOptions(draft=None if self.draft == "none" else self.draft, draft_max=self.draft_max, beams=self.beams,
+        draft = self.draft if self.draft is not None else default_draft if self.beams == 1 else None
+        return DecodeOptions(draft=None if draft == "none" else draft, draft_max=self.draft_max, beams=self.beams,
                              length_penalty=self.length_penalty)
 
     def engine_options(self, n_ctx: int, decoding=None, answer_room: Optional[int] = None):
@@ -85,7 +88,7 @@ class LoadSpec:
     def check(self) -> None:
         """Refuse, before any model loads, what the server's slots cannot take (the same messages loading
         would give)."""
-        if self.draft not in (None, "lookup", "none"):
+        if self.draft not in SLOT_DRAFTS:
             raise UsageError(f"the server's slots draft by prompt lookup only (--draft lookup), not with a draft model "
                              f"({self.draft}): run it with `localrun run --draft {self.draft} --keep-alive 0`")
         if self.beams > 1:
@@ -104,6 +107,9 @@ class LoadSpec:
 
 # What a client's flags set of a model's load: the server decides the slots and the kind, and searches no beams.
 LOAD_FIELDS = tuple(f.name for f in fields(LoadSpec) if f.name not in ("parallel", "kind", "beams", "length_penalty", "pooling"))
+# The --draft values the server's slots take (prompt lookup, none, the model's default); a draft model, loaded per
+# run, decodes in-process.
+SLOT_DRAFTS = (None, "lookup", "none")
 FALLBACK_CONTEXT = 4096  # where nothing better is known (no trained length, no memory to size by)
 EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's sequences)
 

@@ -19,7 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Str
 from ..errors import ContextOverflow, LocalrunError, SettingError, UsageError
 from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
 from ..runtime.request import prompt_for
-from ..runtime.options import KV_TYPES, OLLAMA_IGNORED, OLLAMA_LOAD
+from ..runtime.options import DRAFT_MAX, KV_TYPES, OLLAMA_IGNORED, OLLAMA_LOAD
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 PING_S = float(os.environ.get("LOCALRUN_PING_S") or 10.0)  # a stream silent this long (a prompt still evaluated) gets a keep-alive
@@ -51,7 +51,6 @@ _FOREIGN_IGNORED = frozenset({
     "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "return_progress", "response_fields",
     "speculative.n_min", "speculative.p_min"})
 _FOREIGN_DRAFT = frozenset({"speculative.n_max"})  # llama-server's per-request cap on a draft: our draft_max
-_DRAFT_MAX = 64  # the most a request's draft_max may say (a slot drafts at most its load's --draft-max)
 _FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED | _FOREIGN_DRAFT
 
 
@@ -74,7 +73,7 @@ class _Fields(BaseModel):
                 if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                     raise ApiError(400, f"invalid {name!r}: a whole number, 0 or more (0: no drafts)", param=name)
                 if data.get("draft_max") is None:
-                    data["draft_max"] = min(value, _DRAFT_MAX)
+                    data["draft_max"] = min(value, DRAFT_MAX)
             elif name in _FOREIGN_LENGTH:
                 unlimited = isinstance(value, int) and not isinstance(value, bool) and value <= 0
                 if value is not None and not unlimited and data.get("max_tokens") is None:
@@ -96,7 +95,7 @@ class _Fields(BaseModel):
     logit_bias: Optional[dict[int, float]] = None
     response_format: Optional[dict[str, Any]] = None
     ignore_eos: StrictBool = Field(False, description="llama.cpp server's extension: generate exactly max_tokens")
-    draft_max: Optional[StrictInt] = Field(None, ge=0, le=_DRAFT_MAX, description="at most this many tokens drafted a step by prompt "
+    draft_max: Optional[StrictInt] = Field(None, ge=0, le=DRAFT_MAX, description="at most this many tokens drafted a step by prompt "
                                            "lookup, where the model drafts (serve --draft lookup, a catalogue default); 0: none")
     # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
     logprobs: Union[StrictBool, StrictInt, None] = None
