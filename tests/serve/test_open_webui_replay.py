@@ -26,6 +26,9 @@ RECORDINGS = OPEN_WEBUI_RECORDINGS
 REF = "test/SmolLM2-GGUF:Q4_1"
 SPARE = "test/Spare-GGUF:Q4_1"  # what the recorded delete removes
 
+SERVER_CAP = 16  # serve's -n: the cap on an answer whose request sets none
+LONGEST_CAP = 96  # the longest cap a recorded chat request sets (the title task's 1000 is brought to SERVER_CAP)
+
 # What Ollama itself answers where the recording's request cannot succeed: `think` asked of a model that
 # does not think (400, as Ollama's).
 EXPECTED_STATUS: dict = {}
@@ -50,6 +53,14 @@ def mapped(call: dict) -> dict:
     for key in ("model", "name"):
         if key in body:
             body[key] = model
+    # Open WebUI's title task asks for up to 1000 tokens, where SmolLM2 can ramble for 8 s a request (16 s of
+    # the replay's 62 of CPU): such a cap is brought down to the server's own -n (below), as for the requests
+    # that set none. Caps of up to 96 (its chats) go as recorded.
+    if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > LONGEST_CAP:
+        body["max_tokens"] = SERVER_CAP
+    options = body.get("options")
+    if isinstance(options, dict) and isinstance(options.get("num_predict"), int) and options["num_predict"] > LONGEST_CAP:
+        body["options"] = {**options, "num_predict": SERVER_CAP}
     return body
 
 
@@ -69,7 +80,7 @@ def served(hub_stub, smollm2, cli):
     # follow-up tasks), so that the replay takes a minute, not a quarter of an hour; the requests go as recorded
     # (16 tokens are enough to see a continued answer continue: 64 took a third longer, the prompts the rest).
     # --threads 2: the replay sends one request at a time and only waits for it (140 s with 1 thread, 65 s).
-    with start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024", "-n", "16", threads=2) as srv:
+    with start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024", "-n", str(SERVER_CAP), threads=2) as srv:
         yield srv
 
 
