@@ -192,21 +192,14 @@ def _background_servers(under: Path) -> list:
 
 
 def _version(home) -> dict | None:
-    """The resident server's /api/version, or None when none answers. A server that is ending can take the
-    connection and close it unanswered (a broken pipe, a reset): asked again until it answers or is gone."""
-    from localrun.errors import LocalrunError
+    """The resident server's /api/version, or None when none answers."""
     from localrun.runtime.client import Client, NoServer
     from localrun.store.paths import server_socket
 
-    for attempt in range(50):
-        try:
-            return Client(socket_path=server_socket()).get("/api/version")
-        except NoServer:
-            return None
-        except LocalrunError:
-            if attempt == 49:
-                raise
-            time.sleep(0.1)
+    try:
+        return Client(socket_path=server_socket()).get("/api/version")
+    except NoServer:
+        return None
 
 
 def _alive(pid: int) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import LocalrunError
-from .http1 import Connection, Response
+from .http1 import Connection, Response, Unanswered
 
 START_TIMEOUT_S = 60.0
 # A server silent this long before the answer starts gets one line on stderr saying what is being waited for.
@@ -96,6 +96,12 @@ class Client:
             return conn.request(method, path, None if body is None else json.dumps(body).encode(), headers, wait=wait)
         except (ConnectionRefusedError, FileNotFoundError):
             raise NoServer(f"no localrun server at {self.address}: start one with `localrun serve`") from None
+        except (BrokenPipeError, ConnectionResetError, Unanswered) as exc:
+            if self.socket_path is None:  # over TCP: whatever closed it (a proxy, a crash) is said as it is
+                raise LocalrunError(f"cannot reach the server at {self.address}: {exc.strerror or exc}") from None
+            # The background server took the connection as it was ending (its idle exit, `stop --server`) and
+            # closed it unanswered: as good as gone, so callers start a new one or say none runs.
+            raise NoServer(f"the localrun server at {self.address} was ending: run the command again") from None
         except OSError as exc:
             raise LocalrunError(f"cannot reach the server at {self.address}: {exc.strerror or exc}") from None
 

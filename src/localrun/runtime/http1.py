@@ -16,6 +16,10 @@ class ProtocolError(OSError):
     """The peer did not answer in HTTP/1.1, or closed in the middle of a response."""
 
 
+class Unanswered(ProtocolError):
+    """The peer closed the connection before the first byte of an answer (a server that is stopping)."""
+
+
 class Connection:
     """One request to (host, port) or to a Unix socket `path`. `timeout` bounds connecting, sending and (unless
     the request says `wait`) each read of the answer."""
@@ -66,6 +70,8 @@ class Response:
     def __init__(self, raw):
         self.raw = raw
         status_line = raw.readline(65537)
+        if not status_line:
+            raise Unanswered("the connection closed before any answer")
         parts = status_line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise ProtocolError(f"not an HTTP/1.1 answer: {status_line[:80]!r}")
