@@ -148,3 +148,21 @@ def test_a_list_of_calls_cut_short_keeps_the_calls_written_whole():
     assert parse_tool_calls(text, "generic", {"get_weather"}) == ("", [{"name": "get_weather", "arguments": {"city": "Paris"}}])
     assert streamed(text, [10, 40], {"get_weather"})[2] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
     assert parse_tool_calls("[1, 2", "generic", {"get_weather"}) == ("[1, 2", [])
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}}',
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n}',
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}}\n```',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>',
+    '[{"name": "get_weather", "arguments": {"city": "Paris"}}]]',
+])
+def test_a_closing_brace_too_many_after_a_call_is_the_calls(text):
+    """Small models close one brace too many (seen from Qwen2.5-Coder-1.5B through Anthropic's API): the call
+    still comes back, with no stray '}' as content (which Claude Code would print), and the tagged form is not
+    taken for broken (it came back as its raw text, the call lost)."""
+    call = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert parse_tool_calls(text, "hermes", {"get_weather"}) == ("", call)
+    assert streamed(text, [9, 30, 55], {"get_weather"}) == ("", "", call)
+    # the text around it stays
+    assert parse_tool_calls("Checking. " + text + "\nDone.", "hermes", {"get_weather"}) == ("Checking.\nDone.", call)

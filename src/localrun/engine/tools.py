@@ -92,9 +92,19 @@ def _loads(text: str) -> Any:
             return json.loads(candidate)
         except ValueError:
             continue
+    try:  # one closing brace too many after a whole value (small models slip so: {"name": ..., {...}}}})
+        value, end = json.JSONDecoder().raw_decode(text)
+        if not _SURPLUS.fullmatch(text, end):
+            raise ValueError
+        return value
+    except ValueError:
+        pass
     if text.startswith("{{"):  # doubled braces, but not evenly: read each call by its shape
         return _by_shape(text) or None
     return None
+
+
+_SURPLUS = re.compile(r"\s*[}\]]*\s*")  # closing brackets a model wrote past the end of a whole call
 
 
 _NAMED = re.compile(r'"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -198,7 +208,10 @@ def _json_at(text: str, start: int, names: Optional[Collection[str]]) -> tuple[s
     if end is None:
         return _OPEN, i, []
     calls = _calls(_loads(text[i:end]), names)
-    return ("call", end, calls) if calls else (_TEXT, i, [])
+    if not calls:
+        return _TEXT, i, []
+    surplus = re.match(r"\s*[}\]]+", text[end:])  # a brace too many after the call is the call's, not text
+    return "call", end + (surplus.end() if surplus else 0), calls
 
 
 def _complete_items(text: str, start: int, names: Optional[Collection[str]]) -> list[Call]:
