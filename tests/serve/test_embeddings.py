@@ -90,6 +90,14 @@ def test_openai_embeddings(server, smollm2):
     [listed] = [m for m in httpx.get(server.url + "/api/ps").json()["models"] if m["path"] == str(smollm2)]
     assert sorted(c["kind"] for c in listed["contexts"]) == ["batch", "embed"]
     assert listed["size"] == sum(c["size"] for c in listed["contexts"]) and listed["load"]["kind"] == "batch"
+    # An embeddings request last: the model is still described by its chat context (Open WebUI reads its
+    # context length here; it read the embeddings context's 4096, found by a helper with Qwen).
+    client.embeddings.create(model=str(smollm2), input="x")
+    [listed] = [m for m in httpx.get(server.url + "/api/ps").json()["models"] if m["path"] == str(smollm2)]
+    [chat] = [c for c in listed["contexts"] if c["kind"] == "batch"]
+    assert listed["load"]["kind"] == "batch" and listed["context_length"] == chat["context_length"] == 1024
+    [meta] = [m["meta"] for m in httpx.get(server.url + "/v1/models").json()["data"] if m["id"] == listed["name"]]
+    assert meta["n_ctx_slot"] == 1024
 
     for body, param in (({"input": "word " * 1100}, "input"), ({"input": "x", "dimensions": 7}, "dimensions"), ({"input": []}, "input"), ({"input": [""]}, "input"),
                         ({"input": [[10**9]]}, "input"), ({"input": "x", "encoding_format": "hex"}, "encoding_format")):

@@ -393,9 +393,14 @@ class ModelPool:
     def ps(self) -> list[dict[str, Any]]:
         """Each loaded model once, as Ollama lists it, most recently used first. A model loaded for chat and
         for embeddings (or for run) holds a llama.cpp context for each: its size, slots and requests are
-        their sums, the rest is the most recently used one's, and `contexts` lists each."""
+        their sums, the rest (context_length, processor, load) is the most recently used generating context's
+        (an embeddings context's only where it has no other: Open WebUI reads a chat model's context length
+        here), and `contexts` lists each."""
         with self.lock:
-            rows = [(r.describe(), _model_key(r)) for r in sorted(self.residents, key=lambda r: -r.last_used)]
+            residents = sorted(self.residents, key=lambda r: -r.last_used)
+            order = {key: i for i, key in reversed(list(enumerate(_model_key(r) for r in residents)))}
+            rows = [(r.describe(), _model_key(r)) for r in
+                    sorted(residents, key=lambda r: (order[_model_key(r)], r.spec.kind == "embed", -r.last_used))]
         models: dict[str, dict[str, Any]] = {}
         for row, key in rows:
             context = {"kind": row["load"]["kind"], **{k: row[k] for k in _PER_CONTEXT}}
