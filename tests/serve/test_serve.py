@@ -254,6 +254,9 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     (b'{"prompt": "hi", "logit_bias": {"5": Infinity}}', "Infinity is not a JSON value"),
     (b'{"prompt": "hi", "logit_bias": {"5": NaN}}', "NaN is not a JSON value"),
     (json.dumps({"prompt": "hi", "logit_bias": {"99999999": -100}}).encode(), "invalid logit_bias: token 99999999 is not this model's"),
+    (json.dumps({"prompt": ["a", "b"]}).encode(), "prompt is a list of 2 prompts"),
+    (json.dumps({"prompt": [[1, 2], [3]]}).encode(), "prompt is a list of 2 prompts"),
+    (json.dumps({"prompt": ""}).encode(), "prompt is empty"),
 ])
 def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragment, hi_reference):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -265,6 +268,9 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragmen
         assert error["param"] == "logit_bias"
     answer = complete(server.client(), "Hi", max_tokens=2)  # and serves exactly what `localrun run` gives
     assert (answer.choices[0].text, answer.usage.completion_tokens) == hi_reference
+    if fragment.startswith("prompt is"):  # but a list of one prompt is that prompt (LangChain's OpenAI LLM sends one)
+        one = complete(server.client(), ["Hi"], max_tokens=2)
+        assert (one.choices[0].text, one.usage.completion_tokens) == hi_reference
 
 
 @pytest.fixture(scope="module")

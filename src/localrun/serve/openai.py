@@ -163,7 +163,9 @@ def _unsupported(body) -> Optional[str]:
 
 
 class CompletionBody(_Body):
-    prompt: Union[StrictStr, list[StrictInt]]
+    # OpenAI's API takes a list of prompts too (LangChain's OpenAI LLM always sends one): a list of one is
+    # that prompt; several are refused by name (_request).
+    prompt: Union[StrictStr, list[StrictInt], list[StrictStr], list[list[StrictInt]]]
     echo: StrictBool = False
     best_of: Optional[int] = None
     suffix: Optional[str] = None
@@ -471,14 +473,21 @@ def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Op
         request = Request(messages=_with_images(body),
                           tools=[t.model_dump(exclude_none=True) for t in body.tools] if tooling else None,
                           think=kwargs.get("enable_thinking"), reasoning="none" if body.reasoning_format == "none" else "auto")
-    elif isinstance(body.prompt, list):
-        bad = [t for t in body.prompt if not 0 <= t < engine.n_vocab]
+        return request, tooling
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):  # a list of prompts
+        if len(prompt) != 1:
+            raise ApiError(400, f"prompt is a list of {len(prompt)} prompts, and localrun answers one a request: send "
+                                "each in a request of its own (n asks for several answers to one)", param="prompt")
+        prompt = prompt[0]
+    if not prompt:
+        raise ApiError(400, "prompt is empty: give it some text or token ids", param="prompt")
+    if isinstance(prompt, list):
+        bad = [t for t in prompt if not 0 <= t < engine.n_vocab]
         if bad:
             raise ApiError(400, f"token id {bad[0]} is out of range: this model's ids run 0..{engine.n_vocab - 1}", param="prompt")
-        request = Request(tokens=list(body.prompt))
-    else:
-        request = Request(messages=[{"role": "user", "content": body.prompt}], raw=True)
-    return request, tooling
+        return Request(tokens=list(prompt)), tooling
+    return Request(messages=[{"role": "user", "content": prompt}], raw=True), tooling
 
 
 def _with_images(body: ChatBody) -> list[dict]:
