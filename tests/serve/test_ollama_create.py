@@ -51,6 +51,10 @@ def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smoll
 
         loaded = {m["name"] for m in http.get("/api/ps").json()["models"]}
         assert {"terse", smollm2.name} <= loaded  # one file, two models: neither answers for the other
+        # from: the name a model served by path is listed by (its file name), as /api/copy takes it
+        by_name = http.post("/api/create", json={"model": "terse3", "from": smollm2.name, "system": SYSTEM, "stream": False})
+        assert by_name.status_code == 200, by_name.text
+        assert http.post("/api/show", json={"model": "terse3"}).json()["system"] == SYSTEM
 
         assert http.post("/api/copy", json={"source": "terse", "destination": "terse2"}).status_code == 200
         card = http.post("/api/show", json={"model": "terse2"}).json()

@@ -606,6 +606,7 @@ def build_app(service: Service, on_started=None):
         notes: list[str] = []
         try:
             name, modelfile, stream = create_request(await ollama_body(request))
+            modelfile.base = service.resolve(modelfile.base)  # a name /api/tags or /v1/models lists, as for /api/copy
             made = await making(lambda: create_model(name, modelfile, source=service.options.source, on_notice=notes.append))
         except ApiError as exc:
             return ollama_error(exc, "/api/create")
