@@ -69,6 +69,9 @@ def test_anthropic_stream_system_blocks_and_count_tokens(server, model):
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
     assert "".join(pieces) == final.content[0].text == whole.content[0].text and len(pieces) >= 1
+    # streamed usage as a whole answer's: the cached part apart (the same prompt again, so some of it is cached)
+    assert final.usage.cache_read_input_tokens > 0 and final.usage.output_tokens == whole.usage.output_tokens
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
     counted = claude(server).messages.count_tokens(model=model.name, system=system, messages=[{"role": "user", "content": ASK}])
     assert counted.input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens > 10
     # a stop sequence, and Claude Code's extras (a system message inside messages, thinking, context_management) accepted

@@ -210,7 +210,10 @@ async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, s
     (start, deltas, stop), message_delta with the stop reason and usage, message_stop; pings meanwhile."""
     yield sse("message_start", {"type": "message_start", "message": {
         "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}})
+        "stop_reason": None, "stop_sequence": None,
+        # the cached part is known once a slot takes the prompt: message_delta's usage says it (as a whole answer's)
+        "usage": {"input_tokens": prompt_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                  "output_tokens": 0}}})
     yield sse("ping", {"type": "ping"})
     index, open_kind, calls = -1, None, []
 
@@ -257,6 +260,6 @@ async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, s
                 yield stop()
             reason, sequence = stop_reason(event.final, calls, stops)
             yield sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                        "usage": {"output_tokens": event.final.stats.generated_tokens}})
+                                        "usage": usage(event.final.stats)})  # the totals, cumulative as Anthropic's
             yield sse("message_stop", {"type": "message_stop"})
             return
