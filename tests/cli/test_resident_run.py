@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from conftest import BACKGROUND_CLIENTS, LOCALRUN, _alive, _servers, _version, last_json, run_cli, wait_until
+from conftest import BACKGROUND_CLIENTS, CORES, LOCALRUN, _alive, _servers, _version, last_json, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +56,11 @@ def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, 
     assert events[-1]["stats"]["load_s"] == 0 and reference[-1]["stats"]["load_s"] > 0
     assert "load duration:          0.0 ms" in again.stderr
     assert resident() == server
+    # --threads as many as it takes by default, then no --threads: the same load, not reloaded for it (it was:
+    # "reloading ...: threads N -> None", found by a helper).
+    assert run(*args[:-1], "--threads", str(CORES), "-n", "1", PROMPT).returncode == 0
+    same = run(str(smollm2), "-t", "0", "-n", "1", "--no-cache", "--json", PROMPT)
+    assert same.returncode == 0 and last_json(same.stdout)["stats"]["load_s"] == 0, same.stderr
     # The client of a run through the server loads neither llama.cpp nor the engine, pydantic or the catalogue:
     # half of its start (0.33 s of CPU), and all of it before the request goes out.
     light = subprocess.run([sys.executable, "-X", "importtime", "-m", "localrun.cli.main", "run", *args], capture_output=True,

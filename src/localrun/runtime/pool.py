@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -280,6 +280,10 @@ class ModelPool:
         """The resident model for `ref` with these load options, loading (and evicting) as needed, with a
         reference taken; and whether this call loaded it. Blocks for a load. Raises ModelNotFound,
         ModelTooBig, PoolBusy or the load's own error; a failure touches no other model."""
+        from ..engine.llama import default_threads
+
+        if spec.threads == default_threads():  # as loaded without --threads: the same load, no reload between them
+            spec = replace(spec, threads=None)
         resident = self.take(ref, spec)
         if resident is not None:
             return resident, False
