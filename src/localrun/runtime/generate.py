@@ -79,7 +79,9 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 from ..engine.thinking import has_switch
 
                 if not has_switch(engine.chat_template):
-                    on_notice(f"{loaded.name}'s chat template has no thinking switch: --{'' if request.think else 'no-'}think changes nothing")
+                    # (worded for every caller: the server's dialects ask by think, thinking or reasoning_effort)
+                    on_notice(f"{loaded.name}'s chat template has no thinking switch: asking it "
+                              f"{'to think' if request.think else 'not to think'} changes nothing")
         prompt = prompt_for(engine, request, n_ctx=place.n_ctx)
         admitted = False
 
