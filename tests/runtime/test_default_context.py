@@ -46,6 +46,7 @@ def test_open_webuis_first_message_with_its_36_tools_is_answered(tiny_tools_mode
 
     shown = json.loads(cli("show", str(tiny_tools_model), "--json").stdout)
     assert shown["memory_estimate"]["n_ctx"] == 8192, shown
+    assert shown["name"] == str(tiny_tools_model)  # a file is named by its path (it read PATH:QUANT)
     recorded = OPEN_WEBUI_RECORDINGS / "ollama-api.jsonl"
     call = json.loads(recorded.read_text().splitlines()[8])
     assert call["path"] == "/api/chat" and len(call["body"]["tools"]) == 36

@@ -33,7 +33,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     LoadSpec(kv_type=kv_type).engine_options(n_ctx)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = footprint(info, n_ctx, kv_type, repack=repacks_here(rpc))
     out: dict[str, Any] = {
-        "name": local.ref,
+        "name": str(local.path) if local.source == "path" else local.ref,  # a file by its path, not PATH:QUANT
         "path": str(local.path),
         "files": [str(f) for f in local.files],
         "projector": str(projector) if (projector := projector_of(local)) else None,
