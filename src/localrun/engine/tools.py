@@ -94,17 +94,16 @@ def _loads(text: str) -> Any:
             continue
     try:  # one closing brace too many after a whole value (small models slip so: {"name": ..., {...}}}})
         value, end = json.JSONDecoder().raw_decode(text)
-        if not _SURPLUS.fullmatch(text, end):
-            raise ValueError
-        return value
     except ValueError:
-        pass
+        end = None
+    if end is not None and _SURPLUS.fullmatch(text, end):
+        return value
     if text.startswith("{{"):  # doubled braces, but not evenly: read each call by its shape
         return _by_shape(text) or None
     return None
 
 
-_SURPLUS = re.compile(r"\s*[}\]]*\s*")  # closing brackets a model wrote past the end of a whole call
+_SURPLUS = re.compile(r"\s*[}\]]+")  # closing brackets a model wrote past the end of a whole call
 
 
 _NAMED = re.compile(r'"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -210,8 +209,8 @@ def _json_at(text: str, start: int, names: Optional[Collection[str]]) -> tuple[s
     calls = _calls(_loads(text[i:end]), names)
     if not calls:
         return _TEXT, i, []
-    surplus = re.match(r"\s*[}\]]+", text[end:])  # a brace too many after the call is the call's, not text
-    return "call", end + (surplus.end() if surplus else 0), calls
+    surplus = _SURPLUS.match(text, end)  # a brace too many after the call is the call's, not text
+    return "call", surplus.end() if surplus else end, calls
 
 
 def _complete_items(text: str, start: int, names: Optional[Collection[str]]) -> list[Call]:

@@ -96,13 +96,12 @@ class Client:
             return conn.request(method, path, None if body is None else json.dumps(body).encode(), headers, wait=wait)
         except (ConnectionRefusedError, FileNotFoundError):
             raise NoServer(f"no localrun server at {self.address}: start one with `localrun serve`") from None
-        except (BrokenPipeError, ConnectionResetError, Unanswered) as exc:
-            if self.socket_path is None:  # over TCP: whatever closed it (a proxy, a crash) is said as it is
-                raise LocalrunError(f"cannot reach the server at {self.address}: {exc.strerror or exc}") from None
-            # The background server took the connection as it was ending (its idle exit, `stop --server`) and
-            # closed it unanswered: as good as gone, so callers start a new one or say none runs.
-            raise NoServer(f"the localrun server at {self.address} was ending: run the command again") from None
         except OSError as exc:
+            if self.socket_path is not None and isinstance(exc, (BrokenPipeError, ConnectionResetError, Unanswered)):
+                # The background server took the connection as it was ending (its idle exit, `stop --server`) and
+                # closed it unanswered: as good as gone, so callers start a new one or say none runs. (Over TCP,
+                # whatever closed it, a proxy or a crash, is said as it is.)
+                raise NoServer(f"the localrun server at {self.address} was ending: run the command again") from None
             raise LocalrunError(f"cannot reach the server at {self.address}: {exc.strerror or exc}") from None
 
 

@@ -234,6 +234,14 @@ _PER_CONTEXT = ("size", "size_vram", "processor", "context_length", "slots", "sl
                 "keep_alive", "load", "memory")
 
 
+def _as_loaded(spec: LoadSpec) -> LoadSpec:
+    """`spec` as the pool compares loads: threads as many as the default are the default (a --threads N and no
+    --threads load the same; they used to reload the model between them)."""
+    from ..engine.llama import default_threads
+
+    return replace(spec, threads=None) if spec.threads == default_threads() else spec
+
+
 def _processor(on_gpu: float) -> str:
     if on_gpu <= 0:
         return "100% CPU"
@@ -280,15 +288,12 @@ class ModelPool:
         """The resident model for `ref` with these load options, loading (and evicting) as needed, with a
         reference taken; and whether this call loaded it. Blocks for a load. Raises ModelNotFound,
         ModelTooBig, PoolBusy or the load's own error; a failure touches no other model."""
-        from ..engine.llama import default_threads
-
-        if spec.threads == default_threads():  # as loaded without --threads: the same load, no reload between them
-            spec = replace(spec, threads=None)
-        resident = self.take(ref, spec)
+        spec = _as_loaded(spec)
+        resident = self._find(ref, spec)
         if resident is not None:
             return resident, False
         with self.loading:
-            resident = self.take(ref, spec)  # loaded by a request that held the lock before us
+            resident = self._find(ref, spec)  # loaded by a request that held the lock before us
             if resident is not None:
                 return resident, False
             path = self._path(ref)
@@ -402,9 +407,11 @@ class ModelPool:
         here), and `contexts` lists each."""
         with self.lock:
             residents = sorted(self.residents, key=lambda r: -r.last_used)
-            order = {key: i for i, key in reversed(list(enumerate(_model_key(r) for r in residents)))}
-            rows = [(r.describe(), _model_key(r)) for r in
-                    sorted(residents, key=lambda r: (order[_model_key(r)], r.spec.kind == "embed", -r.last_used))]
+            order: dict[str, int] = {}  # each model at its most recent use
+            for resident in residents:
+                order.setdefault(_model_key(resident), len(order))
+            # (sorted is stable: within a model, generating contexts first, each kind most recent first)
+            rows = [(r.describe(), _model_key(r)) for r in sorted(residents, key=lambda r: (order[_model_key(r)], r.spec.kind == "embed"))]
         models: dict[str, dict[str, Any]] = {}
         for row, key in rows:
             context = {"kind": row["load"]["kind"], **{k: row[k] for k in _PER_CONTEXT}}
@@ -452,6 +459,9 @@ class ModelPool:
     def take(self, ref: str, spec: LoadSpec) -> Optional[Resident]:
         """The model for `ref` with these options, with a reference taken, if it is loaded; else None. Never
         waits for a load (the lock guards only the list): the event loop asks it before `acquire`."""
+        return self._find(ref, _as_loaded(spec))
+
+    def _find(self, ref: str, spec: LoadSpec) -> Optional[Resident]:
         wanted = ref.casefold()
         with self.lock:
             for resident in self.residents:
