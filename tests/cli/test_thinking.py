@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import ollama
 import pytest
 
 from conftest import THINK_GRAMMAR, start_server
@@ -75,6 +74,8 @@ def test_chat_shows_thinking_on_stderr_and_keeps_it_out_of_the_history(thinking_
 
 
 def test_openai_reasoning_content_and_ollama_thinking(thinking_model, smollm2, tmp_path):
+    import ollama
+
     with start_server(thinking_model, tmp_path / "home", "--parallel", "2", "--ctx", "1024") as srv:
         c = srv.client("none")
         ask = dict(model=str(thinking_model), messages=[{"role": "user", "content": Q}], temperature=0, max_tokens=80)

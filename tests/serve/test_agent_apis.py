@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import anthropic
 import httpx
 import jsonschema
 import openai
@@ -37,7 +36,9 @@ def server(model, tmp_path_factory):
         yield srv
 
 
-def claude(server) -> anthropic.Anthropic:
+def claude(server):
+    import anthropic  # here, not at the top: importing it costs each pytest worker 1.6 s at collection
+
     return anthropic.Anthropic(base_url=server.url, api_key="sk-test", max_retries=0, timeout=120)
 
 
@@ -101,6 +102,8 @@ def test_anthropic_tools_round_trip(server, model):
 
 
 def test_anthropic_errors_in_its_own_shape(server, model):
+    import anthropic
+
     with pytest.raises(anthropic.BadRequestError) as err:
         claude(server).messages.create(model=model.name, max_tokens=10, messages=[
             {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])

@@ -11,7 +11,6 @@ import json
 
 import httpx
 import numpy as np
-import ollama
 import pytest
 
 from conftest import start_server
@@ -106,6 +105,8 @@ def test_openai_embeddings(server, smollm2):
 
 
 def test_ollama_embed_and_langchain(server, smollm2):
+    import ollama
+
     from langchain_ollama import OllamaEmbeddings
 
     c = ollama.Client(host=server.url)
