@@ -196,3 +196,26 @@ def test_a_client_sends_what_its_flags_set_and_the_server_decides_the_rest():
 def test_every_failure_is_one_line_and_an_exit_code(exc, message, code):
     assert message_for(exc) == (message, code)
     assert "\n" not in message_for(exc)[0]
+
+
+# -- stored responses (OpenAI's Responses API) -------------------------------------------------------
+
+
+def test_a_stored_response_keeps_its_object_and_one_stored_before_that_still_continues(isolated_home):
+    import json
+
+    from localrun.serve.responses import Kept
+    from localrun.store.responses import folder, load_envelope, load_response, save_response
+
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    rid, old = "resp_" + "a" * 24, "resp_" + "b" * 24
+    save_response(rid, conversation, {"id": rid, "object": "response"})
+    assert load_response(rid) == conversation and load_envelope(rid) == {"id": rid, "object": "response"}
+    (folder() / f"{old}.json").write_text(json.dumps(conversation))  # a file written before the object was kept
+    assert load_response(old) == conversation and load_envelope(old) is None
+    kept = Kept(size=1)  # nothing of these in memory: both read from the disk
+    assert kept.get(old) == conversation and kept.envelope(rid)["id"] == rid
+    assert kept.delete(rid) and not kept.delete(rid) and load_response(rid) is None
+    kept.put("resp_" + "c" * 24, conversation, store=False, response={"id": "x"})  # kept to continue, not to be read
+    assert kept.get("resp_" + "c" * 24) == conversation and kept.envelope("resp_" + "c" * 24) is None
+    assert not kept.delete("resp_" + "c" * 24) and kept.get("resp_" + "c" * 24) == conversation

@@ -45,8 +45,8 @@ def test_a_long_system_prompt_is_restored_from_disk_after_a_restart(smollm2, tmp
 
 def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_not(smollm2, tmp_path):
     """previous_response_id after the server restarted: a response stored (`store` true, the default) is
-    found on disk and its conversation continues, its KV state from the prefix cache; one sent with
-    `store: false` was kept only in memory (404, in OpenAI's shape)."""
+    found on disk and its conversation continues, its KV state from the prefix cache, and GET reads it as it
+    was answered; one sent with `store: false` was kept only in memory (404, in OpenAI's shape)."""
     home = tmp_path / "home"
 
     def client(server):
@@ -57,9 +57,24 @@ def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_no
                                                 temperature=0, max_output_tokens=8)
         unstored = client(first).responses.create(model=smollm2.name, input="My name is Bo.", store=False,
                                                   temperature=0, max_output_tokens=8)
+        # GET /v1/responses/{id}: a stored response as it was answered, whole or streamed; DELETE forgets one
+        # (even while its write to disk may still be on its way); one sent with store: false is not kept to be read.
+        assert client(first).responses.retrieve(stored.id).model_dump() == stored.model_dump()
+        events = list(client(first).responses.create(model=smollm2.name, input="Say hi.", temperature=0, max_output_tokens=4,
+                                                     stream=True))
+        streamed = next(e.response for e in events if e.type == "response.completed")
+        assert client(first).responses.retrieve(streamed.id).model_dump() == streamed.model_dump()
+        client(first).responses.delete(streamed.id)
+        for gone in (streamed.id, unstored.id, "resp_" + "0" * 24):
+            with pytest.raises(openai.NotFoundError) as missing:
+                client(first).responses.retrieve(gone)
+            assert gone in missing.value.body["message"]
+        with pytest.raises(openai.NotFoundError):
+            client(first).responses.delete(streamed.id)
     assert list((home / "responses").glob("resp_*.json")) == [home / "responses" / f"{stored.id}.json"]
 
     with start_server(smollm2, home, "--ctx", "2048", "--parallel", "1") as again:
+        assert client(again).responses.retrieve(stored.id).model_dump() == stored.model_dump()  # from the disk
         follow = client(again).responses.create(model=smollm2.name, instructions=SYSTEM, input="What is my name?",
                                                 previous_response_id=stored.id, temperature=0, max_output_tokens=8)
         with pytest.raises(openai.NotFoundError) as lost:

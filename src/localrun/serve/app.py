@@ -365,8 +365,9 @@ def build_app(service: Service, on_started=None):
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         rid = "resp_" + os.urandom(12).hex()
 
-        def keep(text: str, output: list) -> None:
-            kept_responses.put(rid, responses.answered(conversation, text, [], output), store=data.get("store") is not False)
+        def keep(text: str, output: list, reply: dict) -> None:
+            kept_responses.put(rid, responses.answered(conversation, text, [], output), store=data.get("store") is not False,
+                               response=reply)
 
         if not body.stream:
             try:
@@ -378,7 +379,7 @@ def build_app(service: Service, on_started=None):
             if dialect == "anthropic":
                 return JSONResponse(anthropic.message(model, content or "", final.thinking, calls, final, stops))
             reply = responses.response(rid, data, model, content or "", final.thinking, calls, final)
-            keep(content or "", reply["output"])
+            keep(content or "", reply["output"], reply)
             return JSONResponse(reply)
         events = tracked(request, answer, endpoint)
         wire = (anthropic.events(events, model, answer.prompt_tokens, stops) if dialect == "anthropic"
@@ -414,6 +415,30 @@ def build_app(service: Service, on_started=None):
 
     async def responses_create(request: Request):
         return await translated(request, "/v1/responses", "responses")
+
+    def stored_response(request: Request) -> tuple[str, Optional[dict]]:
+        rid = request.path_params["response_id"]
+        return rid, kept_responses.envelope(rid)
+
+    def no_response(rid: str, endpoint: str):
+        return error_response(ApiError(404, f"Response with id {rid!r} not found: this server keeps the last "
+                                            f"{responses.STORED} stored (store: true) responses"), endpoint)
+
+    async def responses_get(request: Request):
+        """OpenAI's GET /v1/responses/{id}: a stored response as it was answered (after a restart too)."""
+        rid, found = await run_in_threadpool(stored_response, request)
+        if found is None:
+            return no_response(rid, "/v1/responses/{id}")
+        metrics.requests.labels("/v1/responses/{id}", "200").inc()
+        return JSONResponse(found)
+
+    async def responses_delete(request: Request):
+        """OpenAI's DELETE /v1/responses/{id}: a stored response forgotten, in memory and on disk."""
+        rid = request.path_params["response_id"]
+        if not await run_in_threadpool(kept_responses.delete, rid):
+            return no_response(rid, "/v1/responses/{id}")
+        metrics.requests.labels("/v1/responses/{id}", "200").inc()
+        return JSONResponse({"id": rid, "object": "response", "deleted": True})
 
     async def choices(request: Request, body, endpoint: str):
         """`n` choices, each its own request (a fixed seed counts up, so the choices differ), decoded side by
@@ -814,6 +839,8 @@ def build_app(service: Service, on_started=None):
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/responses", responses_create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_get, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses_delete, methods=["DELETE"]),
         Route("/api/embed", ollama_embed, methods=["POST"]),
         Route("/api/embeddings", ollama_embeddings, methods=["POST"]),
         Route("/api/ps", ps, methods=["GET"]),

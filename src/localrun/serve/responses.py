@@ -27,37 +27,67 @@ STORED = 1024  # and on disk (store.responses.KEEP)
 
 
 class Kept:
-    """Conversations of recent responses (the messages that led to them and their answer), by id: in memory,
-    and the stored ones on disk too."""
+    """Recent responses by id: the conversation that led to each with its answer (for previous_response_id,
+    whatever `store` said) and, for those stored, the Response object (for GET /v1/responses/{id}); in
+    memory, and the stored ones on disk too."""
 
     def __init__(self, size: int = KEPT):
         self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+        self.deleted: OrderedDict = OrderedDict()  # ids deleted while their write may still be on its way
 
-    def put(self, rid: str, messages: list[dict], store: bool = True) -> None:
+    def put(self, rid: str, messages: list[dict], store: bool = True, response: Optional[dict] = None) -> None:
         with self.lock:
-            self.items[rid] = messages
+            self.items[rid] = (messages, response if store else None)
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
         if store:  # written beside the answer, not before it: a slow disk holds up no client
-            threading.Thread(target=_stored, args=(rid, messages), name="localrun-store-response", daemon=True).start()
+            threading.Thread(target=self._store, args=(rid, messages, response), name="localrun-store-response", daemon=True).start()
 
     def get(self, rid: str) -> Optional[list[dict]]:
+        """The conversation of response `rid` with its answer, to continue from."""
         with self.lock:
             found = self.items.get(rid)
-        if found is None:
-            from ..runtime import load_response
+        if found is not None:
+            return found[0]
+        from ..runtime import load_response
 
-            found = load_response(rid)
-        return found
+        return load_response(rid)
 
+    def envelope(self, rid: str) -> Optional[dict]:
+        """The Response object of stored response `rid` (None: unknown, not stored, or deleted)."""
+        with self.lock:
+            found = self.items.get(rid)
+        if found is not None:
+            return found[1]
+        from ..runtime import load_envelope
 
-def _stored(rid: str, messages: list[dict]) -> None:
-    from ..runtime import save_response
+        return load_envelope(rid)
 
-    try:
-        save_response(rid, messages)
-    except OSError as exc:  # a full or read-only disk: the response is still kept in memory
-        print(f"warning: could not store response {rid} ({exc}): it continues only while this server runs", file=sys.stderr, flush=True)
+    def delete(self, rid: str) -> bool:
+        """Forget stored response `rid` (in memory and on disk); whether it was stored."""
+        from ..runtime import delete_response
+
+        with self.lock:
+            found = self.items.get(rid)
+            if found is not None and found[1] is None:
+                return False  # not stored: nothing to delete (it may still be continued, as OpenAI's)
+            self.items.pop(rid, None)
+            self.deleted[rid] = True
+            while len(self.deleted) > self.size:
+                self.deleted.popitem(last=False)
+        return delete_response(rid) or found is not None
+
+    def _store(self, rid: str, messages: list[dict], response: Optional[dict]) -> None:
+        from ..runtime import delete_response, save_response
+
+        try:
+            save_response(rid, messages, response)
+        except OSError as exc:  # a full or read-only disk: the response is still kept in memory
+            print(f"warning: could not store response {rid} ({exc}): it continues only while this server runs", file=sys.stderr, flush=True)
+            return
+        with self.lock:
+            if rid in self.deleted:  # deleted while this was being written
+                delete_response(rid)
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -337,6 +367,7 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
                 output.append(item)
                 yield event("response.output_item.added", output_index=0, item={**item, "status": "in_progress", "content": []})
                 yield event("response.output_item.done", output_index=0, item=item)
-            on_output("".join(text_parts), output)
-            yield event("response.completed", response=envelope(rid, data, model, created, "completed", output, ev.final))
+            completed = envelope(rid, data, model, created, "completed", output, ev.final)
+            on_output("".join(text_parts), output, completed)
+            yield event("response.completed", response=completed)
             return

@@ -1,7 +1,8 @@
 """Stored responses of the OpenAI Responses API (`store: true`, its default): the conversation that led to
-each and its answer, one JSON file per response id under LOCALRUN_HOME/responses, so that a
-`previous_response_id` still continues after the server restarts (its KV state comes back through the
-prefix cache). Written atomically; the newest KEEP are kept."""
+each and its answer, and the Response object the client was given, one JSON file per response id under
+LOCALRUN_HOME/responses, so that a `previous_response_id` still continues after the server restarts (its
+KV state comes back through the prefix cache) and `GET /v1/responses/{id}` still finds it. Written
+atomically; the newest KEEP are kept."""
 
 from __future__ import annotations
 
@@ -21,25 +22,55 @@ def folder() -> Path:
     return home() / "responses"
 
 
-def save_response(rid: str, messages: list[dict], keep: int = KEEP) -> None:
-    """Store response `rid`'s conversation (its messages, the answer last); drop the oldest beyond `keep`."""
+def save_response(rid: str, messages: list[dict], response: Optional[dict] = None, keep: int = KEEP) -> None:
+    """Store response `rid`: its conversation (its messages, the answer last) and the Response object it was
+    answered with; drop the oldest beyond `keep`."""
     if not _ID.match(rid):
         raise ValueError(f"not a response id: {rid!r}")
     where = folder()
     where.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(where / f"{rid}.json", json.dumps(messages, ensure_ascii=False).encode("utf-8"))
+    record = {"messages": messages, "response": response}
+    atomic_write_bytes(where / f"{rid}.json", json.dumps(record, ensure_ascii=False).encode("utf-8"))
     stored = sorted(where.glob("resp_*.json"), key=lambda p: p.stat().st_mtime_ns)
     for old in stored[: max(0, len(stored) - keep)]:
         old.unlink(missing_ok=True)
 
 
-def load_response(rid: str) -> Optional[list[dict]]:
-    """Response `rid`'s conversation, or None when it was not stored (or is no longer, or is unreadable)."""
+def _load(rid: str) -> Optional[dict]:
     if not _ID.match(rid):
         return None
     try:
-        messages = json.loads((folder() / f"{rid}.json").read_text(encoding="utf-8"))
+        record = json.loads((folder() / f"{rid}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return messages if isinstance(messages, list) and all(isinstance(m, dict) for m in messages) else None
+    if isinstance(record, list):  # written before the Response object was kept beside the conversation
+        record = {"messages": record, "response": None}
+    if not isinstance(record, dict):
+        return None
+    messages, response = record.get("messages"), record.get("response")
+    if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
+        return None
+    return {"messages": messages, "response": response if isinstance(response, dict) else None}
 
+
+def load_response(rid: str) -> Optional[list[dict]]:
+    """Response `rid`'s conversation, or None when it was not stored (or is no longer, or is unreadable)."""
+    record = _load(rid)
+    return record["messages"] if record else None
+
+
+def load_envelope(rid: str) -> Optional[dict]:
+    """The Response object stored response `rid` was answered with, or None."""
+    record = _load(rid)
+    return record["response"] if record else None
+
+
+def delete_response(rid: str) -> bool:
+    """Forget stored response `rid`; whether there was one."""
+    if not _ID.match(rid):
+        return False
+    try:
+        (folder() / f"{rid}.json").unlink()
+    except FileNotFoundError:
+        return False
+    return True
