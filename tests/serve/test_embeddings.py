@@ -89,6 +89,8 @@ def test_openai_embeddings(server, smollm2):
     [listed] = [m for m in httpx.get(server.url + "/api/ps").json()["models"] if m["path"] == str(smollm2)]
     assert sorted(c["kind"] for c in listed["contexts"]) == ["batch", "embed"]
     assert listed["size"] == sum(c["size"] for c in listed["contexts"]) and listed["load"]["kind"] == "batch"
+    health = httpx.get(server.url + "/health").json()  # one model (it counted each context: found by a helper)
+    assert health["models"] == len(httpx.get(server.url + "/api/ps").json()["models"]) == 1, health
     # An embeddings request last: the model is still described by its chat context (Open WebUI reads its
     # context length here; it read the embeddings context's 4096, found by a helper with Qwen).
     client.embeddings.create(model=str(smollm2), input="x")

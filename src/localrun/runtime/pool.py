@@ -92,7 +92,7 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
                      n_seq=spec.parallel, repack=repack)
 
 
-def _model_key(resident: Resident) -> str:
+def model_key(resident: Resident) -> str:
     """What makes two residents one model: their file, unless one is a created model (its name then)."""
     return f"created:{resident.loaded.name}" if _made(resident.loaded) else str(resident.path)
 
@@ -409,9 +409,9 @@ class ModelPool:
             residents = sorted(self.residents, key=lambda r: -r.last_used)
             order: dict[str, int] = {}  # each model at its most recent use
             for resident in residents:
-                order.setdefault(_model_key(resident), len(order))
+                order.setdefault(model_key(resident), len(order))
             # (sorted is stable: within a model, generating contexts first, each kind most recent first)
-            rows = [(r.describe(), _model_key(r)) for r in sorted(residents, key=lambda r: (order[_model_key(r)], r.spec.kind == "embed"))]
+            rows = [(r.describe(), model_key(r)) for r in sorted(residents, key=lambda r: (order[model_key(r)], r.spec.kind == "embed"))]
         models: dict[str, dict[str, Any]] = {}
         for row, key in rows:
             context = {"kind": row["load"]["kind"], **{k: row[k] for k in _PER_CONTEXT}}

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from ..errors import LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
 from ..runtime.options import LoadSpec
-from ..runtime.pool import FOREVER, ModelPool, Resident, parse_keep_alive
+from ..runtime.pool import FOREVER, ModelPool, Resident, model_key, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
 from .stream import Answer, answer_events
 from . import access, anthropic, native, ollama, openai, responses
@@ -803,14 +803,16 @@ def build_app(service: Service, on_started=None):
         return JSONResponse({"stopped": [name for name, _ in chosen], "busy": [name for name, busy in chosen if busy]})
 
     async def health(request: Request):
-        schedulers = [r.scheduler for r in list(pool.residents)]
+        residents = list(pool.residents)
+        schedulers = [r.scheduler for r in residents]
         fatal = next((s.fatal for s in schedulers if s.fatal), None)
         if fatal:
             return JSONResponse({"status": "error", "error": fatal}, status_code=503)
         slots = sum(len(s.slots) for s in schedulers)
         idle = sum(s.idle_slots() for s in schedulers)
         return JSONResponse({"status": "ok", "slots_idle": idle, "slots_processing": slots - idle,
-                             "requests_waiting": sum(s.stats.waiting for s in schedulers), "models": len(schedulers)})
+                             "requests_waiting": sum(s.stats.waiting for s in schedulers),
+                             "models": len({model_key(r) for r in residents})})  # a model's embeddings context is the same model
 
     async def prometheus(request: Request):
         return HttpResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
