@@ -112,9 +112,14 @@ def test_anthropic_errors_in_its_own_shape(server, model):
     assert "has no image projector" in err.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         claude(server).messages.create(model="no-such-model", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
-    with pytest.raises(anthropic.AuthenticationError):
+    with pytest.raises(anthropic.AuthenticationError) as denied:
         anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(
             model=model.name, max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    # Anthropic's shape and its header named (it was OpenAI's, asking for a Bearer token: found by a helper)
+    assert denied.value.body == {"type": "error", "error": {"type": "authentication_error",
+                                                            "message": "missing or wrong API key: send 'x-api-key: KEY'"}}
+    wrong_method = httpx.put(server.url + "/v1/messages", headers={"x-api-key": "sk-test"})
+    assert wrong_method.status_code == 405 and wrong_method.json()["type"] == "error", wrong_method.text
 
 
 def test_responses_stream_function_call_round_trip_and_previous_response(server, model):

@@ -79,6 +79,11 @@ def test_api_key_is_enforced(server):
         server.client(key="wrong-key").models.list()
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    import ollama  # Ollama's clients read {"error": "..."}: the 401 is in that shape under /api
+
+    with pytest.raises(ollama.ResponseError) as denied:
+        ollama.Client(host=server.url).chat(model=SMOL, messages=[{"role": "user", "content": "hi"}])
+    assert denied.value.status_code == 401 and denied.value.error.startswith("missing or wrong API key"), denied.value
 
 
 def test_chat_non_streaming_and_streaming_agree(server, smollm2, cli):

@@ -416,17 +416,14 @@ def build_app(service: Service, on_started=None):
     async def responses_create(request: Request):
         return await translated(request, "/v1/responses", "responses")
 
-    def stored_response(request: Request) -> tuple[str, Optional[dict]]:
-        rid = request.path_params["response_id"]
-        return rid, kept_responses.envelope(rid)
-
     def no_response(rid: str, endpoint: str):
         return error_response(ApiError(404, f"Response with id {rid!r} not found: this server keeps the last "
                                             f"{responses.STORED} stored (store: true) responses"), endpoint)
 
     async def responses_get(request: Request):
         """OpenAI's GET /v1/responses/{id}: a stored response as it was answered (after a restart too)."""
-        rid, found = await run_in_threadpool(stored_response, request)
+        rid = request.path_params["response_id"]
+        found = await run_in_threadpool(kept_responses.envelope, rid)  # from the disk, after a restart
         if found is None:
             return no_response(rid, "/v1/responses/{id}")
         metrics.requests.labels("/v1/responses/{id}", "200").inc()
@@ -865,12 +862,13 @@ def build_app(service: Service, on_started=None):
     ]
 
     async def http_error(request: Request, exc):
-        # 404 for an unknown path and 405 for a wrong method, in the same OpenAI-style body as the rest
+        # 404 for an unknown path and 405 for a wrong method, in the shape of the dialect the path is under
+        from .limits import error_body
+
         what = "no such endpoint" if exc.status_code == 404 else f"{request.method} is not allowed here"
-        error = ApiError(exc.status_code, f"{what}: {request.url.path}")
-        # under /api, Ollama's shape ({"error": "..."}), which Ollama's clients show
-        body = {"error": error.message} if request.url.path.startswith("/api/") else error.body()
-        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        body = error_body(request.url.path, exc.status_code, f"{what}: {request.url.path}", "invalid_request_error",
+                          anthropic_kind="not_found_error" if exc.status_code == 404 else None)
+        return HttpResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None), media_type="application/json")
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     app = limit_body(app, service.options.max_body)
@@ -888,15 +886,20 @@ def _given_key(headers: dict) -> bytes:
 
 
 def _require_key(app, key: str):
-    """ASGI wrapper: every path but /health needs `Authorization: Bearer KEY` (compared in constant time)."""
+    """ASGI wrapper: every path but /health needs the key, as `Authorization: Bearer KEY` or Anthropic's
+    `x-api-key: KEY` (compared in constant time); a 401 in the shape of the dialect the path is under."""
+    from .limits import error_body
+
     expected = key.encode()
-    body = json.dumps(ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                               type_="invalid_request_error", code="invalid_api_key").body()).encode()
 
     async def guarded(scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health":
             given = _given_key(dict(scope["headers"]))
             if not hmac.compare_digest(given, expected):
+                path = scope["path"]
+                how = "'x-api-key: KEY'" if path.startswith("/v1/messages") else "'Authorization: Bearer KEY'"
+                body = error_body(path, 401, f"missing or wrong API key: send {how}", "invalid_request_error",
+                                  code="invalid_api_key", anthropic_kind="authentication_error")
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": body})
