@@ -151,14 +151,35 @@ def test_responses_stream_function_call_round_trip_and_previous_response(server,
 
 def test_responses_text_stream_and_json_schema(server, model):
     with oai(server).responses.stream(model=model.name, input=ASK, instructions="Answer briefly.", temperature=0,
-                                      max_output_tokens=20) as stream:
+                                      max_output_tokens=200) as stream:  # whole: the helper waits for response.completed
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert "".join(deltas) == final.output_text and deltas
+    # Cut at max_output_tokens: the stream ends with response.incomplete, its message incomplete too, as
+    # OpenAI's does (it ended with response.completed; found by a helper); sequence numbers count from 0.
+    events = list(oai(server).responses.create(model=model.name, input=ASK, temperature=0, max_output_tokens=2, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.incomplete" and events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert [o.status for o in events[-1].response.output] == ["incomplete"] and events[-1].response.completed_at is None
+    whole = oai(server).responses.create(model=model.name, input=ASK, temperature=0, max_output_tokens=2)
+    assert whole.status == "incomplete" and [o.status for o in whole.output] == ["incomplete"]
+    # Errors name what the Responses client wrote, and a tool_choice that cannot be kept is refused.
+    with pytest.raises(openai.BadRequestError) as bad:
+        oai(server).responses.create(model=model.name, input=ASK, max_output_tokens=0)
+    assert bad.value.body["param"] == "max_output_tokens" and "'max_output_tokens'" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as bad:
+        oai(server).responses.create(model=model.name, input=ASK, tool_choice="required")
+    assert bad.value.body["param"] == "tool_choice"
+    import anthropic
+
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude(server).messages.create(model=model.name, max_tokens=4, tool_choice={"type": "any"}, messages=[{"role": "user", "content": ASK}])
+    assert "needs tools" in refused.value.body["error"]["message"]
     schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}}, "required": ["capital"], "additionalProperties": False}
     r = oai(server).responses.create(model=model.name, input=ASK, temperature=0, max_output_tokens=40,
                                      text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
     jsonschema.validate(json.loads(r.output_text), schema)
+    assert r.status == "completed" and r.completed_at >= r.created_at
 
 
 def test_a_long_prompt_is_not_silent(model, tmp_path_factory, monkeypatch):

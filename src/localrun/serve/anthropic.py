@@ -65,7 +65,9 @@ def _tool_choice(choice: Any, has_tools: bool) -> tuple[Any, Optional[bool]]:
           "tool_choice must be {type: auto|any|tool|none}", "tool_choice")
     parallel = None if choice.get("disable_parallel_tool_use") is None else not choice["disable_parallel_tool_use"]
     kind = choice["type"]
-    if not has_tools:
+    if not has_tools:  # nothing to call: "auto" and "none" mean no call anyway; "any" and "tool" cannot be kept
+        need(kind in ("auto", "none"), f"tool_choice {{type: {kind}}} needs tools (of the client's own: server tools"
+                                       " such as web_search do not run here)", "tool_choice")
         return None, None
     if kind == "tool":
         need(isinstance(choice.get("name"), str), "tool_choice {type: tool} needs the tool's name", "tool_choice")

@@ -344,7 +344,9 @@ def build_app(service: Service, on_started=None):
 
         def fail(exc: ApiError):
             metrics.requests.labels(endpoint, str(exc.status)).inc()
-            return JSONResponse(anthropic.error_body(exc) if dialect == "anthropic" else exc.body(), status_code=exc.status)
+            if dialect == "anthropic":
+                return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+            return JSONResponse(responses.as_written(exc).body(), status_code=exc.status)
 
         try:
             raw = await read_body(request)
@@ -418,7 +420,7 @@ def build_app(service: Service, on_started=None):
 
     def no_response(rid: str, endpoint: str):
         return error_response(ApiError(404, f"Response with id {rid!r} not found: this server keeps the last "
-                                            f"{responses.STORED} stored (store: true) responses"), endpoint)
+                                            f"{responses.STORED} stored (store: true) responses, each once it is answered"), endpoint)
 
     async def responses_get(request: Request):
         """OpenAI's GET /v1/responses/{id}: a stored response as it was answered (after a restart too)."""

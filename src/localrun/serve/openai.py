@@ -428,8 +428,10 @@ def request_for(resident, body: Union[CompletionBody, ChatBody]) -> tuple[Reques
     asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if asked is not None:
         options = options.model_copy(update={"max_tokens": asked})
-    elif options.max_tokens <= 0:
-        options = options.model_copy(update={"max_tokens": -1})  # until the slot is full
+    elif options.max_tokens <= 0 or "max_tokens" not in resident.loaded.sampling.model_fields_set:
+        # Unasked and unset (no `serve -n`, catalogue or Modelfile length): until the slot is full, as OpenAI's,
+        # Ollama's and llama-server's are; the command line's 512 was cutting agents' answers (Codex sends none).
+        options = options.model_copy(update={"max_tokens": -1})
     if body.ignore_eos:
         if options.grammar is not None or options.json_schema is not None:
             raise ApiError(400, "ignore_eos cannot combine with response_format (the grammar decides where the text ends)", param="ignore_eos")

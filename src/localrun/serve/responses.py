@@ -202,6 +202,8 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
     if data.get("max_output_tokens") is not None:
         body["max_tokens"] = data["max_output_tokens"]
     choice = data.get("tool_choice")
+    need(tools or choice in (None, "auto", "none") or (isinstance(choice, dict) and choice.get("type") != "function"),
+         f"tool_choice {choice!r} needs function tools (tools of other types do not run here)", "tool_choice")
     if tools:
         body["tools"] = tools
         if isinstance(choice, dict) and choice.get("type") == "function":
@@ -227,6 +229,20 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
     return chat, body["messages"]
 
 
+_NAMES = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
+
+
+def as_written(exc: ApiError) -> ApiError:
+    """An error of the chat request a Responses body became, naming the field the Responses client wrote
+    (max_output_tokens, not max_tokens; input, not messages)."""
+    head = (exc.param or "").split(".")[0]
+    if head not in _NAMES:
+        return exc
+    renamed = ApiError(exc.status, exc.message.replace(f"'{exc.param}'", f"'{_NAMES[head]}'"), param=_NAMES[head],
+                       code=exc.code, type_=exc.type)
+    return renamed
+
+
 def _usage(stats) -> dict:
     return {"input_tokens": stats.prompt_tokens, "input_tokens_details": {"cached_tokens": stats.cached_tokens},
             "output_tokens": stats.generated_tokens, "output_tokens_details": {"reasoning_tokens": stats.thinking_tokens},
@@ -242,8 +258,14 @@ def _reasoning_item(thinking: str, rid: Optional[str] = None) -> dict:
 
 
 def _message_item(text: str, mid: Optional[str] = None, status: str = "completed") -> dict:
+    """An answer's message item: in progress (no content yet), completed, or incomplete (cut at max_output_tokens)."""
     return {"type": "message", "id": mid or _item_id("msg"), "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []}
+            "content": [] if status == "in_progress" else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _cut(final) -> bool:
+    """Whether the answer ended at max_output_tokens (the response and its message are then incomplete)."""
+    return final is not None and final.finish_reason == "length"
 
 
 def _call_item(call: dict) -> dict:
@@ -253,9 +275,11 @@ def _call_item(call: dict) -> dict:
 
 def envelope(rid: str, data: dict, model: str, created: int, status: str, output: list, final=None) -> dict:
     """A Response object: what was asked (echoed as the API does) and, once done, the output and usage."""
-    incomplete = {"reason": "max_output_tokens"} if final is not None and final.finish_reason == "length" else None
+    incomplete = {"reason": "max_output_tokens"} if _cut(final) else None
+    status = "incomplete" if incomplete else status
     return {
-        "id": rid, "object": "response", "created_at": created, "status": "incomplete" if incomplete else status, "model": model,
+        "id": rid, "object": "response", "created_at": created, "status": status, "model": model,
+        "completed_at": int(time.time()) if status == "completed" else None,
         "output": output, "error": None, "incomplete_details": incomplete, "instructions": data.get("instructions"),
         "max_output_tokens": data.get("max_output_tokens"), "metadata": data.get("metadata") or {},
         "parallel_tool_calls": data.get("parallel_tool_calls", True), "previous_response_id": data.get("previous_response_id"),
@@ -274,7 +298,8 @@ def answered(messages: list[dict], text: str, calls: list[dict], output: list[di
 
 
 def response(rid: str, data: dict, model: str, text: str, thinking: str, calls: list, final) -> dict:
-    output = ([_reasoning_item(thinking)] if thinking else []) + ([_message_item(text)] if text or not calls else []) + [
+    output = ([_reasoning_item(thinking)] if thinking else []) + (
+        [_message_item(text, status="incomplete" if _cut(final) else "completed")] if text or not calls else []) + [
         _call_item(c) for c in calls]
     return envelope(rid, data, model, int(time.time()), "completed", output, final)
 
@@ -282,7 +307,7 @@ def response(rid: str, data: dict, model: str, text: str, thinking: str, calls: 
 async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, on_output) -> AsyncIterator[str]:
     """The Responses event sequence: response.created and in_progress, each output item added, its deltas
     and done, then response.completed (or response.failed)."""
-    created, seq = int(time.time()), 0
+    created, seq = int(time.time()), -1  # OpenAI's sequence numbers start at 0
     output: list[dict] = []
     text_parts: list[str] = []
     calls: list[dict] = []
@@ -293,7 +318,7 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
         seq += 1
         return sse(kind, {"type": kind, "sequence_number": seq, **fields})
 
-    def close() -> list[str]:
+    def close(status: str = "completed") -> list[str]:
         nonlocal current
         if current is None:
             return []
@@ -305,7 +330,7 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             out += [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text, logprobs=[]),
                     event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)]
-            item = {**item, "status": "completed", "content": [part]}
+            item = {**item, "status": status, "content": [part]}
         else:
             thinking = "".join(item.pop("_parts"))
             out.append(event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index, summary_index=0, text=thinking))
@@ -360,7 +385,7 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
             yield event("response.failed", response=failed)
             return
         elif ev.kind == "done":
-            for line in close():
+            for line in close("incomplete" if _cut(ev.final) else "completed"):
                 yield line
             if not output:  # an empty answer is still one (empty) message
                 item = _message_item("")
@@ -369,5 +394,6 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
                 yield event("response.output_item.done", output_index=0, item=item)
             completed = envelope(rid, data, model, created, "completed", output, ev.final)
             on_output("".join(text_parts), output, completed)
-            yield event("response.completed", response=completed)
+            # cut at max_output_tokens: OpenAI's stream ends with response.incomplete, not response.completed
+            yield event(f"response.{completed['status']}", response=completed)
             return
