@@ -104,6 +104,12 @@ def test_anthropic_tools_round_trip(server, model):
 def test_anthropic_errors_in_its_own_shape(server, model):
     import anthropic
 
+    # Anthropic's models.list and retrieve read the same /v1/models (OpenAI's list, with Anthropic's fields too)
+    listed = claude(server).models.list()
+    assert model.name in [m.id for m in listed.data] and all(m.type == "model" and m.created_at for m in listed.data)
+    assert claude(server).models.retrieve(model.name).display_name == model.name
+    assert [m.id for m in oai(server).models.list().data] == [m.id for m in listed.data]
+
     with pytest.raises(anthropic.BadRequestError) as err:
         claude(server).messages.create(model=model.name, max_tokens=10, messages=[
             {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])

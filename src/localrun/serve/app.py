@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import hmac
 import json
 import os
@@ -741,9 +742,12 @@ def build_app(service: Service, on_started=None):
         return await openai_answer(request, ChatBody, "/v1/chat/completions")
 
     async def models(request: Request):
-        """The loaded models first (with their slots), then the pulled ones a request may name."""
+        """The loaded models first (with their slots), then the pulled ones a request may name: OpenAI's list,
+        which Anthropic's clients read too (each entry and the page carry Anthropic's fields as well)."""
         metrics.requests.labels("/v1/models", "200").inc()
-        return JSONResponse({"object": "list", "data": await listed_models()})
+        data = await listed_models()
+        return JSONResponse({"object": "list", "data": data, "has_more": False,
+                             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
 
     async def model(request: Request):
         """One model of /v1/models by its id (openai's models.retrieve); 404 in OpenAI's shape otherwise."""
@@ -774,7 +778,9 @@ def build_app(service: Service, on_started=None):
             if ref.casefold() not in held and ref.casefold() not in seen:
                 data.append({"id": ref, "object": "model", "created": service.created, "owned_by": "localrun",
                              "meta": {"file": path, "loaded": False}})
-        return data
+        # Anthropic's model fields beside OpenAI's (anthropic's models.list/retrieve read type, display_name, created_at)
+        created_at = datetime.datetime.fromtimestamp(service.created, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+        return [{**m, "type": "model", "display_name": m["id"], "created_at": created_at} for m in data]
 
     async def ps(request: Request):
         return JSONResponse({"models": pool.ps()})
