@@ -205,14 +205,14 @@ def test_a_stored_response_keeps_its_object_and_one_stored_before_that_still_con
     import json
 
     from localrun.serve.responses import Kept
-    from localrun.store.responses import folder, load_envelope, load_response, save_response
+    from localrun.store.responses import folder, load_response, save_response
 
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     rid, old = "resp_" + "a" * 24, "resp_" + "b" * 24
     save_response(rid, conversation, {"id": rid, "object": "response"})
-    assert load_response(rid) == conversation and load_envelope(rid) == {"id": rid, "object": "response"}
+    assert load_response(rid) == (conversation, {"id": rid, "object": "response"})
     (folder() / f"{old}.json").write_text(json.dumps(conversation))  # a file written before the object was kept
-    assert load_response(old) == conversation and load_envelope(old) is None
+    assert load_response(old) == (conversation, None)
     kept = Kept(size=1)  # nothing of these in memory: both read from the disk
     assert kept.get(old) == conversation and kept.envelope(rid)["id"] == rid
     assert kept.delete(rid) and not kept.delete(rid) and load_response(rid) is None

@@ -11,7 +11,7 @@ _WHERE = {
     "call_schema": "..engine.tools", "CallStream": "..engine.tools", "parse_tool_calls": "..engine.tools",
     "supports_tools": "..engine.tools", "template_family": "..engine.tools", "markers_for": "..engine.thinking",
     "file_digest": "..store.digests", "save_response": "..store.responses", "load_response": "..store.responses",
-    "load_envelope": "..store.responses", "delete_response": "..store.responses",
+    "delete_response": "..store.responses",
     # what the sampler chain would refuse, checked as a request is translated
     "SchemaError": "..engine.json_schema", "check_bias_tokens": "..engine.sampling", "json_schema_grammar": "..engine.sampling",
 }

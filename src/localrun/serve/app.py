@@ -874,8 +874,7 @@ def build_app(service: Service, on_started=None):
         from .limits import error_body
 
         what = "no such endpoint" if exc.status_code == 404 else f"{request.method} is not allowed here"
-        body = error_body(request.url.path, exc.status_code, f"{what}: {request.url.path}", "invalid_request_error",
-                          anthropic_kind="not_found_error" if exc.status_code == 404 else None)
+        body = error_body(request.url.path, exc.status_code, f"{what}: {request.url.path}", "invalid_request_error")
         return HttpResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None), media_type="application/json")
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
@@ -907,7 +906,7 @@ def _require_key(app, key: str):
                 path = scope["path"]
                 how = "'x-api-key: KEY'" if path.startswith("/v1/messages") else "'Authorization: Bearer KEY'"
                 body = error_body(path, 401, f"missing or wrong API key: send {how}", "invalid_request_error",
-                                  code="invalid_api_key", anthropic_kind="authentication_error")
+                                  code="invalid_api_key")
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": body})

@@ -34,15 +34,16 @@ def max_body_bytes() -> int:
     return int(mib * (1 << 20)) if mib > 0 else 0
 
 
-def error_body(path: str, status: int, message: str, kind: str, *, code: Optional[str] = None,
-               anthropic_kind: Optional[str] = None) -> bytes:
+def error_body(path: str, status: int, message: str, kind: str, *, code: Optional[str] = None) -> bytes:
     """An error in the shape of the dialect the path belongs to: Ollama's under /api, Anthropic's under
-    /v1/messages (its own error type where it names the case otherwise), OpenAI's elsewhere."""
+    /v1/messages (its error type by the status, as its translator words every error), OpenAI's elsewhere."""
+    from .anthropic import error_body as anthropic_body
+    from .openai import ApiError
+
     if path.startswith("/api/"):
         return json.dumps({"error": message}).encode()
-    if path.startswith("/v1/messages"):
-        return json.dumps({"type": "error", "error": {"type": anthropic_kind or kind, "message": message}}).encode()
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    error = ApiError(status, message, type_=kind, code=code)
+    return json.dumps(anthropic_body(error) if path.startswith("/v1/messages") else error.body()).encode()
 
 
 def limit_body(app, max_bytes: int):

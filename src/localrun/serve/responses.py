@@ -43,25 +43,25 @@ class Kept:
         if store:  # written beside the answer, not before it: a slow disk holds up no client
             threading.Thread(target=self._store, args=(rid, messages, response), name="localrun-store-response", daemon=True).start()
 
-    def get(self, rid: str) -> Optional[list[dict]]:
-        """The conversation of response `rid` with its answer, to continue from."""
+    def _found(self, rid: str) -> Optional[tuple[list[dict], Optional[dict]]]:
+        """(the conversation, the Response object or None) of response `rid`: from memory, else from the disk."""
         with self.lock:
             found = self.items.get(rid)
         if found is not None:
-            return found[0]
+            return found
         from ..runtime import load_response
 
         return load_response(rid)
 
+    def get(self, rid: str) -> Optional[list[dict]]:
+        """The conversation of response `rid` with its answer, to continue from."""
+        found = self._found(rid)
+        return found[0] if found else None
+
     def envelope(self, rid: str) -> Optional[dict]:
         """The Response object of stored response `rid` (None: unknown, not stored, or deleted)."""
-        with self.lock:
-            found = self.items.get(rid)
-        if found is not None:
-            return found[1]
-        from ..runtime import load_envelope
-
-        return load_envelope(rid)
+        found = self._found(rid)
+        return found[1] if found else None
 
     def delete(self, rid: str) -> bool:
         """Forget stored response `rid` (in memory and on disk); whether it was stored."""
@@ -238,9 +238,8 @@ def as_written(exc: ApiError) -> ApiError:
     head = (exc.param or "").split(".")[0]
     if head not in _NAMES:
         return exc
-    renamed = ApiError(exc.status, exc.message.replace(f"'{exc.param}'", f"'{_NAMES[head]}'"), param=_NAMES[head],
-                       code=exc.code, type_=exc.type)
-    return renamed
+    return ApiError(exc.status, exc.message.replace(f"'{exc.param}'", f"'{_NAMES[head]}'"), param=_NAMES[head],
+                    code=exc.code, type_=exc.type)
 
 
 def _usage(stats) -> dict:

@@ -36,7 +36,9 @@ def save_response(rid: str, messages: list[dict], response: Optional[dict] = Non
         old.unlink(missing_ok=True)
 
 
-def _load(rid: str) -> Optional[dict]:
+def load_response(rid: str) -> Optional[tuple[list[dict], Optional[dict]]]:
+    """Stored response `rid`: (its conversation, the Response object it was answered with; None in a file
+    written before that was kept), or None when it was not stored (or is no longer, or is unreadable)."""
     if not _ID.match(rid):
         return None
     try:
@@ -50,19 +52,7 @@ def _load(rid: str) -> Optional[dict]:
     messages, response = record.get("messages"), record.get("response")
     if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
         return None
-    return {"messages": messages, "response": response if isinstance(response, dict) else None}
-
-
-def load_response(rid: str) -> Optional[list[dict]]:
-    """Response `rid`'s conversation, or None when it was not stored (or is no longer, or is unreadable)."""
-    record = _load(rid)
-    return record["messages"] if record else None
-
-
-def load_envelope(rid: str) -> Optional[dict]:
-    """The Response object stored response `rid` was answered with, or None."""
-    record = _load(rid)
-    return record["response"] if record else None
+    return messages, response if isinstance(response, dict) else None
 
 
 def delete_response(rid: str) -> bool:
