@@ -23,13 +23,18 @@ def ask(cli, model, *args, input=None):
 
 
 def test_prefix_cache_prefills_a_shared_document_once_and_changes_nothing(smollm2, cli):
-    first = ask(cli, smollm2, "Who is the story about?", input=DOC)
+    # Without flash attention: the CPU's flash attention rounds a 400-token batch differently from the question's
+    # 10 alone (on an AMD EPYC the cold and restored answers parted at the second token; the Intel CPUs of earlier
+    # runs happened to agree), and the claim is about the restored state, not batch shapes: unfused, a row
+    # rounds alike in either batch.
+    exact = "--no-flash-attn"
+    first = ask(cli, smollm2, exact, "Who is the story about?", input=DOC)
     assert first["stats"]["cached_tokens"] == 0
-    second = ask(cli, smollm2, "Where did Alice fall?", input=DOC)
+    second = ask(cli, smollm2, exact, "Where did Alice fall?", input=DOC)
     # Everything up to the question was restored from disk in this new process.
     assert second["stats"]["cached_tokens"] > 0.9 * first["stats"]["prompt_tokens"]
     assert second["stats"]["prompt_eval_tokens"] < 30
-    cold = ask(cli, smollm2, "--no-cache", "Where did Alice fall?", input=DOC)
+    cold = ask(cli, smollm2, exact, "--no-cache", "Where did Alice fall?", input=DOC)
     assert cold["stats"]["cached_tokens"] == 0
     assert cold["tokens"] == second["tokens"]  # fidelity: a restored prefix gives the same greedy answer
 

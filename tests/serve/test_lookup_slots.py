@@ -42,8 +42,11 @@ def _metric(url: str, name: str) -> float:
 @pytest.fixture(scope="module")
 def servers(smollm2, tmp_path_factory):
     # On the CPU (as on a CPU build): there drafting turns flash attention off, so that a verified draft rounds as
-    # single steps do (on a GPU llama.cpp keeps its own choice, and near-ties may differ).
-    plain = start_server(smollm2, tmp_path_factory.mktemp("plain"), "--parallel", "2", "--ctx", "1024", "--gpu-layers", "0")
+    # single steps do (on a GPU llama.cpp keeps its own choice, and near-ties may differ). The plain server
+    # evaluates without it too: the comparison is of drafting, not of flash attention's rounding (which moved
+    # log-probabilities by up to 0.08 on an AMD EPYC, and may flip a near-tie on another CPU).
+    plain = start_server(smollm2, tmp_path_factory.mktemp("plain"), "--parallel", "2", "--ctx", "1024", "--gpu-layers", "0",
+                         "--no-flash-attn")
     lookup = start_server(smollm2, tmp_path_factory.mktemp("lookup"), "--parallel", "2", "--ctx", "1024", "--draft", "lookup",
                           "--gpu-layers", "0")
     yield plain, lookup
@@ -67,9 +70,8 @@ def test_a_request_for_logprobs_decodes_plainly_with_the_same_tokens(servers, sm
     a, b = (httpx.post(s.url + "/v1/chat/completions", json=body, timeout=300).json() for s in servers)
     theirs, ours = (x["choices"][0]["logprobs"]["content"] for x in (a, b))
     assert [t["token"] for t in ours] == [t["token"] for t in theirs] and ours
-    # The lookup server evaluates without flash attention (a verified draft must round as single steps do),
-    # the plain one with it: the same tokens, log-probabilities equal to rounding.
-    assert all(abs(o["logprob"] - t["logprob"]) < 0.02 for o, t in zip(ours, theirs)), (ours, theirs)
+    # Both evaluate without flash attention, one token a step: the same log-probabilities, to print's rounding.
+    assert all(abs(o["logprob"] - t["logprob"]) < 1e-4 for o, t in zip(ours, theirs)), (ours, theirs)
 
 
 def _settled(url: str) -> float:
