@@ -180,6 +180,14 @@ def test_responses_text_stream_and_json_schema(server, model):
     with pytest.raises(openai.BadRequestError) as bad:
         oai(server).responses.create(model=model.name, input=ASK, tool_choice="required")
     assert bad.value.body["param"] == "tool_choice"
+    # An output for a call nobody made, and a Conversations API conversation, are refused as OpenAI's API refuses
+    # the one and does not answer without the other (they were ignored: found by a helper).
+    with pytest.raises(openai.BadRequestError) as bad:
+        oai(server).responses.create(model=model.name, input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}])
+    assert bad.value.body["param"] == "input.0" and "'call_nope'" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as bad:
+        oai(server).responses.create(model=model.name, input=ASK, conversation="conv_123")
+    assert bad.value.body["param"] == "conversation" and "previous_response_id" in bad.value.body["message"]
     import anthropic
 
     with pytest.raises(anthropic.BadRequestError) as refused:

@@ -138,9 +138,10 @@ def _image_names(messages: list[dict]) -> tuple[list[dict], list[str]]:
     return out, names
 
 
-def _input_messages(data: dict) -> list[dict]:
+def _input_messages(data: dict, calls: set[str]) -> list[dict]:
     """`instructions` and `input` (a string, or message / function_call / function_call_output items) as
-    OpenAI chat messages."""
+    OpenAI chat messages. `calls`: the call ids of the earlier turns (previous_response_id's); an output must
+    answer one of them or a function_call before it, as OpenAI's API requires."""
     given = data.get("input")
     out: list[dict] = []
     if isinstance(given, str):
@@ -156,6 +157,7 @@ def _input_messages(data: dict) -> list[dict]:
             out.append({"role": role, "content": _message_content(item.get("content"), where + ".content")})
         elif kind == "function_call":
             need(isinstance(item.get("name"), str) and isinstance(item.get("call_id"), str), f"{where}: a function_call needs name and call_id", where)
+            calls.add(item["call_id"])
             call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
             if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
                 out[-1]["tool_calls"].append(call)  # several calls of one turn
@@ -163,6 +165,8 @@ def _input_messages(data: dict) -> list[dict]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             need(isinstance(item.get("call_id"), str), f"{where}: a function_call_output needs call_id", where)
+            need(item["call_id"] in calls, f"{where}: no function_call with call_id {item['call_id']!r} comes before this"
+                 " function_call_output (in input, or in the response previous_response_id names)", where)
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": output if isinstance(output, str) else _content_text(output or [], where + ".output")})
@@ -184,6 +188,8 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
 
     need(isinstance(data, dict), "the body must be a JSON object")
     need(not data.get("background"), "background responses are not supported by localrun: leave out background", "background")
+    need(data.get("conversation") is None,
+         "conversations are not supported by localrun: continue from an earlier response with previous_response_id", "conversation")
     messages = []
     previous = data.get("previous_response_id")
     if previous is not None:
@@ -193,7 +199,7 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
                                 f" and the last {STORED} stored ones",
                            param="previous_response_id", code="previous_response_not_found")
         messages = [m for m in earlier if m["role"] != "system"]  # this request's instructions replace the old ones
-    messages += _input_messages(data)
+    messages += _input_messages(data, {c["id"] for m in messages for c in m.get("tool_calls") or ()})
     if isinstance(data.get("instructions"), str) and data["instructions"]:
         messages = [{"role": "system", "content": data["instructions"]}, *messages]
     tools = _tools(data.get("tools"))
