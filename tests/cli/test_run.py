@@ -429,7 +429,7 @@ BAD = [
     (["--top-p", "1.5"], "--top-p"),
     (["--min-p", "2"], "--min-p"),
     (["--mirostat", "3"], "--mirostat"),
-    (["--max-tokens", "0"], "max_tokens"),
+    (["--max-tokens", "0"], "--max-tokens"),
     (["--kv-type", "q5_1"], "--kv-type"),
     (["--kv-type", "q8_0", "--no-flash-attn"], "flash"),
     (["--gpu-layers", "lots"], "--gpu-layers"),

@@ -42,6 +42,13 @@ class _Rules(BaseModel):
             raise ValueError("a stop sequence cannot be empty")
         return stops
 
+    @field_validator("max_tokens", check_fields=False)
+    @classmethod
+    def _a_length(cls, n: int) -> int:
+        if n != -1 and n < 1:
+            raise ValueError("use 1 or more (or -1 for no limit)")
+        return n
+
     @model_validator(mode="after")
     def _one_constraint(self) -> "_Rules":
         if self.grammar is not None and self.json_schema is not None:
@@ -49,8 +56,6 @@ class _Rules(BaseModel):
         if self.min_tokens > 0 and (self.grammar is not None or self.json_schema is not None):
             # A complete grammar allows only end-of-text, which min_tokens bans: llama.cpp would abort.
             raise ValueError("min_tokens cannot combine with a grammar or JSON schema (the grammar decides where the text ends)")
-        if self.max_tokens not in (-1,) and self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1 (or -1 for no limit)")
         return self
 
     @property
@@ -87,6 +92,10 @@ class OptionError(SettingError):
         return super().worded(name_of)
 
 
+_BOUNDS = {"greater_than_equal": "use {ge} or more", "greater_than": "use more than {gt}",
+           "less_than_equal": "use at most {le}", "less_than": "use less than {lt}"}
+
+
 def merge_options(*layers: Optional[dict[str, Any]]) -> SamplingOptions:
     """The one merge of sampling options: llama.cpp's defaults (the fields' own), then each layer in turn
     (a model's `sampling:` in models.yaml, then what a request gives: flags, API fields, /set). A None value
@@ -100,6 +109,9 @@ def merge_options(*layers: Optional[dict[str, Any]]) -> SamplingOptions:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else None
         reason = first["msg"].removeprefix("Value error, ")  # pydantic's wording for a validator's ValueError
+        bound = _BOUNDS.get(first["type"])
+        if bound is not None:  # "use 0 or more", not pydantic's "Input should be greater than or equal to 0"
+            reason = bound.format(**first["ctx"])
         if first["type"] == "extra_forbidden":
             reason = f"unknown option (one of {', '.join(SamplingOptions.model_fields)})"
         raise OptionError(field, first.get("input"), reason) from None
