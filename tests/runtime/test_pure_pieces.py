@@ -219,3 +219,33 @@ def test_a_stored_response_keeps_its_object_and_one_stored_before_that_still_con
     kept.put("resp_" + "c" * 24, conversation, store=False, response={"id": "x"})  # kept to continue, not to be read
     assert kept.get("resp_" + "c" * 24) == conversation and kept.envelope("resp_" + "c" * 24) is None
     assert not kept.delete("resp_" + "c" * 24) and kept.get("resp_" + "c" * 24) == conversation
+
+
+def test_a_stored_response_reads_as_in_progress_until_answered_and_one_deleted_meanwhile_is_not_kept(isolated_home):
+    """GET /v1/responses/{id} of a response still being answered reads its in-progress object (it was a 404);
+    one deleted while being answered is neither kept nor written when its answer comes; one that failed
+    (`end` without `put`) is gone."""
+    import threading
+
+    from localrun.serve.responses import Kept
+    from localrun.store.responses import folder, load_response
+
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    kept = Kept()
+    one, two, three = ("resp_" + c * 24 for c in "def")
+    kept.begin(one, {"id": one, "status": "in_progress"})
+    assert kept.envelope(one)["status"] == "in_progress" and kept.get(one) is None  # nothing to continue from yet
+    kept.put(one, conversation, response={"id": one, "status": "completed"})
+    assert kept.envelope(one)["status"] == "completed" and kept.get(one) == conversation
+    kept.begin(two, {"id": two, "status": "in_progress"})
+    assert kept.delete(two) and kept.envelope(two) is None
+    kept.put(two, conversation, response={"id": two, "status": "completed"})
+    assert kept.envelope(two) is None and kept.get(two) is None
+    kept.begin(three, {"id": three, "status": "in_progress"})
+    kept.end(three)
+    assert kept.envelope(three) is None and not kept.delete(three)
+    for thread in threading.enumerate():  # the stores written beside the answers
+        if thread.name == "localrun-store-response":
+            thread.join()
+    assert load_response(one)[1]["status"] == "completed" and load_response(two) is None
+    assert sorted(p.name for p in folder().iterdir()) == [f"{one}.json"]

@@ -367,26 +367,31 @@ def build_app(service: Service, on_started=None):
         model = body.model or resident.name
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         rid = "resp_" + os.urandom(12).hex()
+        stored = dialect == "responses" and data.get("store") is not False
+        if stored:  # GET /v1/responses/{id} reads it as in progress until it is answered
+            kept_responses.begin(rid, responses.envelope(rid, data, model, int(time.time()), "in_progress", []))
 
         def keep(text: str, output: list, reply: dict) -> None:
-            kept_responses.put(rid, responses.answered(conversation, text, [], output), store=data.get("store") is not False,
-                               response=reply)
+            kept_responses.put(rid, responses.answered(conversation, text, [], output), store=stored, response=reply)
 
         if not body.stream:
             try:
-                text, final = await whole(request, answer)
-            except ApiError as exc:
-                return fail(exc)
-            content, calls = answer.tools.calls_in(text) if answer.tools is not None else (text, [])
-            metrics.requests.labels(endpoint, "200").inc()
-            if dialect == "anthropic":
-                return JSONResponse(anthropic.message(model, content or "", final.thinking, calls, final, stops))
-            reply = responses.response(rid, data, model, content or "", final.thinking, calls, final)
-            keep(content or "", reply["output"], reply)
-            return JSONResponse(reply)
+                try:
+                    text, final = await whole(request, answer)
+                except ApiError as exc:
+                    return fail(exc)
+                content, calls = answer.tools.calls_in(text) if answer.tools is not None else (text, [])
+                metrics.requests.labels(endpoint, "200").inc()
+                if dialect == "anthropic":
+                    return JSONResponse(anthropic.message(model, content or "", final.thinking, calls, final, stops))
+                reply = responses.response(rid, data, model, content or "", final.thinking, calls, final)
+                keep(content or "", reply["output"], reply)
+                return JSONResponse(reply)
+            finally:  # kept by keep, or failed (or its client went away): no longer in progress
+                kept_responses.end(rid)
         events = tracked(request, answer, endpoint)
         wire = (anthropic.events(events, model, answer.prompt_tokens, stops) if dialect == "anthropic"
-                else responses.events(events, rid, data, model, keep))
+                else responses.ended(responses.events(events, rid, data, model, keep), lambda: kept_responses.end(rid)))
         return streamed(request, answer, wire, endpoint)
 
     async def messages(request: Request):
@@ -421,10 +426,11 @@ def build_app(service: Service, on_started=None):
 
     def no_response(rid: str, endpoint: str):
         return error_response(ApiError(404, f"Response with id {rid!r} not found: this server keeps the last "
-                                            f"{responses.STORED} stored (store: true) responses, each once it is answered"), endpoint)
+                                            f"{responses.STORED} stored (store: true) responses"), endpoint)
 
     async def responses_get(request: Request):
-        """OpenAI's GET /v1/responses/{id}: a stored response as it was answered (after a restart too)."""
+        """OpenAI's GET /v1/responses/{id}: a stored response as it was answered (after a restart too), or in
+        progress while it is being answered."""
         rid = request.path_params["response_id"]
         found = await run_in_threadpool(kept_responses.envelope, rid)  # from the disk, after a restart
         if found is None:

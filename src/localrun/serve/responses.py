@@ -29,14 +29,28 @@ STORED = 1024  # and on disk (store.responses.KEEP)
 class Kept:
     """Recent responses by id: the conversation that led to each with its answer (for previous_response_id,
     whatever `store` said) and, for those stored, the Response object (for GET /v1/responses/{id}); in
-    memory, and the stored ones on disk too."""
+    memory, and the stored ones on disk too. A stored response still being answered reads as in progress."""
 
     def __init__(self, size: int = KEPT):
         self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
-        self.deleted: OrderedDict = OrderedDict()  # ids deleted while their write may still be on its way
+        self.deleted: OrderedDict = OrderedDict()  # ids deleted while being answered or written
+        self.running: dict[str, dict] = {}  # stored responses being answered: their in-progress Response object
+
+    def begin(self, rid: str, response: dict) -> None:
+        """Stored response `rid` is being answered: GET reads `response` (status in_progress) until it ends."""
+        with self.lock:
+            self.running[rid] = response
+
+    def end(self, rid: str) -> None:
+        """Response `rid` is no longer being answered (kept by `put`, or failed: then it is not kept)."""
+        with self.lock:
+            self.running.pop(rid, None)
 
     def put(self, rid: str, messages: list[dict], store: bool = True, response: Optional[dict] = None) -> None:
         with self.lock:
+            self.running.pop(rid, None)
+            if rid in self.deleted:  # deleted while it was being answered
+                return
             self.items[rid] = (messages, response if store else None)
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
@@ -44,11 +58,15 @@ class Kept:
             threading.Thread(target=self._store, args=(rid, messages, response), name="localrun-store-response", daemon=True).start()
 
     def _found(self, rid: str) -> Optional[tuple[list[dict], Optional[dict]]]:
-        """(the conversation, the Response object or None) of response `rid`: from memory, else from the disk."""
+        """(the conversation, the Response object or None) of response `rid`: from memory, else from the disk;
+        (None, its in-progress Response object) while a stored one is being answered."""
         with self.lock:
             found = self.items.get(rid)
+            running = self.running.get(rid)
         if found is not None:
             return found
+        if running is not None:
+            return None, running
         from ..runtime import load_response
 
         return load_response(rid)
@@ -56,7 +74,7 @@ class Kept:
     def get(self, rid: str) -> Optional[list[dict]]:
         """The conversation of response `rid` with its answer, to continue from."""
         found = self._found(rid)
-        return found[0] if found else None
+        return found[0] if found else None  # (None while it is being answered: not yet an answer to continue)
 
     def envelope(self, rid: str) -> Optional[dict]:
         """The Response object of stored response `rid` (None: unknown, not stored, or deleted)."""
@@ -72,10 +90,11 @@ class Kept:
             if found is not None and found[1] is None:
                 return False  # not stored: nothing to delete (it may still be continued, as OpenAI's)
             self.items.pop(rid, None)
+            running = self.running.pop(rid, None) is not None
             self.deleted[rid] = True
             while len(self.deleted) > self.size:
                 self.deleted.popitem(last=False)
-        return delete_response(rid) or found is not None
+        return delete_response(rid) or found is not None or running
 
     def _store(self, rid: str, messages: list[dict], response: Optional[dict]) -> None:
         from ..runtime import delete_response, save_response
@@ -307,6 +326,15 @@ def response(rid: str, data: dict, model: str, text: str, thinking: str, calls: 
         [_message_item(text, status="incomplete" if _cut(final) else "completed")] if text or not calls else []) + [
         _call_item(c) for c in calls]
     return envelope(rid, data, model, int(time.time()), "completed", output, final)
+
+
+async def ended(wire: AsyncIterator[str], on_end) -> AsyncIterator[str]:
+    """`wire` as it is, then `on_end()` however it ends (answered, failed, or its client gone)."""
+    try:
+        async for line in wire:
+            yield line
+    finally:
+        on_end()
 
 
 async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, on_output) -> AsyncIterator[str]:
