@@ -249,3 +249,33 @@ def test_a_stored_response_reads_as_in_progress_until_answered_and_one_deleted_m
             thread.join()
     assert load_response(one)[1]["status"] == "completed" and load_response(two) is None
     assert sorted(p.name for p in folder().iterdir()) == [f"{one}.json"]
+
+
+def test_an_empty_responses_answer_streams_its_message_as_any_other():
+    """An answer of no tokens (the model ended at once: seen with Codex) streams the same item events as one with
+    text, less the delta: its text part was in output_item.done without ever being announced (found by a helper)."""
+    import asyncio
+    import json
+
+    from localrun.engine.types import Response, Stats
+    from localrun.serve.responses import events
+    from localrun.serve.stream import Event
+
+    def streamed(*texts: str) -> list[dict]:
+        async def answer():
+            for text in texts:
+                yield Event("text", text)
+            yield Event("done", final=Response(finish_reason="stop", stats=Stats(prompt_tokens=5, generated_tokens=len(texts))))
+
+        async def read() -> list[dict]:
+            return [json.loads(line.split("data: ", 1)[1]) async for line in events(answer(), "resp_x", {}, "m", lambda *a: None)]
+
+        return asyncio.run(read())
+
+    empty, said = streamed(), streamed("Hi")
+    assert [e["type"] for e in empty] == [e["type"] for e in said if e["type"] != "response.output_text.delta"]
+    assert [e["type"] for e in empty][2:7] == ["response.output_item.added", "response.content_part.added", "response.output_text.done",
+                                               "response.content_part.done", "response.output_item.done"]
+    assert empty[-2]["item"]["content"] == [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]
+    assert empty[-1]["type"] == "response.completed" and empty[-1]["response"]["output"] == [empty[-2]["item"]]
+    assert [e["sequence_number"] for e in empty] == list(range(len(empty)))

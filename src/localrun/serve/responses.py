@@ -372,6 +372,15 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
         out.append(event("response.output_item.done", output_index=index, item=item))
         return out
 
+    def open_message() -> list[str]:
+        """A message item begins (it streams its text from now on): added, with its one text part."""
+        nonlocal current
+        index = len(output)
+        current = {**_message_item("", status="in_progress"), "_parts": []}
+        return [event("response.output_item.added", output_index=index, item={k: v for k, v in current.items() if k != "_parts"}),
+                event("response.content_part.added", item_id=current["id"], output_index=index, content_index=0,
+                      part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
     yield event("response.created", response=envelope(rid, data, model, created, "in_progress", []))
     yield event("response.in_progress", response=envelope(rid, data, model, created, "in_progress", []))
     async for ev in answer:
@@ -384,10 +393,8 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
                     yield line
                 index = len(output)
                 if kind == "message":
-                    current = {**_message_item("", status="in_progress"), "_parts": []}
-                    yield event("response.output_item.added", output_index=index, item={k: v for k, v in current.items() if k != "_parts"})
-                    yield event("response.content_part.added", item_id=current["id"], output_index=index, content_index=0,
-                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                    for line in open_message():
+                        yield line
                 else:
                     current = {"type": "reasoning", "id": _item_id("rs"), "summary": [], "_parts": []}
                     yield event("response.output_item.added", output_index=index, item={k: v for k, v in current.items() if k != "_parts"})
@@ -420,11 +427,9 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
         elif ev.kind == "done":
             for line in close("incomplete" if _cut(ev.final) else "completed"):
                 yield line
-            if not output:  # an empty answer is still one (empty) message
-                item = _message_item("")
-                output.append(item)
-                yield event("response.output_item.added", output_index=0, item={**item, "status": "in_progress", "content": []})
-                yield event("response.output_item.done", output_index=0, item=item)
+            if not output:  # an empty answer is still one (empty) message, its text part announced and done as any
+                for line in [*open_message(), *close("incomplete" if _cut(ev.final) else "completed")]:
+                    yield line
             completed = envelope(rid, data, model, created, "completed", output, ev.final)
             on_output("".join(text_parts), output, completed)
             # cut at max_output_tokens: OpenAI's stream ends with response.incomplete, not response.completed
