@@ -249,6 +249,9 @@ def test_a_stored_response_reads_as_in_progress_until_answered_and_one_deleted_m
             thread.join()
     assert load_response(one)[1]["status"] == "completed" and load_response(two) is None
     assert sorted(p.name for p in folder().iterdir()) == [f"{one}.json"]
+    small = Kept(size=1)  # an in-progress entry whose end never comes (a stream never started) does not stay forever
+    small.begin(two, {"id": two}), small.begin(three, {"id": three})
+    assert small.envelope(two) is None and small.envelope(three) == {"id": three}
 
 
 def test_an_empty_responses_answer_streams_its_message_as_any_other():

@@ -40,6 +40,8 @@ class Kept:
         """Stored response `rid` is being answered: GET reads `response` (status in_progress) until it ends."""
         with self.lock:
             self.running[rid] = response
+            while len(self.running) > self.size:  # one whose end never came (a stream never started) goes first
+                self.running.pop(next(iter(self.running)))
 
     def end(self, rid: str) -> None:
         """Response `rid` is no longer being answered (kept by `put`, or failed: then it is not kept)."""
