@@ -427,10 +427,11 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
             yield event("response.failed", response=failed)
             return
         elif ev.kind == "done":
-            for line in close("incomplete" if _cut(ev.final) else "completed"):
+            status = "incomplete" if _cut(ev.final) else "completed"
+            for line in close(status):
                 yield line
             if not output:  # an empty answer is still one (empty) message, its text part announced and done as any
-                for line in [*open_message(), *close("incomplete" if _cut(ev.final) else "completed")]:
+                for line in [*open_message(), *close(status)]:
                     yield line
             completed = envelope(rid, data, model, created, "completed", output, ev.final)
             on_output("".join(text_parts), output, completed)
