@@ -271,7 +271,7 @@ def test_an_empty_responses_answer_streams_its_message_as_any_other():
             yield Event("done", final=Response(finish_reason="stop", stats=Stats(prompt_tokens=5, generated_tokens=len(texts))))
 
         async def read() -> list[dict]:
-            return [json.loads(line.split("data: ", 1)[1]) async for line in events(answer(), "resp_x", {}, "m", lambda *a: None)]
+            return [json.loads(line.split("data: ", 1)[1]) async for line in events(answer(), "resp_x", {}, "m", 1700000000, lambda *a: None)]
 
         return asyncio.run(read())
 
@@ -282,3 +282,5 @@ def test_an_empty_responses_answer_streams_its_message_as_any_other():
     assert empty[-2]["item"]["content"] == [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]
     assert empty[-1]["type"] == "response.completed" and empty[-1]["response"]["output"] == [empty[-2]["item"]]
     assert [e["sequence_number"] for e in empty] == list(range(len(empty)))
+    # one created_at from the request's arrival, in the in-progress and the completed Response alike
+    assert {e["response"]["created_at"] for e in empty if "response" in e} == {1700000000}

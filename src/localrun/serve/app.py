@@ -366,10 +366,10 @@ def build_app(service: Service, on_started=None):
             return fail(exc)
         model = body.model or resident.name
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        rid = "resp_" + os.urandom(12).hex()
+        rid, created = "resp_" + os.urandom(12).hex(), int(time.time())  # one created_at, in progress and done
         stored = dialect == "responses" and data.get("store") is not False
         if stored:  # GET /v1/responses/{id} reads it as in progress until it is answered
-            kept_responses.begin(rid, responses.envelope(rid, data, model, int(time.time()), "in_progress", []))
+            kept_responses.begin(rid, responses.envelope(rid, data, model, created, "in_progress", []))
 
         def keep(text: str, output: list, reply: dict) -> None:
             kept_responses.put(rid, responses.answered(conversation, text, [], output), store=stored, response=reply)
@@ -384,14 +384,14 @@ def build_app(service: Service, on_started=None):
                 metrics.requests.labels(endpoint, "200").inc()
                 if dialect == "anthropic":
                     return JSONResponse(anthropic.message(model, content or "", final.thinking, calls, final, stops))
-                reply = responses.response(rid, data, model, content or "", final.thinking, calls, final)
+                reply = responses.response(rid, data, model, created, content or "", final.thinking, calls, final)
                 keep(content or "", reply["output"], reply)
                 return JSONResponse(reply)
             finally:  # kept by keep, or failed (or its client went away): no longer in progress
                 kept_responses.end(rid)
         events = tracked(request, answer, endpoint)
         wire = (anthropic.events(events, model, answer.prompt_tokens, stops) if dialect == "anthropic"
-                else responses.ended(responses.events(events, rid, data, model, keep), lambda: kept_responses.end(rid)))
+                else responses.ended(responses.events(events, rid, data, model, created, keep), lambda: kept_responses.end(rid)))
         return streamed(request, answer, wire, endpoint)
 
     async def messages(request: Request):

@@ -323,11 +323,11 @@ def answered(messages: list[dict], text: str, calls: list[dict], output: list[di
     return [*messages, {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}]
 
 
-def response(rid: str, data: dict, model: str, text: str, thinking: str, calls: list, final) -> dict:
+def response(rid: str, data: dict, model: str, created: int, text: str, thinking: str, calls: list, final) -> dict:
     output = ([_reasoning_item(thinking)] if thinking else []) + (
         [_message_item(text, status="incomplete" if _cut(final) else "completed")] if text or not calls else []) + [
         _call_item(c) for c in calls]
-    return envelope(rid, data, model, int(time.time()), "completed", output, final)
+    return envelope(rid, data, model, created, "completed", output, final)
 
 
 async def ended(wire: AsyncIterator[str], on_end) -> AsyncIterator[str]:
@@ -339,10 +339,10 @@ async def ended(wire: AsyncIterator[str], on_end) -> AsyncIterator[str]:
         on_end()
 
 
-async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, on_output) -> AsyncIterator[str]:
+async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, created: int, on_output) -> AsyncIterator[str]:
     """The Responses event sequence: response.created and in_progress, each output item added, its deltas
-    and done, then response.completed (or response.failed)."""
-    created, seq = int(time.time()), -1  # OpenAI's sequence numbers start at 0
+    and done, then response.completed (or response.failed); `created` the time the request came."""
+    seq = -1  # OpenAI's sequence numbers start at 0
     output: list[dict] = []
     text_parts: list[str] = []
     calls: list[dict] = []
