@@ -210,9 +210,9 @@ def test_a_stored_response_keeps_its_object_and_one_stored_before_that_still_con
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     rid, old = "resp_" + "a" * 24, "resp_" + "b" * 24
     save_response(rid, conversation, {"id": rid, "object": "response"})
-    assert load_response(rid) == (conversation, {"id": rid, "object": "response"})
+    assert load_response(rid) == (conversation, {"id": rid, "object": "response"}, None)
     (folder() / f"{old}.json").write_text(json.dumps(conversation))  # a file written before the object was kept
-    assert load_response(old) == (conversation, None)
+    assert load_response(old) == (conversation, None, None)
     kept = Kept(size=1)  # nothing of these in memory: both read from the disk
     assert kept.get(old) == conversation and kept.envelope(rid)["id"] == rid
     assert kept.delete(rid) and not kept.delete(rid) and load_response(rid) is None
@@ -252,6 +252,48 @@ def test_a_stored_response_reads_as_in_progress_until_answered_and_one_deleted_m
     small = Kept(size=1)  # an in-progress entry whose end never comes (a stream never started) does not stay forever
     small.begin(two, {"id": two}), small.begin(three, {"id": three})
     assert small.envelope(two) is None and small.envelope(three) == {"id": three}
+
+
+def test_input_items_of_a_stored_response_are_listed_a_page_at_a_time_as_openai_lists_them(isolated_home):
+    """GET /v1/responses/{id}/input_items: the request's input as items (a string is one user message; each has
+    an id and a status), newest first unless order=asc, `limit` and `after` paging; kept on disk too."""
+    import threading
+
+    import pytest
+
+    from localrun.serve.openai import ApiError
+    from localrun.serve.responses import Kept, input_items, item_list
+
+    given = input_items({"input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"},
+        {"role": "assistant", "content": "It is sunny.", "id": "msg_mine"}]})
+    assert [i["type"] for i in given] == ["message", "function_call", "function_call_output", "message"]
+    assert all(i["id"] and i["status"] == "completed" for i in given) and given[3]["id"] == "msg_mine"
+    assert given[3]["content"] == [{"type": "output_text", "text": "It is sunny."}] and given[2]["output"] == "Sunny"
+    assert input_items({"input": "hi"})[0]["content"] == [{"type": "input_text", "text": "hi"}]
+    page = item_list(given, {"limit": "2"})
+    assert [i["id"] for i in page["data"]] == ["msg_mine", given[2]["id"]] and page["has_more"]
+    assert (page["object"], page["first_id"], page["last_id"]) == ("list", "msg_mine", given[2]["id"])
+    rest = item_list(given, {"limit": "2", "after": page["last_id"]})
+    assert [i["id"] for i in rest["data"]] == [given[1]["id"], given[0]["id"]] and not rest["has_more"]
+    assert item_list(given, {"order": "asc"})["data"] == given
+    for query, param in (({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"), ({"order": "up"}, "order"), ({"after": "msg_no"}, "after")):
+        with pytest.raises(ApiError) as bad:
+            item_list(given, query)
+        assert bad.value.status == 400 and bad.value.param == param
+    rid = "resp_" + "9" * 24
+    kept = Kept()
+    kept.begin(rid, {"id": rid, "status": "in_progress"}, given)
+    assert kept.input_items(rid) == given  # while it is being answered too
+    kept.put(rid, [{"role": "user", "content": "x"}], response={"id": rid}, input_items=given)
+    kept.put("resp_" + "8" * 24, [], store=False, response={"id": "x"}, input_items=given)
+    assert kept.input_items("resp_" + "8" * 24) is None  # not stored: nothing to list
+    for thread in threading.enumerate():
+        if thread.name == "localrun-store-response":
+            thread.join()
+    assert Kept().input_items(rid) == given  # from the disk
 
 
 def test_an_empty_responses_answer_streams_its_message_as_any_other():

@@ -60,6 +60,10 @@ def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_no
         # GET /v1/responses/{id}: a stored response as it was answered, whole or streamed; DELETE forgets one
         # (even while its write to disk may still be on its way); one sent with store: false is not kept to be read.
         assert client(first).responses.retrieve(stored.id).model_dump() == stored.model_dump()
+        given = client(first).responses.input_items.list(stored.id).data  # its input, as items
+        assert [(i.type, i.role, [(c.type, c.text) for c in i.content]) for i in given] == [("message", "user", [("input_text", "My name is Ada.")])]
+        with pytest.raises(openai.NotFoundError):
+            client(first).responses.input_items.list(unstored.id)
         events = list(client(first).responses.create(model=smollm2.name, input="Say hi.", temperature=0, max_output_tokens=4,
                                                      stream=True))
         streamed = events[-1].response  # response.incomplete: cut at max_output_tokens
@@ -76,6 +80,7 @@ def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_no
 
     with start_server(smollm2, home, "--ctx", "2048", "--parallel", "1") as again:
         assert client(again).responses.retrieve(stored.id).model_dump() == stored.model_dump()  # from the disk
+        assert client(again).responses.input_items.list(stored.id).data == given
         follow = client(again).responses.create(model=smollm2.name, instructions=SYSTEM, input="What is my name?",
                                                 previous_response_id=stored.id, temperature=0, max_output_tokens=8)
         with pytest.raises(openai.NotFoundError) as lost:

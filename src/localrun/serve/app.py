@@ -368,11 +368,13 @@ def build_app(service: Service, on_started=None):
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         rid, created = "resp_" + os.urandom(12).hex(), int(time.time())  # one created_at, in progress and done
         stored = dialect == "responses" and data.get("store") is not False
+        given = responses.input_items(data) if stored else None
         if stored:  # GET /v1/responses/{id} reads it as in progress until it is answered
-            kept_responses.begin(rid, responses.envelope(rid, data, model, created, "in_progress", []))
+            kept_responses.begin(rid, responses.envelope(rid, data, model, created, "in_progress", []), given)
 
         def keep(text: str, output: list, reply: dict) -> None:
-            kept_responses.put(rid, responses.answered(conversation, text, [], output), store=stored, response=reply)
+            kept_responses.put(rid, responses.answered(conversation, text, [], output), store=stored, response=reply,
+                               input_items=given)
 
         if not body.stream:
             try:
@@ -437,6 +439,19 @@ def build_app(service: Service, on_started=None):
             return no_response(rid, "/v1/responses/{id}")
         metrics.requests.labels("/v1/responses/{id}", "200").inc()
         return JSONResponse(found)
+
+    async def responses_input_items(request: Request):
+        """OpenAI's GET /v1/responses/{id}/input_items: the input items of a stored response, a page at a time."""
+        rid = request.path_params["response_id"]
+        found = await run_in_threadpool(kept_responses.input_items, rid)
+        if found is None:
+            return no_response(rid, "/v1/responses/{id}/input_items")
+        try:
+            page = responses.item_list(found, request.query_params)
+        except ApiError as exc:
+            return error_response(exc, "/v1/responses/{id}/input_items")
+        metrics.requests.labels("/v1/responses/{id}/input_items", "200").inc()
+        return JSONResponse(page)
 
     async def responses_delete(request: Request):
         """OpenAI's DELETE /v1/responses/{id}: a stored response forgotten, in memory and on disk."""
@@ -853,6 +868,7 @@ def build_app(service: Service, on_started=None):
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/responses", responses_create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_get, methods=["GET"]),
+        Route("/v1/responses/{response_id}/input_items", responses_input_items, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_delete, methods=["DELETE"]),
         Route("/api/embed", ollama_embed, methods=["POST"]),
         Route("/api/embeddings", ollama_embeddings, methods=["POST"]),

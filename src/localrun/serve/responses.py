@@ -28,18 +28,19 @@ STORED = 1024  # and on disk (store.responses.KEEP)
 
 class Kept:
     """Recent responses by id: the conversation that led to each with its answer (for previous_response_id,
-    whatever `store` said) and, for those stored, the Response object (for GET /v1/responses/{id}); in
-    memory, and the stored ones on disk too. A stored response still being answered reads as in progress."""
+    whatever `store` said) and, for those stored, the Response object (for GET /v1/responses/{id}) and the
+    request's input items (for GET .../input_items); in memory, and the stored ones on disk too. A stored
+    response still being answered reads as in progress."""
 
     def __init__(self, size: int = KEPT):
         self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
         self.deleted: OrderedDict = OrderedDict()  # ids deleted while being answered or written
-        self.running: dict[str, dict] = {}  # stored responses being answered: their in-progress Response object
+        self.running: dict[str, tuple[dict, list[dict]]] = {}  # stored responses being answered: (in-progress Response, input items)
 
-    def begin(self, rid: str, response: dict) -> None:
+    def begin(self, rid: str, response: dict, input_items: Optional[list[dict]] = None) -> None:
         """Stored response `rid` is being answered: GET reads `response` (status in_progress) until it ends."""
         with self.lock:
-            self.running[rid] = response
+            self.running[rid] = (response, input_items or [])
             while len(self.running) > self.size:  # one whose end never came (a stream never started) goes first
                 self.running.pop(next(iter(self.running)))
 
@@ -48,27 +49,29 @@ class Kept:
         with self.lock:
             self.running.pop(rid, None)
 
-    def put(self, rid: str, messages: list[dict], store: bool = True, response: Optional[dict] = None) -> None:
+    def put(self, rid: str, messages: list[dict], store: bool = True, response: Optional[dict] = None,
+            input_items: Optional[list[dict]] = None) -> None:
         with self.lock:
             self.running.pop(rid, None)
             if rid in self.deleted:  # deleted while it was being answered
                 return
-            self.items[rid] = (messages, response if store else None)
+            self.items[rid] = (messages, response, input_items or []) if store else (messages, None, None)
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
         if store:  # written beside the answer, not before it: a slow disk holds up no client
-            threading.Thread(target=self._store, args=(rid, messages, response), name="localrun-store-response", daemon=True).start()
+            threading.Thread(target=self._store, args=(rid, messages, response, input_items or []),
+                             name="localrun-store-response", daemon=True).start()
 
-    def _found(self, rid: str) -> Optional[tuple[list[dict], Optional[dict]]]:
-        """(the conversation, the Response object or None) of response `rid`: from memory, else from the disk;
-        (None, its in-progress Response object) while a stored one is being answered."""
+    def _found(self, rid: str) -> Optional[tuple[Optional[list[dict]], Optional[dict], Optional[list[dict]]]]:
+        """(the conversation, the Response object, the input items; the last two None when not stored) of
+        response `rid`: from memory, else from the disk; no conversation while a stored one is being answered."""
         with self.lock:
             found = self.items.get(rid)
             running = self.running.get(rid)
         if found is not None:
             return found
         if running is not None:
-            return None, running
+            return None, *running
         from ..runtime import load_response
 
         return load_response(rid)
@@ -82,6 +85,12 @@ class Kept:
         """The Response object of stored response `rid` (None: unknown, not stored, or deleted)."""
         found = self._found(rid)
         return found[1] if found else None
+
+    def input_items(self, rid: str) -> Optional[list[dict]]:
+        """The input items of stored response `rid`, in the order given (None: unknown, not stored, or deleted;
+        [] for one stored before they were kept)."""
+        found = self._found(rid)
+        return (found[2] or []) if found and found[1] is not None else None
 
     def delete(self, rid: str) -> bool:
         """Forget stored response `rid` (in memory and on disk); whether it was stored."""
@@ -98,11 +107,11 @@ class Kept:
                 self.deleted.popitem(last=False)
         return delete_response(rid) or found is not None or running
 
-    def _store(self, rid: str, messages: list[dict], response: Optional[dict]) -> None:
+    def _store(self, rid: str, messages: list[dict], response: Optional[dict], input_items: list[dict]) -> None:
         from ..runtime import delete_response, save_response
 
         try:
-            save_response(rid, messages, response)
+            save_response(rid, messages, response, input_items=input_items)
         except OSError as exc:  # a full or read-only disk: the response is still kept in memory
             print(f"warning: could not store response {rid} ({exc}): it continues only while this server runs", file=sys.stderr, flush=True)
             return
@@ -196,6 +205,49 @@ def _input_messages(data: dict, calls: set[str]) -> list[dict]:
         else:
             raise ApiError(400, f"{where}: input items of type {kind!r} are not supported by localrun", param=where)
     return out
+
+
+def input_items(data: dict) -> list[dict]:
+    """The request's `input` as the items GET /v1/responses/{id}/input_items lists, in the order given: a
+    string is one user message; each item with an id (its own, or one given here) and a status, as OpenAI's.
+    Read after chat_body, which has checked them."""
+    given = data.get("input")
+    if isinstance(given, str):
+        given = [{"type": "message", "role": "user", "content": given}]
+    out = []
+    for item in given:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            if isinstance(content, str):
+                content = [{"type": "output_text" if item.get("role") == "assistant" else "input_text", "text": content}]
+            out.append({"id": item.get("id") or _item_id("msg"), "type": "message", "role": item.get("role"),
+                        "status": item.get("status") or "completed", "content": content})
+        else:
+            prefix = {"function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}.get(kind, "item")
+            out.append({**item, "id": item.get("id") or _item_id(prefix), **({"status": item.get("status") or "completed"}
+                                                                               if kind != "reasoning" else {})})
+    return out
+
+
+def item_list(items: list[dict], query) -> dict:
+    """A page of input items as OpenAI lists them: `limit` (1-100, default 20), `order` (desc, the default,
+    newest first; or asc), `after` (the id of the item the page starts after)."""
+    limit, order, after = query.get("limit", "20"), query.get("order", "desc"), query.get("after")
+    try:
+        limit = int(limit)
+    except ValueError:
+        limit = 0
+    need(1 <= limit <= 100, f"limit must be an integer from 1 to 100 (got {query.get('limit')!r})", "limit")
+    need(order in ("asc", "desc"), f"order must be asc or desc (got {order!r})", "order")
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [i["id"] for i in ordered]
+        need(after in ids, f"after: no input item {after!r} in this response", "after")
+        ordered = ordered[ids.index(after) + 1:]
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
 
 
 def _tools(tools: Any) -> list[dict]:

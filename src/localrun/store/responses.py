@@ -22,23 +22,25 @@ def folder() -> Path:
     return home() / "responses"
 
 
-def save_response(rid: str, messages: list[dict], response: Optional[dict] = None, keep: int = KEEP) -> None:
-    """Store response `rid`: its conversation (its messages, the answer last) and the Response object it was
-    answered with; drop the oldest beyond `keep`."""
+def save_response(rid: str, messages: list[dict], response: Optional[dict] = None, keep: int = KEEP,
+                  input_items: Optional[list[dict]] = None) -> None:
+    """Store response `rid`: its conversation (its messages, the answer last), the Response object it was
+    answered with and its request's input items (for GET .../input_items); drop the oldest beyond `keep`."""
     if not _ID.match(rid):
         raise ValueError(f"not a response id: {rid!r}")
     where = folder()
     where.mkdir(parents=True, exist_ok=True)
-    record = {"messages": messages, "response": response}
+    record = {"messages": messages, "response": response, "input": input_items}
     atomic_write_bytes(where / f"{rid}.json", json.dumps(record, ensure_ascii=False).encode("utf-8"))
     stored = sorted(where.glob("resp_*.json"), key=lambda p: p.stat().st_mtime_ns)
     for old in stored[: max(0, len(stored) - keep)]:
         old.unlink(missing_ok=True)
 
 
-def load_response(rid: str) -> Optional[tuple[list[dict], Optional[dict]]]:
-    """Stored response `rid`: (its conversation, the Response object it was answered with; None in a file
-    written before that was kept), or None when it was not stored (or is no longer, or is unreadable)."""
+def load_response(rid: str) -> Optional[tuple[list[dict], Optional[dict], Optional[list[dict]]]]:
+    """Stored response `rid`: (its conversation, the Response object it was answered with, its input items;
+    either of the last two None in a file written before it was kept), or None when it was not stored (or
+    is no longer, or is unreadable)."""
     if not _ID.match(rid):
         return None
     try:
@@ -49,10 +51,11 @@ def load_response(rid: str) -> Optional[tuple[list[dict], Optional[dict]]]:
         record = {"messages": record, "response": None}
     if not isinstance(record, dict):
         return None
-    messages, response = record.get("messages"), record.get("response")
+    messages, response, items = record.get("messages"), record.get("response"), record.get("input")
     if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
         return None
-    return messages, response if isinstance(response, dict) else None
+    listed = isinstance(items, list) and all(isinstance(i, dict) for i in items)
+    return messages, response if isinstance(response, dict) else None, items if listed else None
 
 
 def delete_response(rid: str) -> bool:
