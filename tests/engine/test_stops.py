@@ -99,3 +99,35 @@ def test_earliest_stop_wins():
 def test_empty_stop_rejected():
     with pytest.raises(UsageError):
         StopMatcher([""])
+
+
+def test_the_last_response_says_which_stop_ended_it_and_whether_the_context_was_full():
+    """What Anthropic's stop_sequence and stop_reason are made of: the stop sequence found (of several; it was
+    null when more than one was given) and a cut by a full context told apart from one at max_tokens (it was
+    max_tokens either way; Anthropic says model_context_window_exceeded)."""
+    from types import SimpleNamespace
+
+    from localrun.engine.sampling import SamplingOptions
+    from localrun.engine.sequence import SequenceState
+    from localrun.serve.anthropic import stop_reason
+
+    words = {1: "It is ", 2: "Par", 3: "is.", 4: " And"}
+    engine = SimpleNamespace(load_s=0.0, is_eog=lambda t: t == 0, token_bytes=lambda t, special=False: words[t].encode())
+
+    def answer(tokens, n_ctx=100, **options):
+        seq = SequenceState(engine, [9] * 5, SamplingOptions(**options), n_ctx=n_ctx)
+        for t in tokens:
+            last = seq.push(t)
+            if last.done:
+                return last
+
+    stops = ["zebra", "Paris", "is"]
+    stopped = answer([1, 2, 3], stop=stops)
+    assert (stopped.finish_reason, stopped.stop_sequence) == ("stop", "is")  # "It is " holds the earliest
+    assert stop_reason(stopped, [], stops) == ("stop_sequence", "is")
+    paris = answer([2, 3], stop=["zebra", "Paris"])
+    assert stop_reason(paris, [], ["zebra", "Paris"]) == ("stop_sequence", "Paris")
+    assert stop_reason(answer([1, 0]), [], ["zebra"]) == ("end_turn", None)
+    full, limited = answer([4] * 10, n_ctx=8), answer([4] * 10, max_tokens=3)
+    assert full.finish_reason == limited.finish_reason == "length" and full.context_full and not limited.context_full
+    assert stop_reason(full, [], []) == ("model_context_window_exceeded", None) and stop_reason(limited, [], []) == ("max_tokens", None)

@@ -87,7 +87,9 @@ def test_text_that_is_no_call_stays_text_and_streams_whole(text, cuts):
 
 def test_json_that_names_no_offered_tool_and_code_stay_text():
     offered = {"get_weather"}
-    for text in ['{"name": "Bob", "arguments": {}}', '{"answer": 4}', 'Use {"name": "x"} here',
+    # ... and JSON naming one with keys no call has: an answer in a response_format schema (a helper saw
+    # {"name": "get_weather", "age": 25} come back as a call with no arguments)
+    for text in ['{"name": "Bob", "arguments": {}}', '{"answer": 4}', 'Use {"name": "x"} here', '{"name": "get_weather", "age": 25}',
                  '```python\nd = {"name": "get_weather", "arguments": {}}\n```', "The answer is {x} and [1].", "[1, 2]"]:
         assert parse_tool_calls(text, "hermes", offered) == (text, []), text
         sent, rest, found = streamed(text, [3, 9, 17], offered)
@@ -166,3 +168,31 @@ def test_a_closing_brace_too_many_after_a_call_is_the_calls(text):
     assert streamed(text, [9, 30, 55], {"get_weather"}) == ("", "", call)
     # the text around it stays
     assert parse_tool_calls("Checking. " + text + "\nDone.", "hermes", {"get_weather"}) == ("Checking.\nDone.", call)
+
+
+def test_a_forced_call_keeps_the_references_of_its_parameters():
+    """A tool whose parameters refer to their own $defs (every nested pydantic model, openai.pydantic_function_tool)
+    can be forced: the references follow the parameters into the call's schema (they did not resolve there:
+    tool_choice required or named was a 400; found by a helper)."""
+    import jsonschema
+
+    from localrun.engine.sampling import json_schema_grammar
+
+    loc = {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}}, "required": ["lat", "lon"]}
+    forecast = {"type": "object", "$defs": {"Loc": loc}, "required": ["city", "loc"],
+                "properties": {"city": {"type": "string"}, "loc": {"$ref": "#/$defs/Loc"},
+                               "near": {"type": "array", "items": {"$ref": "#/$defs/Loc"}}}}
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}}  # refers to its own root
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": forecast}},
+             {"type": "function", "function": {"name": "tree", "parameters": tree}}]
+    for schema in (call_schema(tools, "forecast"), call_schema(tools, parallel=True)):
+        json_schema_grammar(schema)  # every reference resolves
+    several = call_schema(tools, parallel=True)
+    jsonschema.validate([{"name": "forecast", "arguments": {"city": "Paris", "loc": {"lat": 48.8, "lon": 2.3}, "near": []}},
+                         {"name": "tree", "arguments": {"kids": [{"kids": []}]}}], several)
+    for wrong in ({"city": "Paris", "loc": {"lat": "north"}}, {"city": "Paris", "loc": {}, "near": [{"lat": 1}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate([{"name": "forecast", "arguments": wrong}], several)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "tree", "arguments": {"kids": [{"kids": 3}]}}], several)
+    assert call_schema(tools[1:], "tree")["properties"]["arguments"]["properties"]["kids"]["items"] == {"$ref": "#/$defs/tool0"}

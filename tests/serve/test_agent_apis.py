@@ -76,10 +76,11 @@ def test_anthropic_stream_system_blocks_and_count_tokens(server, model):
     counted = claude(server).messages.count_tokens(model=model.name, system=system, messages=[{"role": "user", "content": ASK}])
     assert counted.input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens > 10
     # a stop sequence, and Claude Code's extras (a system message inside messages, thinking, context_management) accepted
-    cut = claude(server).messages.create(model=model.name, max_tokens=40, stop_sequences=["Paris"],
+    cut = claude(server).messages.create(model=model.name, max_tokens=40, stop_sequences=["zebra", "Paris"],
                                          messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": ASK}],
                                          extra_body={**GREEDY, "thinking": {"type": "adaptive"}, "context_management": {}, "output_config": {}})
     assert "Paris" not in "".join(b.text for b in cut.content if b.type == "text")
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", "Paris")  # which one, of several (it was null)
 
 
 def test_anthropic_tools_round_trip(server, model):

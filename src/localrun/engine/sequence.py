@@ -30,6 +30,7 @@ class SequenceState:
         self.t0 = time.perf_counter() if t0 is None else t0
         self.t_first: Optional[float] = None
         self.finish_reason: Optional[FinishReason] = None
+        self.context_full = False  # it ended because its context was full (before its token limit)
         self.top_logprobs: Optional[int] = None  # set: each response carries its tokens' log-probabilities
         self.thinking = None  # a thinking.ThinkingSplitter: a reasoning model's thinking kept apart from the answer
 
@@ -67,7 +68,9 @@ class SequenceState:
         if self.matcher.stopped is not None:
             return self.finish("stop", text, [token], thinking=thought)
         # max tokens, or the context is full (the token would go past its last position): said, never silent
-        if len(self.generated) >= self.limit or len(self.prompt) + len(self.generated) - 1 >= self.n_ctx:
+        full = len(self.prompt) + len(self.generated) - 1 >= self.n_ctx
+        if len(self.generated) >= self.limit or full:
+            self.context_full = full and len(self.generated) < self.limit
             return self.finish("length", text, [token], thinking=thought)
         return Response(text, [token], thinking=thought)
 
@@ -89,7 +92,8 @@ class SequenceState:
             reason = "stop"
         self.finish_reason = reason
         self.close_stats(reason)
-        return Response(text, tokens or [], reason, self.stats, error, thinking=thinking)
+        return Response(text, tokens or [], reason, self.stats, error, thinking=thinking, stop_sequence=self.matcher.stopped,
+                        context_full=reason == "length" and self.context_full)
 
     def close_stats(self, reason: FinishReason, n_generated: Optional[int] = None) -> Stats:
         """Timings up to now (also after an interruption); n_generated: for a beam, the tokens it chose."""

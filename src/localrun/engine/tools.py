@@ -51,6 +51,7 @@ _FENCE = "```"
 _FENCE_LANGS = ("", "json", "json5", "jsonc", "tool_call", "tool_code", "tool", "javascript", "js")
 _CALL_KEYS = ("name", "arguments", "parameters", "type", "function")  # what a call object may begin with
 _ARGS_KEYS = ("arguments", "parameters")
+_OBJECT_KEYS = {*_CALL_KEYS, "id", "call_id"}  # all a call object written without a marker may hold
 
 
 # -- one JSON value at a position ----------------------------------------------------------------------
@@ -151,6 +152,8 @@ def _calls(obj: Any, names: Optional[Collection[str]] = None) -> list[Call]:
         return []
     if names is not None and any(c["name"] not in names for c in calls):
         return []
+    if names is not None and any(set(item) - _OBJECT_KEYS for item in items):
+        return []  # unmarked JSON with keys no call has ({"name": ..., "age": 25}, an answer in a schema) is not one
     return calls
 
 
@@ -394,8 +397,36 @@ def call_schema(tools: list[dict[str, Any]], name: Optional[str] = None, paralle
     to the one named: its arguments are that function's own parameters schema. `parallel`: a list of one
     or more such calls."""
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
-    options = [{"type": "object", "properties": {"name": {"const": f["name"]},
-                                                  "arguments": f.get("parameters") or {"type": "object", "properties": {}}},
-                "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
+    # Each parameters schema becomes a part of this one: its references ('#/$defs/Loc', as pydantic writes
+    # nested models) are moved to where it now lies, a copy of it kept under this schema's own $defs.
+    defs: dict[str, Any] = {}
+    options = []
+    for i, f in enumerate(chosen):
+        params = f.get("parameters") or {"type": "object", "properties": {}}
+        if _refers(params):
+            defs[f"tool{i}"] = params = _relocated(params, f"#/$defs/tool{i}")
+        options.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
+                        "required": ["name", "arguments"], "additionalProperties": False})
     one = options[0] if len(options) == 1 else {"anyOf": options}
-    return {"type": "array", "items": one, "minItems": 1} if parallel else one
+    schema = {"type": "array", "items": one, "minItems": 1} if parallel else one
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _refers(schema: Any) -> bool:
+    """Whether a schema holds a $ref anywhere."""
+    if isinstance(schema, dict):
+        return isinstance(schema.get("$ref"), str) or any(_refers(v) for v in schema.values())
+    return isinstance(schema, list) and any(_refers(v) for v in schema)
+
+
+def _relocated(schema: Any, at: str) -> Any:
+    """`schema` with its local references ('#', '#/...') pointing into it at `at`, where it is now kept."""
+    if isinstance(schema, list):
+        return [_relocated(v, at) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _relocated(v, at) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = at + ref[1:]
+    return out

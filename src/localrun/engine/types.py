@@ -93,6 +93,8 @@ class Response:
     # Asked for (a sequence's top_logprobs): one TokenLogprob per token of `tokens`.
     logprobs: Optional[list["TokenLogprob"]] = None
     thinking: str = ""  # a reasoning model's thinking (its markers left out), apart from the answer in `text`
+    stop_sequence: Optional[str] = None  # the last response of one a stop sequence ended: which one
+    context_full: bool = False  # the last response of one cut ("length") because its context was full, not at its limit
 
     @property
     def done(self) -> bool:

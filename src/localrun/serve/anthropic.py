@@ -178,10 +178,10 @@ def stop_reason(final, calls: list, stops: list[str]) -> tuple[str, Optional[str
     """(stop_reason, stop_sequence) of an answer."""
     if calls:
         return "tool_use", None
-    if final.finish_reason == "length":
-        return "max_tokens", None
-    if final.finish_reason == "stop" and stops:
-        return "stop_sequence", stops[0] if len(stops) == 1 else None
+    if final.finish_reason == "length":  # at max_tokens, or the context full first (Anthropic's own reason for it)
+        return ("model_context_window_exceeded" if final.context_full else "max_tokens"), None
+    if final.finish_reason == "stop" and final.stop_sequence in stops:
+        return "stop_sequence", final.stop_sequence
     return "end_turn", None
 
 
