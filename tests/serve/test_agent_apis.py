@@ -110,6 +110,16 @@ def test_anthropic_errors_in_its_own_shape(server, model):
     assert model.name in [m.id for m in listed.data] and all(m.type == "model" and m.created_at for m in listed.data)
     assert claude(server).models.retrieve(model.name).display_name == model.name
     assert [m.id for m in oai(server).models.list().data] == [m.id for m in listed.data]
+    # ... and their errors come in Anthropic's shape to Anthropic's clients (they were OpenAI's: found by a helper)
+    with pytest.raises(anthropic.NotFoundError) as unknown:
+        claude(server).models.retrieve("no-such-model")
+    assert unknown.value.body["type"] == "error" and unknown.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.AuthenticationError) as locked:
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).models.list()
+    assert locked.value.body["error"]["type"] == "authentication_error" and "x-api-key" in locked.value.body["error"]["message"]
+    with pytest.raises(openai.NotFoundError) as theirs:
+        oai(server).models.retrieve("no-such-model")
+    assert theirs.value.body["code"] == "model_not_found"
 
     with pytest.raises(anthropic.BadRequestError) as err:
         claude(server).messages.create(model=model.name, max_tokens=10, messages=[

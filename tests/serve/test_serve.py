@@ -550,7 +550,14 @@ def test_queue_0_serves_while_a_slot_is_idle(smollm2, tmp_path):
             lines = running.iter_lines()
             next(lines)  # holds the only slot
             r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
-            assert r.status_code == 429, r.text
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+            # the translated dialects' too, each in its own shape (they had no Retry-After: found by a helper)
+            hi = [{"role": "user", "content": "Hi"}]
+            claude = httpx.post(srv.url + "/v1/messages", json={"max_tokens": 2, "messages": hi}, timeout=60)
+            assert claude.status_code == 429 and claude.headers["retry-after"] == "1", claude.text
+            assert claude.json()["error"]["type"] == "rate_limit_error"
+            codex = httpx.post(srv.url + "/v1/responses", json={"input": "Hi", "max_output_tokens": 2}, timeout=60)
+            assert codex.status_code == 429 and codex.headers["retry-after"] == "1" and codex.json()["error"]["message"], codex.text
 
 
 def test_ctrl_c_with_long_requests_running_ends_them_cleanly(smollm2, tmp_path):

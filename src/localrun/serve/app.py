@@ -345,9 +345,10 @@ def build_app(service: Service, on_started=None):
 
         def fail(exc: ApiError):
             metrics.requests.labels(endpoint, str(exc.status)).inc()
+            headers = {"Retry-After": "1"} if exc.status in (429, 503) else None  # as every dialect's busy answer
             if dialect == "anthropic":
-                return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
-            return JSONResponse(responses.as_written(exc).body(), status_code=exc.status)
+                return JSONResponse(anthropic.error_body(exc), status_code=exc.status, headers=headers)
+            return JSONResponse(responses.as_written(exc).body(), status_code=exc.status, headers=headers)
 
         try:
             raw = await read_body(request)
@@ -771,12 +772,18 @@ def build_app(service: Service, on_started=None):
                              "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
 
     async def model(request: Request):
-        """One model of /v1/models by its id (openai's models.retrieve); 404 in OpenAI's shape otherwise."""
+        """One model of /v1/models by its id (openai's and anthropic's models.retrieve); 404 otherwise, in the
+        shape of the client's dialect."""
+        from .limits import speaks_anthropic
+
         wanted = request.path_params["model_id"]
         found = next((m for m in await listed_models() if m["id"] == wanted), None)
         if found is None:
-            return error_response(ApiError(404, f"the model {wanted!r} does not exist: see /v1/models", param="model",
-                                           code="model_not_found"), "/v1/models/{id}")
+            missing = ApiError(404, f"the model {wanted!r} does not exist: see /v1/models", param="model", code="model_not_found")
+            if speaks_anthropic(request.url.path, request.headers):
+                metrics.requests.labels("/v1/models/{id}", "404").inc()
+                return JSONResponse(anthropic.error_body(missing), status_code=404)
+            return error_response(missing, "/v1/models/{id}")
         metrics.requests.labels("/v1/models/{id}", "200").inc()
         return JSONResponse(found)
 
@@ -893,10 +900,11 @@ def build_app(service: Service, on_started=None):
 
     async def http_error(request: Request, exc):
         # 404 for an unknown path and 405 for a wrong method, in the shape of the dialect the path is under
-        from .limits import error_body
+        from .limits import error_body, speaks_anthropic
 
         what = "no such endpoint" if exc.status_code == 404 else f"{request.method} is not allowed here"
-        body = error_body(request.url.path, exc.status_code, f"{what}: {request.url.path}", "invalid_request_error")
+        body = error_body(request.url.path, exc.status_code, f"{what}: {request.url.path}", "invalid_request_error",
+                          anthropic=speaks_anthropic(request.url.path, request.headers))
         return HttpResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None), media_type="application/json")
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
@@ -917,18 +925,20 @@ def _given_key(headers: dict) -> bytes:
 def _require_key(app, key: str):
     """ASGI wrapper: every path but /health needs the key, as `Authorization: Bearer KEY` or Anthropic's
     `x-api-key: KEY` (compared in constant time); a 401 in the shape of the dialect the path is under."""
-    from .limits import error_body
+    from .limits import error_body, speaks_anthropic
 
     expected = key.encode()
 
     async def guarded(scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health":
-            given = _given_key(dict(scope["headers"]))
+            headers = dict(scope["headers"])
+            given = _given_key(headers)
             if not hmac.compare_digest(given, expected):
                 path = scope["path"]
-                how = "'x-api-key: KEY'" if path.startswith("/v1/messages") else "'Authorization: Bearer KEY'"
+                anthropic = speaks_anthropic(path, headers)
+                how = "'x-api-key: KEY'" if anthropic else "'Authorization: Bearer KEY'"
                 body = error_body(path, 401, f"missing or wrong API key: send {how}", "invalid_request_error",
-                                  code="invalid_api_key")
+                                  code="invalid_api_key", anthropic=anthropic)
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": body})

@@ -34,16 +34,24 @@ def max_body_bytes() -> int:
     return int(mib * (1 << 20)) if mib > 0 else 0
 
 
-def error_body(path: str, status: int, message: str, kind: str, *, code: Optional[str] = None) -> bytes:
+def speaks_anthropic(path: str, headers) -> bool:
+    """Whether a request is Anthropic's: under /v1/messages, or from Anthropic's clients anywhere (they send
+    anthropic-version, also to /v1/models, which both dialects share). `headers`: ASGI's (bytes) or Starlette's."""
+    return path.startswith("/v1/messages") or any(
+        (k.lower() if isinstance(k, str) else k.lower().decode("latin-1")) == "anthropic-version" for k in headers.keys())
+
+
+def error_body(path: str, status: int, message: str, kind: str, *, code: Optional[str] = None, anthropic: bool = False) -> bytes:
     """An error in the shape of the dialect the path belongs to: Ollama's under /api, Anthropic's under
-    /v1/messages (its error type by the status, as its translator words every error), OpenAI's elsewhere."""
+    /v1/messages or for Anthropic's clients (`anthropic`; its error type by the status, as its translator
+    words every error), OpenAI's elsewhere."""
     from .anthropic import error_body as anthropic_body
     from .openai import ApiError
 
     if path.startswith("/api/"):
         return json.dumps({"error": message}).encode()
     error = ApiError(status, message, type_=kind, code=code)
-    return json.dumps(anthropic_body(error) if path.startswith("/v1/messages") else error.body()).encode()
+    return json.dumps(anthropic_body(error) if anthropic or path.startswith("/v1/messages") else error.body()).encode()
 
 
 def limit_body(app, max_bytes: int):
@@ -59,7 +67,8 @@ def limit_body(app, max_bytes: int):
         async def refuse():
             await send({"type": "http.response.start", "status": 413,
                         "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": error_body(scope["path"], 413, message, "request_too_large")})
+            body = error_body(scope["path"], 413, message, "request_too_large", anthropic=speaks_anthropic(scope["path"], dict(scope["headers"])))
+            await send({"type": "http.response.body", "body": body})
 
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > max_bytes:
