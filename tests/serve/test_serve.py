@@ -338,6 +338,10 @@ def test_logprobs_chat_and_completions_streamed_and_not(server):
                                                  top_logprobs=3, stream=True))
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+    # Cut by a stop sequence: the token that completed it is not listed, its text being cut (as llama-server's)
+    at = next(i for i, t in enumerate(content) if i and t.token.strip() and t.token not in "".join(x.token for x in content[:i]))
+    stopped = client.chat.completions.create(model=SMOL, messages=hi, max_tokens=8, temperature=0, logprobs=True, stop=[content[at].token])
+    assert [t.token for t in stopped.choices[0].logprobs.content] == [t.token for t in content[:at]]
     plain = client.chat.completions.create(model=SMOL, messages=hi, max_tokens=8, temperature=0)
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content
 

@@ -172,7 +172,8 @@ class Plain(Prefill):
         token = self.sampler.sample(self.engine.ctx, len(self.seq.generated), self.row, self.prefiltered)
         logprob = None if self.seq.top_logprobs is None else token_logprob(self.engine.logits(self.row), token, self.seq.top_logprobs)
         response = self.seq.push(token)
-        if logprob is not None and response.tokens:
+        # (not for the token that completed a stop sequence and adds no text: its text is cut, as llama-server's)
+        if logprob is not None and response.tokens and not (response.stop_sequence is not None and not response.text):
             response.logprobs = [logprob]
         if response.done:
             self.done, self.next_token = True, None
