@@ -51,6 +51,13 @@ def test_current_openai_fields_are_accepted_or_refused_by_name(server, smollm2):
         assert err.value.body["param"] == name and name in err.value.body["message"], err.value.body
     with pytest.raises(openai.BadRequestError, match="unknown or unsupported field 'no_such_field'"):
         c.chat.completions.create(model=smollm2.name, messages=HI, max_tokens=8, extra_body={"no_such_field": 1})
+    # An assistant's refusal part in the history is read as its text (it was a 400: found by a helper); a user's is refused.
+    said = [*HI, {"role": "assistant", "content": "I cannot."}, {"role": "user", "content": "Why?"}]
+    refused = [*HI, {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]}, {"role": "user", "content": "Why?"}]
+    assert (c.chat.completions.create(model=smollm2.name, messages=refused, max_tokens=8, temperature=0).choices[0].message.content
+            == c.chat.completions.create(model=smollm2.name, messages=said, max_tokens=8, temperature=0).choices[0].message.content)
+    with pytest.raises(openai.BadRequestError, match="assistant's message only"):
+        c.chat.completions.create(model=smollm2.name, max_tokens=8, messages=[{"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}])
 
 
 def test_models_retrieve_and_every_listed_id_answers_everywhere(server, smollm2):

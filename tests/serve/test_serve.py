@@ -398,10 +398,12 @@ def test_seed_top_k_top_p_and_min_p(server):
     another seed another text); top_k 1, a tiny top_p or min_p 1 each leave only the most likely token, so
     the same seed then gives the greedy text."""
     whole = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
-    greedy, seed1, again, seed2, top_k, top_p, min_p = _texts(server, "Once upon a time, in a small village by the sea,", [
+    greedy, seed1, again, seed2, top_k, top_p, min_p, big, folded = _texts(server, "Once upon a time, in a small village by the sea,", [
         {"temperature": 0}, {**whole, "seed": 1}, {**whole, "seed": 1}, {**whole, "seed": 2},
-        {**whole, "seed": 1, "top_k": 1}, {**whole, "seed": 1, "top_p": 0.01}, {**whole, "seed": 1, "min_p": 1.0}], 16)
+        {**whole, "seed": 1, "top_k": 1}, {**whole, "seed": 1, "top_p": 0.01}, {**whole, "seed": 1, "min_p": 1.0},
+        {**whole, "seed": 2**63 - 1}, {**whole, "seed": (2**63 - 1) % (2**32 - 1)}], 16)
     assert seed1 == again
+    assert big == folded  # OpenAI's 64-bit seeds taken (it was a 400), folded into llama.cpp's 32 bits
     assert seed2 != seed1
     assert seed1 != greedy  # so each cut below changed what seed 1 draws
     assert top_k == greedy

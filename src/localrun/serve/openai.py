@@ -177,6 +177,18 @@ class _Part(BaseModel):
     text: str
 
 
+class _RefusalPart(BaseModel):
+    """An assistant's refusal in its content (OpenAI's SDKs send it back in the history): read as its text."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["refusal"]
+    refusal: str
+
+    @property
+    def text(self) -> str:
+        return self.refusal
+
+
 class _ImageUrl(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: StrictStr
@@ -210,7 +222,7 @@ class _ToolCall(BaseModel):
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, ...: harmless
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[Annotated[Union[_Part, _ImagePart], Field(discriminator="type")]], None] = None
+    content: Union[str, list[Annotated[Union[_Part, _ImagePart, _RefusalPart], Field(discriminator="type")]], None] = None
     tool_calls: Optional[list[_ToolCall]] = None
     tool_call_id: Optional[str] = None
 
@@ -219,11 +231,13 @@ class _Message(BaseModel):
         # Only an assistant message that calls tools may leave its content out (OpenAI's rule).
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("a message needs its content (only an assistant's tool calls may go without)")
+        if self.role != "assistant" and isinstance(self.content, list) and any(isinstance(p, _RefusalPart) for p in self.content):
+            raise ValueError("a refusal part belongs to an assistant's message only")
         return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content if isinstance(p, _Part))
+            return "".join(p.text for p in self.content if isinstance(p, (_Part, _RefusalPart)))
         return self.content or ""
 
     def image_parts(self) -> list[tuple[int, "_ImagePart"]]:
@@ -689,6 +703,9 @@ def _options(base: SamplingOptions, body) -> SamplingOptions:
     """The server's options (the catalogue's and serve's flags), then the request's own fields: its stops and
     logit biases add to the server's."""
     update: dict[str, Any] = {name: getattr(body, name) for name in _SAMPLING_FIELDS}
+    seed = update.get("seed")
+    if isinstance(seed, int) and not -1 <= seed < 2**32 - 1 and -2**63 <= seed < 2**63:
+        update["seed"] = seed % (2**32 - 1)  # OpenAI's seeds are 64-bit, llama.cpp's 32 (its last value, random)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(s == "" for s in stops):
         raise ApiError(400, "a stop sequence cannot be empty", param="stop")
