@@ -66,6 +66,14 @@ def test_a_forced_call_ignores_stop_sequences(server, tools_model):
                                                temperature=0, max_tokens=80, stop=["Paris", '"'])
     assert r.choices[0].finish_reason == "tool_calls"
     valid(r.choices[0].message.tool_calls[0])
+    # Cut by max_tokens before the call is whole: no call and no content, not the grammar's half-written JSON
+    # (it came back as content: found by a helper), streamed or not.
+    cut = client(server).chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required",
+                                                 temperature=0, max_tokens=6)
+    assert cut.choices[0].finish_reason == "length" and not cut.choices[0].message.content and not cut.choices[0].message.tool_calls
+    chunks = list(client(server).chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required",
+                                                         temperature=0, max_tokens=6, stream=True))
+    assert not "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 
 
 def test_a_second_turn_with_the_tool_result(server, tools_model):

@@ -554,6 +554,13 @@ class ToolMode:
         from ..runtime import parse_tool_calls
 
         content, calls = parse_tool_calls(text, self.family, self.names)
+        return self._kept(content, calls)
+
+    def _kept(self, content: str, calls: list[dict]) -> tuple[str, list[dict]]:
+        # A forced call cut short (max_tokens) before one was whole is no answer: its JSON was the grammar's
+        # form of a call, not text for the client (it came back as content; found by a helper).
+        if self.forced is not None and not calls:
+            return "", []
         return content, (calls if self.parallel else calls[:1])
 
     def stream(self):
@@ -565,7 +572,7 @@ class ToolMode:
     def settle(self, stream) -> tuple[str, list[dict]]:
         """(content not sent yet, calls) once the answer is whole."""
         content, calls = stream.finish()
-        return content, (calls if self.parallel else calls[:1])
+        return self._kept(content, calls)
 
 
 _warned_templates: set = set()
@@ -763,6 +770,7 @@ def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, 
             choice["message"]["reasoning_content"] = final.thinking
         if tools is not None:
             content, calls = tools.calls_in(text)
+            choice["message"]["content"] = content  # (the text itself, unless it held calls or a forced call's half)
             if calls:
                 choice["message"] = {**choice["message"], "content": content or None, "tool_calls": openai_calls(calls)}
                 choice["finish_reason"] = "tool_calls"
