@@ -296,6 +296,19 @@ def test_input_items_of_a_stored_response_are_listed_a_page_at_a_time_as_openai_
     assert Kept().input_items(rid) == given  # from the disk
 
 
+def test_responses_allowed_tools_become_the_chat_requests():
+    """The Responses API's flat allowed_tools is the chat request's nested one (tools of other types left out, as
+    they are from tools; none left: no call may be made)."""
+    from localrun.serve.responses import Kept, chat_body
+
+    tools = [{"type": "function", "name": "add", "parameters": {"type": "object"}}, {"type": "function", "name": "sub"}]
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "add"}, {"type": "web_search"}]}
+    body, _ = chat_body({"input": "hi", "tools": tools, "tool_choice": allowed}, Kept())
+    assert body.tool_choice == {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "add"}}]}}
+    body, _ = chat_body({"input": "hi", "tools": tools, "tool_choice": {**allowed, "tools": [{"type": "web_search"}]}}, Kept())
+    assert body.tool_choice == "none"
+
+
 def test_an_empty_responses_answer_streams_its_message_as_any_other():
     """An answer of no tokens (the model ended at once: seen with Codex) streams the same item events as one with
     text, less the delta: its text part was in output_item.done without ever being announced (found by a helper)."""

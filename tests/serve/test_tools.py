@@ -44,7 +44,11 @@ def valid(call) -> dict:
     return args
 
 
-@pytest.mark.parametrize("choice, name", [("required", None), ({"type": "function", "function": {"name": "add"}}, "add")])
+ONLY_ADD = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "add"}}]}}
+
+
+@pytest.mark.parametrize("choice, name", [("required", None), ({"type": "function", "function": {"name": "add"}}, "add"),
+                                          (ONLY_ADD, "add")])  # OpenAI's allowed_tools (it was a 400: found by a helper)
 def test_forced_calls_validate_streamed_and_not(server, tools_model, choice, name):
     c = client(server)
     r = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=80)
@@ -116,6 +120,8 @@ def test_a_template_without_tools(smollm2, tmp_path):
 @pytest.mark.parametrize("body, param", [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {**ONLY_ADD, "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "nope"}}]}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": []}}}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
     ({"functions": [{"name": "f"}]}, "functions"),

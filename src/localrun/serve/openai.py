@@ -591,8 +591,21 @@ def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
     if choice == "none":
         return None
     names = [t.function.name for t in body.tools]
+    offered = list(body.tools)
     named = None
-    if isinstance(choice, dict):
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        # OpenAI's allowed_tools: every tool stays in the prompt (its cache with it), only these may be called
+        spec = choice.get("allowed_tools")
+        mode, allowed = (spec.get("mode", "auto"), spec.get("tools")) if isinstance(spec, dict) else (None, None)
+        if mode not in ("auto", "required") or not isinstance(allowed, list) or not allowed:
+            raise ApiError(400, "tool_choice allowed_tools needs {'mode': 'auto' or 'required', 'tools': [{'type': 'function',"
+                                " 'function': {'name': ...}}, ...]}", param="tool_choice")
+        wanted = {(t.get("function") or {}).get("name") if isinstance(t, dict) else None for t in allowed}
+        if not wanted <= set(names):
+            raise ApiError(400, f"tool_choice allowed_tools names a tool not given: use some of {', '.join(names)}", param="tool_choice")
+        offered = [t for t in body.tools if t.function.name in wanted]
+        names, choice = [t.function.name for t in offered], mode
+    elif isinstance(choice, dict):
         named = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
         if named not in names:
             raise ApiError(400, f"tool_choice names no given tool: use one of {', '.join(names)}", param="tool_choice")
@@ -608,7 +621,7 @@ def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
                        " (use tool_choice auto, or a model whose template has tools)", param="tool_choice")
     parallel = body.parallel_tool_calls is not False
     # Forced: one call (a named function, or parallel_tool_calls false), else a list of one or more.
-    forced = (call_schema([t.model_dump() for t in body.tools], named, parallel=parallel and named is None)
+    forced = (call_schema([t.model_dump() for t in offered], named, parallel=parallel and named is None)
               if (named or choice == "required") else None)
     return ToolMode(template_family(template) if forced is None else "generic", frozenset(names), forced, parallel)
 

@@ -287,6 +287,10 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
         body["tools"] = tools
         if isinstance(choice, dict) and choice.get("type") == "function":
             body["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":  # flat, as the Responses API writes it
+            allowed = [{"type": "function", "function": {"name": t.get("name")}} for t in choice.get("tools") or []
+                       if isinstance(t, dict) and t.get("type") == "function"]  # (those of other types do not run here)
+            body["tool_choice"] = {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode", "auto"), "tools": allowed}} if allowed else "none"
         elif choice in ("auto", "none", "required"):
             body["tool_choice"] = choice
         if data.get("parallel_tool_calls") is not None:
