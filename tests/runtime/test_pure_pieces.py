@@ -296,6 +296,30 @@ def test_input_items_of_a_stored_response_are_listed_a_page_at_a_time_as_openai_
     assert Kept().input_items(rid) == given  # from the disk
 
 
+def test_anthropic_client_tools_are_offered_and_a_result_must_answer_a_use():
+    """Anthropic's client tools (bash, text_editor: the client runs them, sending only type and name) reach the
+    model in their published schema (they were left out as server tools); computer use and server tools stay
+    out; a tool_result answering no tool_use is a 400 as on Anthropic's API (it was read). Found by a helper."""
+    import pytest
+
+    from localrun.serve.anthropic import chat_body
+    from localrun.serve.openai import ApiError
+
+    tools = [{"type": "bash_20250124", "name": "bash"}, {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+             {"type": "web_search_20250305", "name": "web_search"}, {"type": "computer_20250124", "name": "computer"},
+             {"name": "mine", "input_schema": {"type": "object"}}]
+    body = chat_body({"max_tokens": 5, "messages": [{"role": "user", "content": "ls"}], "tools": tools})
+    assert [t.function.name for t in body.tools] == ["bash", "str_replace_based_edit_tool", "mine"]
+    assert body.tools[0].function.parameters["properties"]["command"]["type"] == "string"
+    assert "str_replace" in body.tools[1].function.parameters["properties"]["command"]["enum"]
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}}]}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}]}
+    assert chat_body({"max_tokens": 5, "tools": tools, "messages": [{"role": "user", "content": "ls"}, use, answer]}).messages[-1].role == "tool"
+    with pytest.raises(ApiError) as bad:
+        chat_body({"max_tokens": 5, "messages": [{"role": "user", "content": "ls"}, answer]})
+    assert bad.value.param == "messages.1.content.0" and "'toolu_1' answers no tool_use" in bad.value.message
+
+
 def test_responses_allowed_tools_become_the_chat_requests():
     """The Responses API's flat allowed_tools is the chat request's nested one (tools of other types left out, as
     they are from tools; none left: no call may be made)."""

@@ -5,7 +5,8 @@ tools, sampling and scheduler), and the answer stream becomes Anthropic's conten
 What cannot be honoured is refused in Anthropic's error shape naming it (document blocks; an image block
 anywhere but a user's message); a user's image blocks (base64) go to the model as images; what only steers Anthropic's own service is accepted and ignored (cache_control,
 metadata, output_config, context_management, service_tier, server tools such as web_search, which a
-local model cannot run)."""
+local model cannot run). Anthropic's client tools (bash, text_editor) are given to the model in their published
+input schema, as the client runs them."""
 
 from __future__ import annotations
 
@@ -52,8 +53,36 @@ def _text_of(content: Any, where: str) -> str:
     return "\n".join(parts)
 
 
+# Anthropic's client tools: defined by Anthropic, run by the client (which sends only their type and name), so
+# the model is given their published input schema; those needing more than text (computer use) are left out.
+_BASH = {"type": "object", "properties": {"command": {"type": "string", "description": "The bash command to run"},
+                                          "restart": {"type": "boolean", "description": "Restart the bash session instead"}}}
+_EDITOR = {"type": "object", "required": ["command", "path"], "properties": {
+    "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert", "undo_edit"]},
+    "path": {"type": "string", "description": "Absolute path of the file or directory"},
+    "file_text": {"type": "string", "description": "create: the new file's content"},
+    "old_str": {"type": "string", "description": "str_replace: the exact text to replace"},
+    "new_str": {"type": "string", "description": "str_replace: the text that replaces it; insert: the text to insert"},
+    "insert_line": {"type": "integer", "description": "insert: the line after which the text goes"},
+    "view_range": {"type": "array", "items": {"type": "integer"}, "description": "view: [first, last] line"}}}
+CLIENT_TOOLS = {"bash_": ("Run a command in a bash shell", _BASH),
+                "text_editor_": ("View, create and edit files: view, create, str_replace, insert, undo_edit", _EDITOR)}
+
+
+def _client_tool(tool: dict) -> Optional[dict]:
+    """An Anthropic-defined client tool (bash_20250124, text_editor_20250728, ...) as a custom tool."""
+    kind = tool.get("type")
+    found = next((v for k, v in CLIENT_TOOLS.items() if isinstance(kind, str) and kind.startswith(k)), None)
+    if found is None:
+        return None
+    return {"name": tool.get("name"), "description": found[0], "input_schema": found[1]}
+
+
 def _tools(tools: Any) -> list[dict]:
-    """Anthropic's custom tools; its server tools (web_search, bash, ...) are left out."""
+    """Anthropic's custom tools and its client tools (bash, text_editor); its server tools (web_search, ...)
+    and computer use are left out."""
+    if isinstance(tools, list):
+        tools = [(_client_tool(t) or t) if isinstance(t, dict) else t for t in tools]
     return function_tools(tools, lambda t: t.get("type") in (None, "custom"), "input_schema")
 
 
@@ -97,6 +126,7 @@ def _messages(data: dict, names: list[str]) -> list[dict]:
     system = _text_of(data.get("system"), "system")
     raw = data.get("messages")
     need(isinstance(raw, list) and raw, "messages must be a non-empty list", "messages")
+    used: set[str] = set()  # the tool_use ids so far: a tool_result answers one of them, as Anthropic's API requires
     for i, m in enumerate(raw):
         where = f"messages.{i}"
         need(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system"), f"{where}.role must be user or assistant", where)
@@ -114,10 +144,13 @@ def _messages(data: dict, names: list[str]) -> list[dict]:
             kind = block.get("type")
             if kind == "tool_use" and m["role"] == "assistant":
                 need(isinstance(block.get("id"), str) and isinstance(block.get("name"), str), f"{where}.content.{j}: tool_use needs id and name", where)
+                used.add(block["id"])
                 calls.append({"id": block["id"], "type": "function",
                               "function": {"name": block["name"], "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
             elif kind == "tool_result" and m["role"] == "user":
                 need(isinstance(block.get("tool_use_id"), str), f"{where}.content.{j}: tool_result needs tool_use_id", where)
+                need(block["tool_use_id"] in used, f"{where}.content.{j}: tool_result's tool_use_id {block['tool_use_id']!r}"
+                     " answers no tool_use block before it", f"{where}.content.{j}")
                 result = _text_of(block.get("content"), f"{where}.content.{j}.content")
                 results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                                 "content": ("Error: " + result) if block.get("is_error") else result})
