@@ -160,6 +160,9 @@ def test_responses_stream_function_call_round_trip_and_previous_response(server,
     assert second.output[0].type == "message" and second.output_text
     follow = oai(server).responses.create(model=model.name, temperature=0, max_output_tokens=20, previous_response_id=second.id,
                                           input="And tomorrow?")
+    # the Responses API's own count (it was a 405): the prompt the same body is answered with
+    counted = oai(server).responses.input_tokens.count(model=model.name, previous_response_id=second.id, input="And tomorrow?")
+    assert counted.object == "response.input_tokens" and counted.input_tokens == follow.usage.input_tokens
     alone = oai(server).responses.create(model=model.name, temperature=0, max_output_tokens=20, input="And tomorrow?")
     assert follow.usage.input_tokens > alone.usage.input_tokens + 20  # the earlier turns are in its prompt
     with pytest.raises(openai.NotFoundError):

@@ -64,6 +64,9 @@ def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_no
         assert [(i.type, i.role, [(c.type, c.text) for c in i.content]) for i in given] == [("message", "user", [("input_text", "My name is Ada.")])]
         with pytest.raises(openai.NotFoundError):
             client(first).responses.input_items.list(unstored.id)
+        with pytest.raises(openai.BadRequestError) as streamed_get:  # (it answered JSON, which the SDK read as no events)
+            list(client(first).responses.retrieve(stored.id, stream=True))
+        assert streamed_get.value.body["param"] == "stream"
         events = list(client(first).responses.create(model=smollm2.name, input="Say hi.", temperature=0, max_output_tokens=4,
                                                      stream=True))
         streamed = events[-1].response  # response.incomplete: cut at max_output_tokens

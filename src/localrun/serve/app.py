@@ -400,8 +400,9 @@ def build_app(service: Service, on_started=None):
     async def messages(request: Request):
         return await translated(request, "/v1/messages", "anthropic")
 
-    async def count_tokens(request: Request):
-        """Anthropic's /v1/messages/count_tokens: the prompt the body would be, in tokens."""
+    async def counted(request: Request, endpoint: str, dialect: str):
+        """The prompt a body would be, in tokens, for Anthropic's count_tokens and OpenAI's Responses
+        input_tokens (the body as for an answer, translated the same way; errors in the dialect's shape)."""
         from .limits import BadJson, parse_json
 
         try:
@@ -410,19 +411,32 @@ def build_app(service: Service, on_started=None):
                 data = await _off_loop_if_big(len(raw), parse_json, raw)
             except BadJson as exc:
                 raise ApiError(400, f"malformed JSON body: {exc}") from None
-            if isinstance(data, dict):
-                data = {**data, "max_tokens": 1, "stream": False}
-            body = anthropic.chat_body(data)
+            if dialect == "anthropic":
+                body = anthropic.chat_body({**data, "max_tokens": 1, "stream": False} if isinstance(data, dict) else data)
+            else:
+                body, _ = responses.chat_body({**data, "stream": False} if isinstance(data, dict) else data, kept_responses)
             resident, keep_alive, _ = await resident_for(body)
             try:
                 count = await run_in_threadpool(openai.prompt_tokens, resident, body)
             finally:
                 pool.release(resident, keep_alive)
         except ApiError as exc:
-            metrics.requests.labels("/v1/messages/count_tokens", str(exc.status)).inc()
-            return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
-        metrics.requests.labels("/v1/messages/count_tokens", "200").inc()
-        return JSONResponse({"input_tokens": count})
+            metrics.requests.labels(endpoint, str(exc.status)).inc()
+            if dialect == "anthropic":
+                return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+            return JSONResponse(responses.as_written(exc).body(), status_code=exc.status)
+        metrics.requests.labels(endpoint, "200").inc()
+        if dialect == "anthropic":
+            return JSONResponse({"input_tokens": count})
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
+
+    async def count_tokens(request: Request):
+        """Anthropic's /v1/messages/count_tokens."""
+        return await counted(request, "/v1/messages/count_tokens", "anthropic")
+
+    async def responses_input_tokens(request: Request):
+        """OpenAI's POST /v1/responses/input_tokens (the openai SDK's responses.input_tokens.count)."""
+        return await counted(request, "/v1/responses/input_tokens", "responses")
 
     async def responses_create(request: Request):
         return await translated(request, "/v1/responses", "responses")
@@ -435,6 +449,9 @@ def build_app(service: Service, on_started=None):
         """OpenAI's GET /v1/responses/{id}: a stored response as it was answered (after a restart too), or in
         progress while it is being answered."""
         rid = request.path_params["response_id"]
+        if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+            return error_response(ApiError(400, "stream on retrieving a response is for background responses, which localrun does"
+                                                " not run: retrieve it without stream", param="stream"), "/v1/responses/{id}")
         found = await run_in_threadpool(kept_responses.envelope, rid)  # from the disk, after a restart
         if found is None:
             return no_response(rid, "/v1/responses/{id}")
@@ -874,6 +891,7 @@ def build_app(service: Service, on_started=None):
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/responses", responses_create, methods=["POST"]),
+        Route("/v1/responses/input_tokens", responses_input_tokens, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_get, methods=["GET"]),
         Route("/v1/responses/{response_id}/input_items", responses_input_items, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_delete, methods=["DELETE"]),
