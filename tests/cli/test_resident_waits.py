@@ -107,7 +107,16 @@ def test_rm_unloads_the_model_from_the_server(resident, hub_stub, smollm2):  # n
     assert run_cli("pull", ref).returncode == 0
     ran = run_cli("run", ref, "--threads", "1", "-n", "1", "hi")
     assert ran.returncode == 0, ran.stderr
-    assert len(_loaded()) == 1
+    [source] = _loaded()
+    # A copy of the loaded model: rm of the copy leaves the source loaded (when the source's loaded model
+    # answered the copy too, rm unloaded it: found by a helper); several names in one rm, as ollama's.
+    assert run_cli("cp", ref, "mine").returncode == 0 and run_cli("cp", ref, "other").returncode == 0
+    assert run_cli("run", "mine", "--threads", "1", "-n", "1", "hi").returncode == 0
+    copies = run_cli("rm", "mine", "other")
+    assert copies.returncode == 0 and "removed mine" in copies.stderr and "removed other" in copies.stderr, copies.stderr
+    assert f"unloaded {source}" not in copies.stderr
+    wait_until(lambda: _loaded() == [source], what="the copy to leave the server, its source to stay")
+    assert run_cli("rm", "mine").returncode == 1
     removed = run_cli("rm", ref)
     assert removed.returncode == 0, removed.stderr
     assert "removed " in removed.stderr and "unloaded " in removed.stderr

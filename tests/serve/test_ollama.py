@@ -137,6 +137,19 @@ def test_pull_and_delete(served, hub_stub, smollm2):
     assert [p.completed for p in sized] == sorted(p.completed for p in sized)
     assert other in [m.model for m in c.list().models]
     assert c.chat(model=other, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done
+    # A copy answered by its source, loaded already (the same file and options): deleting the copy deletes the
+    # copy alone, and the source stays loaded (it deleted the source, the model that answered: found by a helper).
+    c.create(model="base", from_=str(smollm2))
+    assert c.generate(model="base", prompt="Hi", options={"num_predict": 2}).done  # loaded as "base"
+    c.copy("base", "mine")
+    assert c.chat(model="mine", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done
+    c.delete("mine")
+    assert "base" in [m.model for m in c.list().models] and "mine" not in [m.model for m in c.list().models]
+    assert "base" in [m.model for m in c.ps().models] and c.show("base").details.format == "gguf"
+    with pytest.raises(ollama.ResponseError) as copy_gone:
+        c.chat(model="mine", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2})
+    assert copy_gone.value.status_code == 404
+    c.delete("base")
     c.delete(other)
     assert other not in [m.model for m in c.list().models]
     with pytest.raises(ollama.ResponseError) as missing:

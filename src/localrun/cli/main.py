@@ -147,7 +147,7 @@ def create(
         raise UsageError(f"cannot read the Modelfile {file}: {getattr(exc, 'strerror', None) or exc}") from None
     made = create_model(name, parse_modelfile(text), base_dir=file.resolve().parent, source=_source(source), progress=True,
                         on_notice=notice)
-    _unload_removed([made.name])  # a server holding the old model of this name loads the new one next time
+    _unload_removed([made.name], deleted=made.name)  # a server holding the old model of this name loads the new one next time
     err.print("[ok]created[/ok] ", end="")
     err.print(f"{made.name} ({made.origin}); run it with `localrun run {made.name}`", markup=False)
 
@@ -161,24 +161,27 @@ def cp(
     from ..runtime.create import copy_model
 
     made = copy_model(source, destination)
-    _unload_removed([made.name])
+    _unload_removed([made.name], deleted=made.name)
     err.print(f"copied {source} to {made.name}", markup=False)
 
 
 @app.command()
-def rm(model: ModelArg) -> None:
-    """Delete a pulled model's files (and unload it from the background server, where it is loaded)."""
+def rm(models: Annotated[list[str], typer.Argument(help="one or more models: alias, owner/repo[:QUANT], or a name made by create or cp",
+                                                   show_default=False)]) -> None:
+    """Delete pulled models' files (and unload them from the background server, where they are loaded), in
+    the order given: the first that is not there stops it, as `ollama rm` does."""
     from .. import hub
 
-    removed = hub.remove(model)
-    for path in removed:
-        err.print(f"removed {path}", markup=False)
-    if not removed:  # a made model (create, cp): its files are another model's, or the user's own
-        err.print(f"removed {model}", markup=False)
-    _unload_removed([model, *map(str, removed)])
+    for model in models:
+        removed = hub.remove(model)
+        for path in removed:
+            err.print(f"removed {path}", markup=False)
+        if not removed:  # a made model (create, cp): its files are another model's, or the user's own
+            err.print(f"removed {model}", markup=False)
+        _unload_removed([model, *map(str, removed)], deleted=model)
 
 
-def _unload_removed(names: list[str]) -> None:
+def _unload_removed(names: list[str], deleted: Optional[str] = None) -> None:
     """A removed model the background server holds leaves it now, as Ollama's rm does: `ps` no longer lists
     it, and its memory is free (once a request it is answering ends). The server knows a model by the name a
     request used or by its file, so the name given and each removed file are tried."""
@@ -187,7 +190,8 @@ def _unload_removed(names: list[str]) -> None:
     server = resident()
     for name in names:
         try:
-            status, answer = server.call("POST", "/api/stop", {"model": name}, check=False)
+            # the deleted model by its name alone (a copy's source that answered to it too stays loaded), its files by path
+            status, answer = server.call("POST", "/api/stop", {"model": name, **({"deleted": True} if name == deleted else {})}, check=False)
         except NoServer:  # no background server: nothing is loaded
             return
         except LocalrunError as exc:  # the files are gone already; the server keeps it until its keep-alive ends

@@ -378,12 +378,28 @@ class ModelPool:
             chosen = list(self.residents) if ref is None else [r for r in self.residents if ref.casefold() in r.names]
             if ref is not None and not chosen:
                 raise ModelNotFound(f"model {ref!r} is not loaded")
-            for resident in chosen:
-                resident.pinned, resident.retiring = False, True
-                resident.keep_alive = 0.0
-                resident.expires = self.clock() if resident.refs == 0 else None
-            self.lock.notify_all()
-            return [(r.name, r.refs > 0) for r in chosen]
+            return self._retire(chosen)
+
+    def deleted(self, name: str) -> list[tuple[str, bool]]:
+        """Model `name` was deleted: loaded as itself, it is unloaded once its requests finish; a model that
+        only answered to it too (the same file and options: a copy of it, or what it is a copy of) keeps
+        serving under its own names, no longer this one. (name, still answering) of each unloaded."""
+        wanted = name.casefold()
+        with self.lock:
+            chosen = [r for r in self.residents if r.loaded.ref.casefold() == wanted]
+            for resident in self.residents:
+                if resident not in chosen:
+                    resident.names.discard(wanted)
+            return self._retire(chosen)
+
+    def _retire(self, chosen: list[Resident]) -> list[tuple[str, bool]]:
+        """(the lock held) Unload `chosen` once their requests finish."""
+        for resident in chosen:
+            resident.pinned, resident.retiring = False, True
+            resident.keep_alive = 0.0
+            resident.expires = self.clock() if resident.refs == 0 else None
+        self.lock.notify_all()
+        return [(r.name, r.refs > 0) for r in chosen]
 
     def abandon(self, endpoints: list[str], message: str) -> None:
         """RPC workers were lost mid-generation: the models split over them fail their open requests with

@@ -622,11 +622,19 @@ def build_app(service: Service, on_started=None):
             models.append(await run_in_threadpool(file_entry, service.served_name, service.served))
         return JSONResponse({"models": models})
 
-    async def on_named_model(request: Request, action):
+    async def on_named_model(request: Request, action, *, aliases: bool = True):
         """The model an Ollama body names (`model`, or the older `name`), and what `action(ref)` gives, done off
-        the event loop: 404 for a model that is not there, 400 for any other failure."""
-        ref = service.resolve(ollama.model_named(await ollama_body(request)))  # a name /api/ps or /v1/models lists
-        return ref, await making(lambda: action(ref), missing=f"model {ref!r} not found")
+        the event loop: 404 for a model that is not there, 400 for any other failure. The name is the model's
+        own where there is one by it; else (`aliases`) what a loaded model answers to by it, as /api/ps or
+        /v1/models list it (a path model's file name)."""
+        given = ollama.model_named(await ollama_body(request))
+        try:
+            return given, await making(lambda: action(given))
+        except ApiError as exc:
+            ref = service.resolve(given)
+            if exc.status != 404 or not aliases or ref == given:
+                raise ApiError(exc.status, f"model {given!r} not found") if exc.status == 404 else exc from None
+        return ref, await making(lambda: action(ref), missing=f"model {given!r} not found")
 
     async def ollama_show(request: Request):
         from ..runtime.report import model_card
@@ -641,12 +649,11 @@ def build_app(service: Service, on_started=None):
     async def ollama_delete(request: Request):
         from ..runtime.pool import remove_pulled
 
-        try:
-            ref, _ = await on_named_model(request, remove_pulled)
+        try:  # the model by that name only: never one a loaded model also answers to (a copy's source)
+            ref, _ = await on_named_model(request, remove_pulled, aliases=False)
         except ApiError as exc:
             return ollama_error(exc, "/api/delete")
-        with contextlib.suppress(ModelNotFound):
-            pool.stop(ref)  # loaded: unloaded once its requests end
+        pool.deleted(ref)  # loaded as itself: unloaded once its requests end; another answering to it too keeps serving
         service.forget(ref)
         metrics.requests.labels("/api/delete", "200").inc()
         return JSONResponse({})
@@ -676,8 +683,8 @@ def build_app(service: Service, on_started=None):
             return ollama_error(exc, "/api/create")
         for note in notes:
             print(f"warning: /api/create: {note}", file=sys.stderr, flush=True)
-        with contextlib.suppress(ModelNotFound):
-            pool.stop(made.name)  # a model of that name loaded before: the new one loads next time
+        pool.deleted(made.name)  # a model of that name loaded before: the new one loads next time
+        service.forget(made.name)
         metrics.requests.labels("/api/create", "200").inc()
         statuses = [*({"status": note} for note in notes), {"status": f"using {made.origin}"}, {"status": "writing manifest"},
                     {"status": "success"}]
@@ -695,6 +702,8 @@ def build_app(service: Service, on_started=None):
             await making(lambda: copy_model(source, destination))
         except ApiError as exc:
             return ollama_error(exc, "/api/copy")
+        pool.deleted(destination)  # a model of that name loaded before: the copy loads next time
+        service.forget(destination)
         metrics.requests.labels("/api/copy", "200").inc()
         return HttpResponse(status_code=200)
 
@@ -845,8 +854,10 @@ def build_app(service: Service, on_started=None):
             stopped = [r["name"] for r in pool.ps()]
             asyncio.get_running_loop().call_soon(service.end)
             return JSONResponse({"stopped": stopped, "busy": [], "server": True})
-        try:
-            chosen = pool.stop(None if asks else named)
+        try:  # {"model": NAME, "deleted": true}: NAME was deleted (`localrun rm`), not unloaded by any other name
+            chosen = pool.deleted(named) if named and body.get("deleted") is True else pool.stop(None if asks else named)
+            if named and body.get("deleted") is True:
+                service.forget(named)
         except ModelNotFound as exc:
             return error_response(ApiError(404, exc.message + ": see /api/ps", param="model", code="model_not_found"), "/api/stop")
         # "busy": still answering, unloaded when those requests end
