@@ -55,3 +55,21 @@ def test_a_missing_or_wrong_modelfile_is_one_line(cli, tmp_path):
     wrong = cli("create", "mine", "-f", str(tmp_path / "Modelfile"))
     assert wrong.returncode == 2 and "Modelfile line 2: PARAMETER temperature needs a value" in wrong.stderr
     assert json.loads(cli("list", "--json").stdout) == []
+
+
+def test_a_from_file_that_is_no_whole_gguf_makes_no_model(cli, tmp_path, smollm2):
+    """FROM a file that is not a GGUF, or one cut short: refused in one line naming it (the model was made, then
+    listed by `list` but not /api/tags, and failed at run advising to pull it again: found by a helper)."""
+    head = smollm2.read_bytes()[:2_000_000]
+    (tmp_path / "cut.gguf").write_bytes(head)
+    (tmp_path / "notes.gguf").write_text("# notes\n")
+    for name, reason in (("cut.gguf", "truncated GGUF file"), ("notes.gguf", "not a GGUF file")):
+        (tmp_path / "Modelfile").write_text(f"FROM ./{name}\n")
+        made = cli("create", "mine", "-f", str(tmp_path / "Modelfile"))
+        assert made.returncode == 2 and made.stderr.startswith(f"error: FROM {tmp_path / name}: {reason}"), made.stderr
+        assert made.stderr.rstrip().endswith("give FROM a complete .gguf model file") and "pull again" not in made.stderr
+        assert len(made.stderr.strip().splitlines()) == 1
+    assert json.loads(cli("list", "--json").stdout) == []
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2}\n")
+    assert cli("create", "mine", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    assert cli("list").stdout.split("\n")[1].split()[:2] == ["mine", "Q4_1"]  # the file's quant (it was blank)

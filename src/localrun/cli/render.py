@@ -169,8 +169,19 @@ def local_models_table(models: list, as_json: bool) -> None:
     for col in ("NAME", "QUANT", "SIZE", "SOURCE", "PATH"):
         table.add_column(col)
     for m in models:
-        table.add_row(m.name, m.quant, human_size(m.size), m.source, str(m.path))
+        table.add_row(m.name, m.quant or _file_quant(m.path), human_size(m.size), m.source, str(m.path))
     _print_table(table)
+
+
+def _file_quant(path) -> str:
+    """The quant of a model's file, read from its header (a created model's name carries none)."""
+    from ..engine.gguf_info import read_info
+    from ..errors import LocalrunError
+
+    try:
+        return read_info(path).quant
+    except LocalrunError:  # missing or broken: `run` says what is wrong with it
+        return ""
 
 
 def loaded_models(models: list[dict], as_json: bool) -> None:

@@ -48,6 +48,8 @@ def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, sourc
                        messages=tuple(modelfile.messages) or base.messages,
                        license=modelfile.license if modelfile.license is not None else base.license)
     local = hub.ensure_local(base_ref, source=source, progress=progress)
+    if local.source == "path":  # a file of the user's own: whole and a GGUF model, or no model is made of it
+        _check_file(local.path)
     return hub.register_created(name, local, defaults, origin=f"FROM {local.ref if local.source != 'path' else local.path}")
 
 
@@ -58,6 +60,19 @@ def copy_model(source: str, destination: str):
     name = hub.created_name(destination)
     local = hub.resolve_local(source)
     return hub.register_created(name, local, hub.defaults_for(source), origin=f"copy of {local.ref}")
+
+
+def _check_file(path: Path) -> None:
+    """FROM a file: one that llama.cpp could not load (not a GGUF, cut short, a corrupt header) is refused
+    now, in one line, rather than at the first run (it was made, then listed by `list` but not /api/tags)."""
+    from ..engine.gguf_info import read_info
+    from ..errors import InvalidModelFile
+
+    try:
+        read_info(path)
+    except InvalidModelFile as exc:
+        reason = exc.message.rsplit(": ", 1)[0]  # (its advice, to pull again, is for a pulled file)
+        raise UsageError(f"FROM {reason}: give FROM a complete .gguf model file") from None
 
 
 def _base_ref(base: str, base_dir: Optional[Path]) -> str:
