@@ -60,6 +60,10 @@ def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smoll
         card = http.post("/api/show", json={"model": "terse2"}).json()
         assert card["system"] == SYSTEM and "PARAMETER temperature 0" in card["modelfile"]
         assert "PARAMETER num_predict 12" in card["modelfile"] and card["messages"] == FIRST
+        # parameters as Ollama writes them: its names, one line per stop, strings quoted (it was max_tokens 12 and a
+        # Python list: found by a helper)
+        assert sorted(line.split(None, 1) for line in card["parameters"].splitlines()) == [
+            ["num_predict", "12"], ["stop", '"\\n\\n"'], ["temperature", "0"]], card["parameters"]
 
         assert http.request("DELETE", "/api/delete", json={"model": "terse"}).status_code == 200
         names = [m["name"] for m in http.get("/api/tags").json()["models"]]

@@ -195,7 +195,7 @@ def model_card(ref: str) -> dict[str, Any]:
             value = None  # a summarised array (tokens, scores): too big to list
         model_info[key] = value
     brought = defaults_for(local.ref if local.source != "path" else ref)
-    parameters = "\n".join(f"{k:<20} {v}" for k, v in sorted(dict(brought.sampling).items()))
+    parameters = "\n".join(f"{name:<30} {_go_value(value)}" for name, value in ollama_parameters(brought))
     from ..engine.thinking import markers_for
     from ..engine.tools import supports_tools
 
@@ -229,19 +229,10 @@ def modelfile_text(local, brought) -> str:
     def quoted(text: str) -> str:
         return f'"""{text}"""'
 
-    from .options import OLLAMA_RENAMED
-
-    ollama_name = {ours: theirs for theirs, ours in OLLAMA_RENAMED.items()}
     lines = [f"# Modelfile of {local.ref} (localrun)", f"FROM {local.path}"]
-    for name, value in sorted(brought.sampling.items()):
-        name = ollama_name.get(name, name)
-        for one in value if isinstance(value, list) else [value]:
-            if isinstance(one, dict):  # logit_bias: TOKEN=BIAS pairs
-                one = " ".join(f"{k}={v}" for k, v in one.items())
-            plain = not isinstance(one, str) or (one and not any(c.isspace() or c == '"' for c in one))
-            lines.append(f"PARAMETER {name} {one if plain else json.dumps(one)}")
-    if brought.context:
-        lines.append(f"PARAMETER num_ctx {brought.context}")
+    for name, one in ollama_parameters(brought):
+        plain = not isinstance(one, str) or (one and not any(c.isspace() or c == '"' for c in one))
+        lines.append(f"PARAMETER {name} {one if plain else json.dumps(one)}")
     if brought.template:
         lines.append(f"TEMPLATE {quoted(brought.template)}")
     if brought.system:
@@ -251,6 +242,32 @@ def modelfile_text(local, brought) -> str:
     if brought.license:
         lines.append(f"LICENSE {quoted(brought.license)}")
     return "\n".join(lines) + "\n"
+
+
+def ollama_parameters(brought) -> list[tuple[str, Any]]:
+    """A model's defaults as Ollama names its parameters (num_predict, not max_tokens; num_ctx), one pair per
+    value (a stop each), as a Modelfile's PARAMETER lines and /api/show's parameters list them."""
+    from .options import OLLAMA_RENAMED
+
+    ollama_name = {ours: theirs for theirs, ours in OLLAMA_RENAMED.items()}
+    out = []
+    for name, value in sorted(brought.sampling.items()):
+        for one in value if isinstance(value, list) else [value]:
+            if isinstance(one, dict):  # logit_bias: TOKEN=BIAS pairs
+                one = " ".join(f"{k}={v}" for k, v in one.items())
+            out.append((ollama_name.get(name, name), one))
+    if brought.context:
+        out.append(("num_ctx", brought.context))
+    return out
+
+
+def _go_value(value: Any) -> str:
+    """A parameter's value as Ollama's /api/show writes it (Go's %#v): strings quoted, booleans lower case."""
+    import json
+
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # 0, as Go writes a float64 0
+    return json.dumps(value) if isinstance(value, (str, bool)) else str(value)
 
 
 def _digest(local) -> str:
