@@ -144,8 +144,8 @@ def test_pull_and_delete(served, hub_stub, smollm2):
     c.copy("base", "mine")
     assert c.chat(model="mine", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done
     c.delete("mine")
-    assert "base" in [m.model for m in c.list().models] and "mine" not in [m.model for m in c.list().models]
-    assert "base" in [m.model for m in c.ps().models] and c.show("base").details.format == "gguf"
+    assert "base:latest" in [m.model for m in c.list().models] and "mine:latest" not in [m.model for m in c.list().models]
+    assert "base:latest" in [m.model for m in c.ps().models] and c.show("base").details.format == "gguf"
     with pytest.raises(ollama.ResponseError) as copy_gone:
         c.chat(model="mine", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2})
     assert copy_gone.value.status_code == 404

@@ -34,7 +34,11 @@ def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smoll
         assert statuses[-1] == "success" and len(statuses) > 1  # streamed, as Ollama's create answers
 
         names = [m["name"] for m in http.get("/api/tags").json()["models"]]
-        assert "terse" in names  # listed before anything loads it
+        assert "terse:latest" in names  # listed before anything loads it, tagged as Ollama lists it
+        from langchain_ollama import ChatOllama  # its check of a model's name, by either (it found no terse:latest)
+
+        for name in ("terse", "terse:latest"):
+            ChatOllama(model=name, base_url=server.url, validate_model_on_init=True)
         assert "terse" in [m["id"] for m in http.get("/v1/models").json()["data"]]
 
         ours = http.post("/api/chat", json={"model": "terse", "messages": [QUESTION], "stream": False}).json()
@@ -50,7 +54,7 @@ def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smoll
         assert v1["usage"]["prompt_tokens"] == ours["prompt_eval_count"]
 
         loaded = {m["name"] for m in http.get("/api/ps").json()["models"]}
-        assert {"terse", smollm2.name} <= loaded  # one file, two models: neither answers for the other
+        assert {"terse:latest", smollm2.name} <= loaded  # one file, two models: neither answers for the other
         # from: the name a model served by path is listed by (its file name), as /api/copy takes it
         by_name = http.post("/api/create", json={"model": "terse3", "from": smollm2.name, "system": SYSTEM, "stream": False})
         assert by_name.status_code == 200, by_name.text
@@ -67,7 +71,7 @@ def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smoll
 
         assert http.request("DELETE", "/api/delete", json={"model": "terse"}).status_code == 200
         names = [m["name"] for m in http.get("/api/tags").json()["models"]]
-        assert "terse" not in names and "terse2" in names and smollm2.exists()  # the file is the user's: kept
+        assert "terse:latest" not in names and "terse2:latest" in names and smollm2.exists()  # the file is the user's: kept
         again = http.post("/api/chat", json={"model": "terse2", "messages": [QUESTION], "stream": False}).json()
         assert again["message"]["content"] == ours["message"]["content"]
 

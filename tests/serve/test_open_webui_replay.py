@@ -154,7 +154,7 @@ def _check(http: httpx.Client, path: str, body, raw: str, streamed: bool, where:
     elif path == "/api/create":  # Open WebUI's "create a model": listed at once, and it answers with its system prompt
         lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
         assert lines[-1] == {"status": "success"}, where
-        assert body["model"] in [m["name"] for m in json.loads(http.get("/api/tags").text)["models"]], where
+        assert body["model"] + ":latest" in [m["name"] for m in json.loads(http.get("/api/tags").text)["models"]], where  # as Ollama lists it
         shown = http.post("/api/show", json={"model": body["model"]}).json()
         assert shown["system"] == body["system"], where
     elif path == "/api/show":

@@ -620,7 +620,8 @@ def build_app(service: Service, on_started=None):
         if service.served_unloaded() and service.served_name not in listed and service.served not in listed:
             # ejected, still the server's own model
             models.append(await run_in_threadpool(file_entry, service.served_name, service.served))
-        return JSONResponse({"models": models})
+        return JSONResponse({"models": [{**m, "name": ollama.listed_name(m["name"]), "model": ollama.listed_name(m["model"])}
+                                        for m in models]})
 
     async def on_named_model(request: Request, action, *, aliases: bool = True):
         """The model an Ollama body names (`model`, or the older `name`), and what `action(ref)` gives, done off
@@ -837,7 +838,8 @@ def build_app(service: Service, on_started=None):
         return [{**m, "type": "model", "display_name": m["id"], "created_at": created_at} for m in data]
 
     async def ps(request: Request):
-        return JSONResponse({"models": pool.ps()})
+        return JSONResponse({"models": [{**m, "name": ollama.listed_name(m["name"]), "model": ollama.listed_name(m["model"])}
+                                        for m in pool.ps()]})
 
     async def stop(request: Request):
         """Unload one model ({"model": NAME}), every model ({"all": true}), or end the server ({"server": true})."""

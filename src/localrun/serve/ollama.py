@@ -48,6 +48,16 @@ _GENERATE_FIELDS = {"model", "prompt", "system", "stream", "format", "options", 
 OLLAMA_VERSION = "0.14.0"  # the Ollama whose API this dialect speaks: what /api/version answers, for clients that check it
 
 
+
+def listed_name(name: str) -> str:
+    """A model's name as Ollama lists it (/api/tags, /api/ps): with its tag, a created model's NAME being
+    NAME:latest (clients match names with the tag: langchain-ollama's check of a model); a pulled model's
+    OWNER/REPO:QUANT and a file's name as they are. Every form is taken in a request."""
+    if ":" in name or "/" in name or name.lower().endswith(".gguf"):
+        return name
+    return name + ":latest"
+
+
 def error(status: int, message: str) -> ApiError:
     return ApiError(status, message)
 
