@@ -185,6 +185,12 @@ def test_bad_requests_get_ollamas_error_shape_and_the_server_goes_on(served):
         raw = httpx.post(served.url + ("/api/generate" if b"prompt" in body else "/api/chat"), content=body)
         assert raw.status_code == 400 and set(raw.json()) == {"error"}, raw.text
     assert c.chat(model=REF, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}).done
+    # a whole float for an integer option, as Ollama takes it (a 400 "a whole number" before: found by a helper)
+    whole = httpx.post(served.url + "/api/generate", json={"model": REF, "prompt": "Hi", "stream": False,
+                                                           "options": {"num_predict": 3.0, "top_k": 1.0, "seed": 7.0}})
+    assert whole.status_code == 200 and 0 < whole.json()["eval_count"] <= 3, whole.text
+    half = httpx.post(served.url + "/api/generate", json={"model": REF, "prompt": "Hi", "options": {"num_predict": 2.5}})
+    assert half.status_code == 400 and "num_predict" in half.json()["error"]
 
 
 def test_langchain_ollama_chat_and_stream(served, cli):

@@ -49,6 +49,11 @@ OLLAMA_VERSION = "0.14.0"  # the Ollama whose API this dialect speaks: what /api
 
 
 
+# Ollama's integer options (api.Options, api.Runner): a whole float is taken for them, as Ollama's JSON parsing does
+_WHOLE = {"num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "mirostat", "num_ctx", "num_batch", "num_gpu",
+          "main_gpu", "num_thread"}
+
+
 def listed_name(name: str) -> str:
     """A model's name as Ollama lists it (/api/tags, /api/ps): with its tag, a created model's NAME being
     NAME:latest (clients match names with the tag: langchain-ollama's check of a model); a pulled model's
@@ -91,6 +96,8 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
     fields: dict[str, Any] = {"model": model, "keep_alive": data.get("keep_alive")}
     load = {}
     for name, value in {**top, **_options(data)}.items():
+        if name in _WHOLE and isinstance(value, float) and value.is_integer():
+            value = int(value)  # 5.0 for 5, as Ollama's options parse JSON numbers (a computed float from Python)
         if name in _SAMPLING:
             if name == "num_predict":
                 if not isinstance(value, int) or isinstance(value, bool):
