@@ -137,3 +137,16 @@ def test_agent_dialects_get_the_models_calls(server):
     r = responses.create(model=MODEL, input="What is the weather in Paris?", temperature=0, max_output_tokens=100,
                          tools=[{"type": "function", **TOOLS[0]["function"]}])
     assert [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"] == [("get_weather", {"city": "Paris"})]
+
+
+def test_fill_in_the_middle_through_ollama_and_openai(server):
+    """An editor's completion between the code before and after the cursor: Ollama's generate with `suffix` and
+    OpenAI's completions with `suffix` fill it in the model's own FIM tokens (both were a 400), greedy, the
+    same text on both; a model without FIM tokens is a 400 naming suffix (test_serve's SmolLM2)."""
+    import ollama
+
+    before, after = "def add(a, b):\n    return ", "\n\n\nprint(add(2, 3))\n"
+    filled = ollama.Client(host=server.url).generate(model=MODEL, prompt=before, suffix=after, options={"temperature": 0, "num_predict": 8})
+    assert "a + b" in filled.response, filled.response
+    legacy = client(server).completions.create(model=MODEL, prompt=before, suffix=after, temperature=0, max_tokens=8)
+    assert legacy.choices[0].text == filled.response and legacy.usage.prompt_tokens == filled.prompt_eval_count

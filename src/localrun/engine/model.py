@@ -575,6 +575,19 @@ class Engine:
             n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
+    def infill_tokens(self, prefix: str, suffix: str) -> Optional[list[int]]:
+        """A fill-in-the-middle prompt in the model's own FIM tokens, as llama-server's /infill makes it
+        (prefix-suffix-middle: <fim_pre>PREFIX<fim_suf>SUFFIX<fim_mid>, BOS first where the model adds one);
+        None for a model without them (not a code model)."""
+        ll = llama_cpp_module()
+        pre, suf, mid = (ll.llama_vocab_fim_pre(self.vocab), ll.llama_vocab_fim_suf(self.vocab), ll.llama_vocab_fim_mid(self.vocab))
+        if min(pre, suf, mid) < 0:
+            return None
+        tokens = [pre, *self.tokenize(prefix, False, False), suf, *self.tokenize(suffix, False, False), mid]
+        if ll.llama_vocab_get_add_bos(self.vocab):
+            tokens.insert(0, ll.llama_vocab_bos(self.vocab))
+        return tokens
+
     def token_bytes(self, token: int, special: bool = False) -> bytes:
         buf = self._piece_buf
         n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)

@@ -3,8 +3,8 @@ OpenAI dialect makes a scheduler job of (so both answer alike), and the response
 Ollama's shapes: NDJSON objects with `message`/`response`, the last with `done_reason` and the durations
 in nanoseconds. Errors are {"error": "..."} with the status Ollama uses (404 for an unknown model).
 
-What Ollama clients send and localrun does not do yet is refused with 400 naming it (suffix, template,
-context); Ollama's options that have no meaning here (numa, use_mmap, ...) are accepted and
+What Ollama clients send and localrun does not do yet is refused with 400 naming it (template, context);
+a `suffix` fills in the middle in the model's own FIM tokens; Ollama's options that have no meaning here (numa, use_mmap, ...) are accepted and
 ignored, as Ollama itself ignores options a runner does not use. Options and top-level fields Ollama does not
 know either (Open WebUI's reasoning_effort and logit_bias in `options`, the AI SDK's top-level
 max_output_tokens) are ignored with one line each on the server's stderr, as Ollama warns and goes on; the
@@ -35,7 +35,7 @@ _SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k":
              "draft_max": "draft_max"}  # localrun's own: a cap on this request's lookup drafts (0: none)
 _LOAD = tuple(OLLAMA_LOAD)
 _IGNORED = OLLAMA_IGNORED  # older clients send these
-_REFUSED = {"suffix": "suffix (fill-in-the-middle)", "template": "template (the model's own chat template is used)",
+_REFUSED = {"template": "template (the model's own chat template is used)",
             "context": "context (send the conversation as messages to /api/chat)"}
 # Top-level fields some Ollama clients send (the AI SDK's ollama-ai-provider-v2) that say what an option says.
 _TOP_LEVEL = {"max_output_tokens": "num_predict", "max_tokens": "num_predict", **{name: name for name in _SAMPLING}}
@@ -143,11 +143,17 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         system = data.get("system")
         if system is not None and not isinstance(system, str):
             raise error(400, "system must be a string")
-        if data.get("raw"):
+        suffix = data.get("suffix")
+        if suffix is not None and not isinstance(suffix, str):
+            raise error(400, "suffix must be a string")
+        if data.get("raw") or suffix:  # a suffix: fill in the middle, in the model's FIM tokens (as Ollama's code templates)
             if data.get("images"):
-                raise error(400, "images cannot combine with raw: true (an image goes where the chat template puts it)")
+                raise error(400, f"images cannot combine with {'raw: true' if data.get('raw') else 'suffix'}"
+                                 " (an image goes where the chat template puts it)")
             fields.pop("chat_template_kwargs", None)  # no template: nothing to switch
             fields["prompt"] = prompt
+            if suffix:
+                fields["suffix"] = suffix
             if fields.pop("logprobs", None):
                 fields["logprobs"] = fields.pop("top_logprobs")
             kind = CompletionBody

@@ -145,8 +145,6 @@ def _unsupported(body) -> Optional[str]:
             return "echo"
         if body.best_of not in (None, 1):
             return "best_of"
-        if body.suffix:
-            return "suffix"
     if isinstance(body, CompletionBody) and (body.tools or body.tool_choice not in (None, "none")):
         return "tools"  # a chat feature: the template renders them
     if body.functions or body.function_call not in (None, "none"):
@@ -496,6 +494,14 @@ def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Op
             raise ApiError(400, f"prompt is a list of {len(prompt)} prompts, and localrun answers one a request: send "
                                 "each in a request of its own (n asks for several answers to one)", param="prompt")
         prompt = prompt[0]
+    if body.suffix:  # fill in the middle: what goes between the prompt and the suffix (code completion in editors)
+        if not isinstance(prompt, str):
+            raise ApiError(400, "suffix needs the prompt as text (the code before the cursor)", param="suffix")
+        tokens = engine.infill_tokens(prompt, body.suffix)
+        if tokens is None:
+            raise ApiError(400, f"{engine.path.name} has no fill-in-the-middle tokens, so it cannot fill in between a prompt and"
+                                " a suffix: use a code model that has them (Qwen2.5-Coder, CodeLlama, StarCoder, ...)", param="suffix")
+        return Request(tokens=tokens), tooling
     if not prompt:
         raise ApiError(400, "prompt is empty: give it some text or token ids", param="prompt")
     if isinstance(prompt, list):
