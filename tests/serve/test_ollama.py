@@ -214,3 +214,22 @@ def test_a_model_deleted_while_it_answers_leaves_the_listings_whole(served):
         tags = httpx.get(served.url + "/api/tags", timeout=60)
         assert tags.status_code == 200 and REF not in [m["name"] for m in tags.json()["models"]], tags.text
         assert json.loads(list(lines)[-1])["done"] is True
+
+
+def test_generate_context_continues_an_exchange(served):
+    """Ollama's (deprecated, still used) generate `context`: the last object carries the prompt and answer as
+    tokens, and a request that sends them back continues after them (it was never given, and a 400 when sent:
+    found by a helper); streamed or not alike; a context that is not this model's tokens is a 400."""
+    c = ollama.Client(host=served.url)
+    first = c.generate(model=REF, prompt="My name is Ada.", options=GREEDY | {"num_predict": 8})
+    assert first.context and len(first.context) >= first.prompt_eval_count + 1
+    streamed = list(c.generate(model=REF, prompt="My name is Ada.", options=GREEDY | {"num_predict": 8}, stream=True))
+    assert streamed[-1].context == first.context and all(p.context is None for p in streamed[:-1])
+    alone = c.generate(model=REF, prompt="What is my name?", options=GREEDY | {"num_predict": 8})
+    follow = c.generate(model=REF, prompt="What is my name?", context=first.context, options=GREEDY | {"num_predict": 8})
+    assert follow.prompt_eval_count == len(first.context) + alone.prompt_eval_count  # (SmolLM2 adds no BOS to drop)
+    assert follow.context[:len(first.context)] == first.context
+    assert c.generate(model=REF, prompt="Hi", raw=True, options={"num_predict": 2}).context is None  # raw: none, as Ollama's
+    for context, fragment in (("abc", "list of token ids"), ([10**9], "out of this model's range")):
+        bad = httpx.post(served.url + "/api/generate", json={"model": REF, "prompt": "x", "context": context, "stream": False})
+        assert bad.status_code == 400 and fragment in bad.json()["error"], bad.text

@@ -34,6 +34,8 @@ class Request:
     # At most this many tokens drafted a step by prompt lookup where the model drafts (a server's slots); 0: this
     # request decodes plainly. None: the model's own draft-max. In-process the run's --draft/--draft-max decide.
     draft_max: Optional[int] = None
+    # Ollama's (deprecated) generate `context`: an earlier prompt and answer as tokens, put before this prompt
+    context: Optional[list[int]] = None
 
 
 @dataclass
@@ -63,8 +65,11 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
     if any(m.get("images") for m in request.messages):
         return _prompt_with_images(engine, request, n_ctx)
     rendered = render(engine, request.messages, raw=request.raw, tools=request.tools, think=request.think)
-    tokens = engine.tokenize(rendered.text, add_special=True, parse_special=True)
     thinking = _thinking(engine, rendered, request)
+    if request.context:  # after the earlier exchange, which began the text (its BOS, where the model has one)
+        tokens = [*request.context, *engine.tokenize(rendered.text, add_special=False, parse_special=True)]
+        return Prompt(_fit(engine, tokens, False, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated, thinking)
+    tokens = engine.tokenize(rendered.text, add_special=True, parse_special=True)
     if request.drop_oldest and len(tokens) >= n_ctx and len(request.messages) > 1:
         fitted = _drop_oldest(engine, request, n_ctx)
         if fitted is not None:

@@ -581,6 +581,14 @@ def build_app(service: Service, on_started=None):
             return ollama_error(exc, endpoint)
         model_id = body.model  # the name the client used, as Ollama echoes it
         wants_logprobs = answer.request.top_logprobs is not None
+        engine = resident.engine
+
+        def context_of(text: str) -> Optional[list[int]]:
+            """generate's `context` (through the template: not raw): the prompt and the answer as tokens, as
+            Ollama gives it, for the next request to continue from (tokenized here, as Ollama does)."""
+            if "context" not in extra or answer.prompt is None:
+                return None
+            return [*answer.prompt.tokens, *engine.tokenize(text, add_special=False, parse_special=False)]
         if not extra["stream"]:
             try:
                 text, final = await whole(request, answer)
@@ -589,12 +597,12 @@ def build_app(service: Service, on_started=None):
             metrics.requests.labels(endpoint, "200").inc()
             logprobs = ollama.logprobs_of(resident.engine, final.logprobs) if wants_logprobs else None
             reply = ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs,
-                                 thinking=final.thinking)
+                                 thinking=final.thinking, context=context_of(text))
             if answer.tools is not None:
                 reply["message"] = ollama.with_tool_calls(reply["message"], *answer.tools.calls_in(text))
             return JSONResponse(reply)
         wire = ollama.lines(tracked(request, answer, endpoint), model_id, chat, started=started, load_s=load_s,
-                            engine=resident.engine, logprobs=wants_logprobs)
+                            engine=resident.engine, logprobs=wants_logprobs, context=context_of if "context" in extra else None)
         return streamed(request, answer, wire, endpoint, media_type="application/x-ndjson")
 
     async def ollama_chat(request: Request):

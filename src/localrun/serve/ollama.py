@@ -3,8 +3,8 @@ OpenAI dialect makes a scheduler job of (so both answer alike), and the response
 Ollama's shapes: NDJSON objects with `message`/`response`, the last with `done_reason` and the durations
 in nanoseconds. Errors are {"error": "..."} with the status Ollama uses (404 for an unknown model).
 
-What Ollama clients send and localrun does not do yet is refused with 400 naming it (template, context);
-a `suffix` fills in the middle in the model's own FIM tokens; Ollama's options that have no meaning here (numa, use_mmap, ...) are accepted and
+What Ollama clients send and localrun does not do yet is refused with 400 naming it (template); a `suffix`
+fills in the middle in the model's own FIM tokens, generate's `context` continues an earlier exchange; Ollama's options that have no meaning here (numa, use_mmap, ...) are accepted and
 ignored, as Ollama itself ignores options a runner does not use. Options and top-level fields Ollama does not
 know either (Open WebUI's reasoning_effort and logit_bias in `options`, the AI SDK's top-level
 max_output_tokens) are ignored with one line each on the server's stderr, as Ollama warns and goes on; the
@@ -35,8 +35,7 @@ _SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k":
              "draft_max": "draft_max"}  # localrun's own: a cap on this request's lookup drafts (0: none)
 _LOAD = tuple(OLLAMA_LOAD)
 _IGNORED = OLLAMA_IGNORED  # older clients send these
-_REFUSED = {"template": "template (the model's own chat template is used)",
-            "context": "context (send the conversation as messages to /api/chat)"}
+_REFUSED = {"template": "template (the model's own chat template is used)"}
 # Top-level fields some Ollama clients send (the AI SDK's ollama-ai-provider-v2) that say what an option says.
 _TOP_LEVEL = {"max_output_tokens": "num_predict", "max_tokens": "num_predict", **{name: name for name in _SAMPLING}}
 _CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools", "logprobs", "top_logprobs",
@@ -161,6 +160,10 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
             asked = _message({"role": "user", "content": prompt, "images": data.get("images")}, "images", names)
             fields["messages"] = ([{"role": "system", "content": system}] if system else []) + [asked]
             kind = ChatBody
+            context = data.get("context")
+            if context is not None and not (isinstance(context, list) and all(type(t) is int for t in context)):
+                raise error(400, "context must be a list of token ids (the context an earlier answer gave)")
+            extra["context"] = context or []
     given = {k: v for k, v in fields.items() if v is not None}
     try:
         body = kind.model_validate(given)
@@ -168,6 +171,8 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         raise validation_error(exc, given, name_of=option_name) from None
     if chat:
         body._drop_oldest = True  # a conversation over the context keeps its newest messages, as Ollama's does
+    elif extra.get("context") is not None:  # generate through the template: its context in, and out (see final)
+        body._context = extra["context"]
     if isinstance(body, ChatBody):
         body._image_names = names
     return body, extra
@@ -302,13 +307,14 @@ def piece(model: str, chat: bool, text: str, logprobs: Optional[list] = None, th
 
 
 def final(model: str, chat: bool, text: str, response, *, started: float, load_s: float, logprobs: Optional[list] = None,
-          thinking: str = "") -> dict:
+          thinking: str = "", context: Optional[list[int]] = None) -> dict:
     """The last object: the whole answer when not streamed ('' when it was), how it ended, and the
-    durations in nanoseconds (as Ollama reports them)."""
+    durations in nanoseconds (as Ollama reports them); generate's `context` where there is one."""
     stats = response.stats
     out = piece(model, chat, text, logprobs, thinking)
     out.update({
         "done": True, "done_reason": "length" if response.finish_reason == "length" else "stop",
+        **({"context": context} if context is not None else {}),
         "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": int(load_s * 1e9),
         "prompt_eval_count": stats.prompt_tokens, "prompt_eval_duration": int(stats.prompt_eval_s * 1e9),
         "eval_count": stats.generated_tokens, "eval_duration": int(stats.eval_s * 1e9),
@@ -328,14 +334,16 @@ def line(obj: dict) -> str:
 
 
 async def lines(events, model: str, chat: bool, *, started: float, load_s: float, engine=None,
-                logprobs: bool = False) -> AsyncIterator[str]:
+                logprobs: bool = False, context=None) -> AsyncIterator[str]:
     """An answer's events (serve.stream.answer_events) as Ollama's NDJSON stream: a line per piece of
-    thinking or text, the tool calls in a line of their own, then the last line with the totals (or
-    {"error"} when the answer failed)."""
+    thinking or text, the tool calls in a line of their own, then the last line with the totals (and
+    generate's `context`: `context(text)` of the whole answer) or {"error"} when the answer failed."""
+    said: list[str] = []
     async for e in events:
         if e.kind == "thinking":
             yield line(piece(model, chat, "", thinking=e.text))
         elif e.kind == "text":
+            said.append(e.text)
             yield line(piece(model, chat, e.text, logprobs_of(engine, e.logprobs) if logprobs else None))
         elif e.kind == "tool_calls":
             part = piece(model, chat, "")
@@ -344,4 +352,5 @@ async def lines(events, model: str, chat: bool, *, started: float, load_s: float
         elif e.kind == "failed":
             yield line({"error": e.text})
         elif e.kind == "done":
-            yield line(final(model, chat, "", e.final, started=started, load_s=load_s))
+            yield line(final(model, chat, "", e.final, started=started, load_s=load_s,
+                             context=context("".join(said)) if context is not None else None))

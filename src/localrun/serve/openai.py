@@ -282,6 +282,8 @@ class ChatBody(_Body):
     # What the body's images are called in errors, in order, where another dialect's translator made the body
     # (Ollama's messages.0.images.0); by default their place here (messages.0.content.1).
     _image_names: list = PrivateAttr(default_factory=list)
+    # Ollama's generate `context` (set by that dialect): the tokens of an earlier prompt and answer, before this one
+    _context: Optional[list] = PrivateAttr(None)
 
 
 class EmbeddingsBody(BaseModel):
@@ -432,6 +434,12 @@ def request_for(resident, body: Union[CompletionBody, ChatBody]) -> tuple[Reques
     chat = isinstance(body, ChatBody)
     request, tooling = _request(engine, body)
     request.drop_oldest = chat and body._drop_oldest
+    if chat and body._context:
+        bad = [t for t in body._context if not 0 <= t < engine.n_vocab]
+        if bad:
+            raise ApiError(400, f"context holds token id {bad[0]}, out of this model's range 0..{engine.n_vocab - 1}: send the"
+                                " context an answer of this model gave", param="context")
+        request.context = list(body._context)
     options = _options(resident.loaded.sampling, body)
     if tooling is not None and tooling.forced is not None:
         if options.json_schema is not None or options.grammar is not None:
