@@ -114,6 +114,9 @@ def test_a_template_without_tools(smollm2, tmp_path):
         with pytest.raises(openai.BadRequestError) as refused:
             c.chat.completions.create(model=str(smollm2), messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8)
         assert refused.value.body["param"] == "tool_choice" and "cannot render tools" in refused.value.body["message"]
+        # Ollama's /api/chat refuses them, as Ollama does (the OpenAI dialect answers as text, as llama-server)
+        ollama_chat = httpx.post(srv.url + "/api/chat", json={"model": str(smollm2), "messages": ASK, "tools": TOOLS, "stream": False})
+        assert ollama_chat.status_code == 400 and "does not support tools" in ollama_chat.json()["error"], ollama_chat.text
     assert "has no tool support" in "".join(srv.stderr)  # said once, in the log
 
 

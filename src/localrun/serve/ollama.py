@@ -171,6 +171,7 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         raise validation_error(exc, given, name_of=option_name) from None
     if chat:
         body._drop_oldest = True  # a conversation over the context keeps its newest messages, as Ollama's does
+        body._tools_need_support = True  # tools for a model without them: a 400, as Ollama's
     elif extra.get("context") is not None:  # generate through the template: its context in, and out (see final)
         body._context = extra["context"]
     if isinstance(body, ChatBody):

@@ -284,6 +284,9 @@ class ChatBody(_Body):
     _image_names: list = PrivateAttr(default_factory=list)
     # Ollama's generate `context` (set by that dialect): the tokens of an earlier prompt and answer, before this one
     _context: Optional[list] = PrivateAttr(None)
+    # Ollama's /api/chat (set by that dialect): tools for a model whose template has none are a 400, as Ollama's
+    # ("does not support tools"); OpenAI's dialect answers them as text, as llama-server does
+    _tools_need_support: bool = PrivateAttr(False)
 
 
 class EmbeddingsBody(BaseModel):
@@ -625,6 +628,9 @@ def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
             raise ApiError(400, f"tool_choice names no given tool: use one of {', '.join(names)}", param="tool_choice")
     template = engine.chat_template
     if not supports_tools(template):
+        if body._tools_need_support:
+            raise ApiError(400, f"{body.model or engine.path.name} does not support tools (its chat template has none): leave"
+                                " tools out, or use a model that has them (/api/show lists \"tools\" in its capabilities)", param="tools")
         if choice == "auto":
             if id(engine) not in _warned_templates:
                 _warned_templates.add(id(engine))
