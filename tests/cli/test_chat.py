@@ -37,10 +37,10 @@ def clean(text: str) -> str:
 class ChatTerm:
     """`localrun chat` running in a pseudo-terminal, driven as a person would type."""
 
-    def __init__(self, model, *args: str, timeout: float = 240):
+    def __init__(self, model, *args: str, timeout: float = 240, command: str = "chat"):
         env = {**os.environ, "TERM": "xterm", "COLUMNS": "120", "LINES": "40", "PROMPT_TOOLKIT_NO_CPR": "1"}
         self.child = pexpect.spawn(
-            LOCALRUN, ["chat", str(model), *args], env=env, encoding="utf-8", timeout=timeout, dimensions=(40, 120)
+            LOCALRUN, [command, str(model), *args], env=env, encoding="utf-8", timeout=timeout, dimensions=(40, 120)
         )
         self.banner = self.ready()
 
@@ -523,3 +523,15 @@ def test_a_hard_interrupt_empties_the_kv_cache_and_keeps_the_conversation(engine
     assert final.stats.cached_tokens == 0
     [(want, _)] = reference(engine, ["Hello again"], history=before, temperature=0, max_tokens=12)
     assert answer == want
+
+
+def test_run_without_a_prompt_at_a_terminal_chats(smollm2):
+    """`localrun run MODEL` at a terminal with no prompt opens the chat, as `ollama run MODEL` does (it was a usage
+    error: found by a helper); piped or with a prompt it answers once, as before (test_run)."""
+    t = ChatTerm(smollm2, *ARGS, command="run")
+    try:
+        assert "/help" in t.banner or "/bye" in t.banner, t.banner
+        assert t.say("Hi").strip()
+        assert t.bye() == 0
+    finally:
+        t.kill()

@@ -259,9 +259,12 @@ def run(
     mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="the vision model's projector (mmproj GGUF); default: the mmproj-*.gguf beside the model")] = None,
     **options,
 ) -> None:
-    """Generate an answer, streaming it to stdout (status and stats go to stderr)."""
+    """Generate an answer, streaming it to stdout (status and stats go to stderr); with no prompt at a
+    terminal, chat (as `ollama run MODEL` does)."""
     from . import render
 
+    if not prompt and not image and sys.stdin.isatty() and not (as_json or raw):
+        _chat(model, system, session, verbose, keep_alive, mmproj, options)
     _check_before_loading(session, use_cache=not no_cache, options=options)
     images = _check_images(image or [], mmproj, options)
     text = read_prompt(prompt or [], None if "-" in map(str, image or []) else sys.stdin)  # --image -: stdin is the image
@@ -351,6 +354,12 @@ def chat(
     **options,
 ) -> None:
     """Chat interactively with the model's own chat template (/help lists the commands)."""
+    _chat(model, system, session, verbose, keep_alive, mmproj, options)
+
+
+def _chat(model: str, system: Optional[str], session: Optional[str], verbose: bool, keep_alive: str, mmproj: Optional[Path],
+          options: dict) -> None:
+    """The chat REPL on `model` (chat, and run with no prompt at a terminal); exits with its code."""
     from . import chat as chat_repl
 
     _check_before_loading(session, use_cache=True, options=options)
