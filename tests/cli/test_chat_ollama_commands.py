@@ -39,6 +39,17 @@ def test_ollama_set_commands(smollm2, cli):
     assert "system prompt set" in r.stderr and re.search(r"^system:\s+You are a pirate\.$", r.stderr, re.M)
     assert re.search(r"^options:.*temperature=0\.0.*max_tokens=8", r.stderr, re.M)
     assert re.search(r"^eval count:\s+[1-8] token", r.stderr, re.M)  # /set verbose: the stats after the answer
+    # Ollama's /show subcommands each show their own (all printed the /show block: found by a helper), and
+    # /stats after /clear has no answer to speak of (it spoke of the cleared one).
+    shown = cli("chat", str(smollm2), *ARGS, input="\n".join([
+        "/set system Be brief.", "/set parameter temperature 0.5", "/show template", "/show system", "/show parameters",
+        "/show nonsense", "Hi", "/clear", "/stats"]) + "\n")
+    assert shown.returncode == 0, shown.stderr
+    assert "{%" in shown.stderr and "<|im_start|>" in shown.stderr  # the chat template itself
+    assert re.search(r"^Be brief\.$", shown.stderr, re.M) and re.search(r"^temperature\s+0\.5$", shown.stderr, re.M)
+    assert re.search(r"^num_predict\s+16$", shown.stderr, re.M)  # Ollama's names for what differs from the defaults
+    assert "usage: /show [info|template|system|parameters]" in shown.stderr
+    assert shown.stderr.rstrip().endswith("no answer yet")
     # The same as the native spellings.
     native = cli("chat", str(smollm2), "-n", "16", "--ctx", "1024", "--threads", "1", "--temperature", "1.5", input="\n".join([
         "/set temperature 0", "/set max_tokens 8", "/system You are a pirate.", "Hello!"]) + "\n")

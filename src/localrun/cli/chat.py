@@ -52,7 +52,7 @@ BLOCK = '"""'
 HELP = """\
 /set PARAM VALUE   change a sampling option (/set alone lists them), e.g. /set temperature 0
                    (Ollama's /set parameter NAME VALUE, /set system TEXT, /set verbose|quiet work too)
-/show              model, options, context used and left, session
+/show              model, options, context used and left, session (/show template|system|parameters)
 /system TEXT       set the system prompt (/system alone shows it)
 /image PATH        attach an image to the next message (repeat for more; /image alone lists them, /image clear
                    drops them); a message naming an image file attaches it too
@@ -299,6 +299,7 @@ class Chat:
 
     def cmd_clear(self, _: str) -> None:
         self.conv.clear()
+        self.last = None  # /stats no longer speaks of an answer that is gone
         err.print("cleared the conversation" + (" (the system prompt stays)" if self.conv.system else ""))
 
     def cmd_system(self, text: str) -> None:
@@ -356,7 +357,25 @@ class Chat:
         self.verbose = on
         err.print("timing stats after each answer" if on else "no timing stats", markup=False)
 
-    def cmd_show(self, _: str) -> None:
+    def cmd_show(self, what: str) -> None:
+        """/show: the model, options, context and session; Ollama's /show info|template|system|parameters."""
+        what = what.strip().lower()
+        if what == "system":
+            err.print(self.conv.system or "(no system prompt)", markup=False, highlight=False)
+            return
+        if what == "template":
+            err.print(self._template() or "(none: a plain User:/Assistant: transcript)", markup=False, highlight=False)
+            return
+        if what == "parameters":
+            defaults = type(self.sampling)()
+            ollama_name = {ours: theirs for theirs, ours in OLLAMA_RENAMED.items()}
+            changed = [(ollama_name.get(k, k), v) for k, v in self.sampling.model_dump().items() if v != getattr(defaults, k)]
+            for name, value in changed or [("(the defaults)", "")]:
+                err.print(f"{name:<30} {_short(value)}", markup=False, highlight=False)
+            return
+        if what not in ("", "info"):
+            err.print("usage: /show [info|template|system|parameters]", markup=False, highlight=False)
+            return
         used = self.conv.context_used()
         n_ctx = self.conv.n_ctx
         defaults = type(self.sampling)()
@@ -375,6 +394,20 @@ class Chat:
         ]
         for k, v in rows:
             err.print(f"{k + ':':<14}{v}", markup=False, highlight=False)
+
+    def _template(self) -> Optional[str]:
+        """The chat template the conversation is rendered with (the GGUF's own, read from its file)."""
+        if not self.conv.templated:
+            return None
+        engine = getattr(self.conv, "engine", None)  # in this process: the template it renders with (a Modelfile's too)
+        if engine is not None:
+            return engine.chat_template
+        from ..engine.gguf_info import read_info
+
+        try:
+            return read_info(self.conv.model_path).chat_template
+        except LocalrunError:
+            return None
 
     def cmd_stats(self, _: str) -> None:
         if self.last is None:
