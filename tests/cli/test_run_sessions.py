@@ -81,6 +81,19 @@ def test_session_from_another_model_is_refused(smollm2, gemma, cli):
     assert f"resume it with {smollm2}" in r.stderr  # the path that loads it (it said the bare file name)
 
 
+def test_a_session_of_another_model_is_refused_before_that_model_loads(smollm2, tools_model, cli, resident):
+    """Where the other model's sha256 is known without hashing (hashed here before: a session of its own), the
+    session is refused before the model loads (the background server loaded it first, 5.6 GB for Qwen, then
+    refused: found by a helper); the message is the one the check after a load gives."""
+    ask(cli, smollm2, "--session", "mine", "Hello there.")
+    ask(cli, tools_model, "--session", "other", "Hello there.")  # its file hashed by the store
+    assert cli("stop", "--server").returncode == 0
+    r = cli("run", str(tools_model), "-n", "4", "--session", "mine", "Hello again.")
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"error: session 'mine' was saved with {smollm2.name} (Q4_1), not {tools_model.name}: resume it with {smollm2}"], r.stderr
+    assert json.loads(cli("ps", "--json").stdout or "[]") == []  # nothing loaded for it (no server started even)
+
+
 def test_system_given_to_a_resumed_session_replaces_its_own(smollm2, cli):
     ask(cli, smollm2, "--session", "crew", "My name is Bob.")
     ask(cli, smollm2, "--session", "crew", "--system", "You are a pirate.", "Who are you?")

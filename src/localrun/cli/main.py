@@ -265,7 +265,7 @@ def run(
 
     if not prompt and not image and sys.stdin.isatty() and not (as_json or raw):
         _chat(model, system, session, verbose, keep_alive, mmproj, options)
-    _check_before_loading(session, use_cache=not no_cache, options=options)
+    _check_before_loading(session, use_cache=not no_cache, options=options, model=model)
     images = _check_images(image or [], mmproj, options)
     text = read_prompt(prompt or [], None if "-" in map(str, image or []) else sys.stdin)  # --image -: stdin is the image
     asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
@@ -362,7 +362,7 @@ def _chat(model: str, system: Optional[str], session: Optional[str], verbose: bo
     """The chat REPL on `model` (chat, and run with no prompt at a terminal); exits with its code."""
     from . import chat as chat_repl
 
-    _check_before_loading(session, use_cache=True, options=options)
+    _check_before_loading(session, use_cache=True, options=options, model=model)
     if mmproj is not None:
         from ..runtime.images import check_projector
 
@@ -669,7 +669,7 @@ def sessions_prune(
     err.print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}; the store now holds {human_size(total)}")
 
 
-def _check_before_loading(session: Optional[str], use_cache: bool, options: dict) -> None:
+def _check_before_loading(session: Optional[str], use_cache: bool, options: dict, model: Optional[str] = None) -> None:
     """What would otherwise fail only after the model loaded (or, for the cache size, after the answer)."""
     from ..store.names import cache_max_bytes, check_name
 
@@ -677,8 +677,38 @@ def _check_before_loading(session: Optional[str], use_cache: bool, options: dict
         check_name(session)  # '' too: it ran without a session, silently
         if (options.get("beams") or 1) > 1:  # the answer streamed, then "sessions need a single-sequence context"
             raise UsageError("--session cannot combine with --beams (a session keeps one sequence, beam search several): drop one")
+        if model is not None:
+            _check_session_model(session, model)
     if use_cache:
         cache_max_bytes()
+
+
+def _check_session_model(session: str, model: str) -> None:
+    """A session saved with another model file is refused before this one loads (a 5 GB model was loaded, then
+    the session refused), where the file's sha256 is known without hashing it: recorded at its pull, or
+    hashed by the store before. Otherwise the check after the load says it, as before."""
+    from .. import hub
+    from ..errors import SessionError
+    from ..store.sessions import SessionStore
+
+    try:
+        local = hub.resolve_local(model)
+    except LocalrunError:  # not pulled, or no such file: the load says what is wrong
+        return
+    if len(local.files) != 1:
+        return
+    store = SessionStore.open()
+    try:
+        try:
+            saved = store.show(session)
+        except SessionError:  # a new session
+            return
+        sha = (local.sha256[0] if local.sha256 else None) or store.known_sha256(local.path)
+    finally:
+        store.close()
+    if sha and sha != saved.model_sha256:
+        raise SessionError(f"session {session!r} was saved with {saved.model_file} ({saved.quant}), not {local.path.name}: "
+                           f"resume it with {saved.model}")
 
 
 def _load(model: str, options: dict):

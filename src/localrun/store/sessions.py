@@ -594,6 +594,16 @@ class SessionStore:
             return digests[0]
         return hashlib.sha256("".join(digests).encode()).hexdigest()
 
+    def known_sha256(self, path: Path) -> Optional[str]:
+        """The sha256 of a model file hashed here before (unchanged since), without hashing it: None if not."""
+        try:
+            path = path.resolve()
+            st = path.stat()
+        except OSError:
+            return None
+        row = self.db.execute("SELECT size, mtime_ns, sha256 FROM file_hashes WHERE path = ?", (str(path),)).fetchone()
+        return row["sha256"] if row is not None and row["size"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns else None
+
     def _file_sha256(self, path: Path) -> str:
         path = path.resolve()
         st = path.stat()
