@@ -402,7 +402,7 @@ class Chat:
         engine = getattr(self.conv, "engine", None)  # in this process: the template it renders with (a Modelfile's too)
         if engine is not None:
             return engine.chat_template
-        from ..engine.gguf_info import read_info
+        from ..runtime import read_info
 
         try:
             return read_info(self.conv.model_path).chat_template

@@ -175,7 +175,7 @@ def local_models_table(models: list, as_json: bool) -> None:
 
 def _file_quant(path) -> str:
     """The quant of a model's file, read from its header (a created model's name carries none)."""
-    from ..engine.gguf_info import read_info
+    from ..runtime import read_info
     from ..errors import LocalrunError
 
     try:
