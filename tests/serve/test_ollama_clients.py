@@ -206,10 +206,17 @@ def test_a_conversation_over_the_context_keeps_its_newest_messages_on_api_chat(s
     # (the largest such start, found from the shortest conversation up: each one asked is short)
     start = next(k for k in range(len(conversation) - 1, 0, -1) if _count(c, name, [conversation[0], *conversation[k:]]) == used)
     assert start > 1 and conversation[start]["role"] == "user"
-    # the newest message alone over the context: a 400 naming both numbers and the option that gives more room
-    alone = c.post("/api/chat", json={"model": name, "messages": [{"role": "user", "content": story * 4}], "stream": False})
-    assert alone.status_code == 400 and "a slot's context holds 512" in alone.json()["error"]
-    assert "options.num_ctx" in alone.json()["error"]
+    # the newest message alone over the context: its start cut, as Ollama's truncate (true by default) does (it was
+    # a 400: found by a helper), on generate too; with truncate false, a 400 naming both numbers and the option
+    alone = c.post("/api/chat", json={"model": name, "messages": [{"role": "user", "content": story * 4}], "stream": False,
+                                      "options": {"num_predict": 4}})
+    assert alone.status_code == 200 and 400 < alone.json()["prompt_eval_count"] < 512, alone.text
+    generated = c.post("/api/generate", json={"model": name, "prompt": story * 4, "stream": False, "options": {"num_predict": 4}})
+    assert generated.status_code == 200 and 400 < generated.json()["prompt_eval_count"] < 512, generated.text
+    for path, body in (("/api/chat", {"messages": [{"role": "user", "content": story * 4}]}), ("/api/generate", {"prompt": story * 4})):
+        refused = c.post(path, json={"model": name, **body, "stream": False, "truncate": False})
+        assert refused.status_code == 400 and "a slot's context holds 512" in refused.json()["error"], refused.text
+        assert "options.num_ctx" in refused.json()["error"]
     # OpenAI's API (and llama-server) refuse it: a 400 naming both numbers
     v1 = c.post("/v1/chat/completions", json={"model": name, "messages": conversation, "max_tokens": 4})
     assert v1.status_code == 400 and v1.json()["error"]["code"] == "context_length_exceeded"

@@ -39,9 +39,9 @@ _REFUSED = {"template": "template (the model's own chat template is used)"}
 # Top-level fields some Ollama clients send (the AI SDK's ollama-ai-provider-v2) that say what an option says.
 _TOP_LEVEL = {"max_output_tokens": "num_predict", "max_tokens": "num_predict", **{name: name for name in _SAMPLING}}
 _CHAT_FIELDS = {"model", "messages", "stream", "format", "options", "keep_alive", "think", "tools", "logprobs", "top_logprobs",
-                "tool_choice"}
+                "tool_choice", "truncate"}
 _GENERATE_FIELDS = {"model", "prompt", "system", "stream", "format", "options", "keep_alive", "raw", "think", "images",
-                    "suffix", "template", "context", "logprobs", "top_logprobs"}
+                    "suffix", "template", "context", "logprobs", "top_logprobs", "truncate"}
 
 
 OLLAMA_VERSION = "0.14.0"  # the Ollama whose API this dialect speaks: what /api/version answers, for clients that check it
@@ -88,7 +88,7 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         if data.get(name):
             raise error(400, f"{why} is not supported by localrun")
     model = model_named(data)
-    flags(data, "stream", "raw")
+    flags(data, "stream", "raw", "truncate")
     think = data.get("think")
     if think is not None and not isinstance(think, (bool, str)):
         raise error(400, "think must be true, false (or a level: low, medium, high)")
@@ -169,6 +169,7 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         body = kind.model_validate(given)
     except ValidationError as exc:
         raise validation_error(exc, given, name_of=option_name) from None
+    body._truncate = data.get("truncate") is not False  # a prompt over the context is cut, unless truncate: false (Ollama's)
     if chat:
         body._drop_oldest = True  # a conversation over the context keeps its newest messages, as Ollama's does
         body._tools_need_support = True  # tools for a model without them: a 400, as Ollama's
