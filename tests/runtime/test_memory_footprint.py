@@ -106,6 +106,11 @@ def test_ps_counts_the_repacked_copy(resident, gemma, cli, cpu_only):
     assert m["size"] <= held  # the server holds at least what ps says (and Python besides)
     table = cli("ps")
     assert "repacked copy" in table.stdout and "KV" in table.stdout
+    # `show` says it beforehand: the background server's load, its slots each that context (it gave only one
+    # sequence's, a quarter of the KV ps then showed: found by a helper)
+    shown = json.loads(cli("show", str(gemma), "--ctx", "2048", "--no-measure", "--json").stdout)
+    assert shown["memory_served"]["slots"] == 4 and shown["memory_served"]["total_bytes"] == m["size"], (shown, m)
+    assert "served, 4 slots" in cli("show", str(gemma), "--ctx", "2048", "--no-measure").stdout
 
 
 def test_the_pools_fit_decision_counts_the_repacked_copy(gemma, cpu_only):

@@ -239,11 +239,15 @@ def model_details(details: dict, as_json: bool) -> None:
           if details.get("draft") else []),
         ("file size", human_size(details["file_size"])),
         ("sha256", details["sha256"] + (" (hashed now)" if details.get("sha256_checked") == "now" else
-                                        " (from the pull; size and mtime unchanged since: --verify hashes it)")),
+                                        f" (from the {'create' if details['source'] == 'created' else 'pull'}; size and mtime"
+                                        " unchanged since: --verify hashes it)")),
         ("source", details["source"]),
         ("path", details["path"]),
         (f"memory at ctx {est['n_ctx']} ({est['kv_type']})", f"{memory_breakdown(est)} (estimate)"),
     ]
+    served = details.get("memory_served")
+    if served:  # what `ps` will show once run or chat loads it in the background server
+        rows.append((f"served, {served['slots']} slots", f"{memory_breakdown(served)} (estimate: the background server's, as `ps` shows)"))
     if "memory_allocated" in details:
         rows.append(("llama.cpp allocated", memory_breakdown(details["memory_allocated"])))
     for place in details.get("placement", []):

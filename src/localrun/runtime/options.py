@@ -111,6 +111,7 @@ LOAD_FIELDS = tuple(f.name for f in fields(LoadSpec) if f.name not in ("parallel
 # run, decodes in-process.
 SLOT_DRAFTS = (None, "lookup", "none")
 FALLBACK_CONTEXT = 4096  # where nothing better is known (no trained length, no memory to size by)
+SERVER_SLOTS = 4  # serve's --parallel by default: the background server's slots for run and chat too
 EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's sequences)
 
 

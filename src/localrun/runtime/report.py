@@ -15,8 +15,9 @@ from .. import __version__
 
 def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: bool = False, rpc: bool = False) -> dict[str, Any]:
     """What `show` prints. `verified`: the files were hashed just now (show --verify), not only checked by size
-    and mtime against the pull's record. The memory estimate is for the load `run` makes (one sequence, the
-    repacked copy where llama.cpp makes one here; none beside `rpc` workers)."""
+    and mtime against the pull's record. The memory estimate is for the load `run --keep-alive 0` makes (one
+    sequence, the repacked copy where llama.cpp makes one here; none beside `rpc` workers), `memory_served`
+    for the background server's (its slots, each that context)."""
     from ..hub import defaults_for
     from ..store.files import sha256_file
 
@@ -57,6 +58,12 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
         "sha256_checked": "now" if verified or not local.sha256 else "at pull",
         "memory_estimate": {"n_ctx": n_ctx, "kv_type": kv_type, **estimate},
     }
+    if not rpc:  # run and chat load it in the background server, with its slots (each this context): what `ps` shows
+        from .options import SERVER_SLOTS
+        from .pool import estimate_breakdown
+
+        spec = LoadSpec(ctx=n_ctx, kv_type=kv_type, parallel=SERVER_SLOTS, kind="run")
+        out["memory_served"] = {"slots": SERVER_SLOTS, "n_ctx": n_ctx, **estimate_breakdown(local.path, spec, local.ref)}
     if measure:
         out["memory_allocated"] = measured_allocation(local.path, n_ctx, kv_type)
     return out
