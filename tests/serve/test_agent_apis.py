@@ -212,6 +212,18 @@ def test_responses_text_stream_and_json_schema(server, model):
                                      text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
     jsonschema.validate(json.loads(r.output_text), schema)
     assert r.status == "completed" and r.completed_at >= r.created_at
+    # Logprobs asked as the Responses API asks for them (they were left out: found by a helper): each token of the
+    # text part, with its alternatives, as chat's for the same answer; in the stream's deltas too
+    asked = dict(model=model.name, input=ASK, temperature=0, max_output_tokens=6, top_logprobs=2, include=["message.output_text.logprobs"])
+    whole = oai(server).responses.create(**asked)
+    [part] = whole.output[0].content
+    assert "".join(lp.token for lp in part.logprobs) == part.text and all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    chat = oai(server).chat.completions.create(model=model.name, messages=[{"role": "user", "content": ASK}], temperature=0,
+                                                max_tokens=6, logprobs=True, top_logprobs=2)
+    assert [(lp.token, round(lp.logprob, 4)) for lp in part.logprobs] == [(c.token, round(c.logprob, 4)) for c in chat.choices[0].logprobs.content]
+    streamed = list(oai(server).responses.create(**asked, stream=True))
+    assert [lp.token for e in streamed if e.type == "response.output_text.delta" for lp in e.logprobs] == [lp.token for lp in part.logprobs]
+    assert streamed[-1].response.output[0].content[0].logprobs == part.logprobs
 
 
 def test_a_long_prompt_is_not_silent(model, tmp_path_factory, monkeypatch):

@@ -387,14 +387,18 @@ def build_app(service: Service, on_started=None):
                 metrics.requests.labels(endpoint, "200").inc()
                 if dialect == "anthropic":
                     return JSONResponse(anthropic.message(model, content or "", final.thinking, calls, final, stops))
-                reply = responses.response(rid, data, model, created, content or "", final.thinking, calls, final)
+                asked = answer.request.top_logprobs is not None  # include message.output_text.logprobs, top_logprobs
+                logprobs = openai.logprobs_of(resident.engine, True, final.logprobs)["content"] if asked and final.logprobs else None
+                reply = responses.response(rid, data, model, created, content or "", final.thinking, calls, final, logprobs)
                 keep(content or "", reply["output"], reply)
                 return JSONResponse(reply)
             finally:  # kept by keep, or failed (or its client went away): no longer in progress
                 kept_responses.end(rid)
         events = tracked(request, answer, endpoint)
         wire = (anthropic.events(events, model, answer.prompt_tokens, stops) if dialect == "anthropic"
-                else responses.ended(responses.events(events, rid, data, model, created, keep), lambda: kept_responses.end(rid)))
+                else responses.ended(responses.events(events, rid, data, model, created, keep, logprobs_of=(
+                    (lambda entries: openai.logprobs_of(resident.engine, True, entries)["content"])
+                    if answer.request.top_logprobs is not None else None)), lambda: kept_responses.end(rid)))
         return streamed(request, answer, wire, endpoint)
 
     async def messages(request: Request):

@@ -300,6 +300,9 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.get("name") or "output", "schema": fmt.get("schema")}}
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         body["response_format"] = {"type": "json_object"}
+    include = data.get("include") if isinstance(data.get("include"), list) else []
+    if "message.output_text.logprobs" in include or data.get("top_logprobs") is not None:  # each token's, in the text part
+        body["logprobs"], body["top_logprobs"] = True, data.get("top_logprobs") or 0
     reasoning = data.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") == "none":
         body["chat_template_kwargs"] = {"enable_thinking": False}
@@ -339,10 +342,11 @@ def _reasoning_item(thinking: str, rid: Optional[str] = None) -> dict:
     return {"type": "reasoning", "id": rid or _item_id("rs"), "summary": [{"type": "summary_text", "text": thinking}]}
 
 
-def _message_item(text: str, mid: Optional[str] = None, status: str = "completed") -> dict:
-    """An answer's message item: in progress (no content yet), completed, or incomplete (cut at max_output_tokens)."""
+def _message_item(text: str, mid: Optional[str] = None, status: str = "completed", logprobs: Optional[list] = None) -> dict:
+    """An answer's message item: in progress (no content yet), completed, or incomplete (cut at max_output_tokens);
+    `logprobs`: its tokens' (asked with include message.output_text.logprobs or top_logprobs)."""
     return {"type": "message", "id": mid or _item_id("msg"), "status": status, "role": "assistant",
-            "content": [] if status == "in_progress" else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [] if status == "in_progress" else [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
 
 
 def _cut(final) -> bool:
@@ -379,9 +383,10 @@ def answered(messages: list[dict], text: str, calls: list[dict], output: list[di
     return [*messages, {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}]
 
 
-def response(rid: str, data: dict, model: str, created: int, text: str, thinking: str, calls: list, final) -> dict:
+def response(rid: str, data: dict, model: str, created: int, text: str, thinking: str, calls: list, final,
+             logprobs: Optional[list] = None) -> dict:
     output = ([_reasoning_item(thinking)] if thinking else []) + (
-        [_message_item(text, status="incomplete" if _cut(final) else "completed")] if text or not calls else []) + [
+        [_message_item(text, status="incomplete" if _cut(final) else "completed", logprobs=logprobs)] if text or not calls else []) + [
         _call_item(c) for c in calls]
     return envelope(rid, data, model, created, "completed", output, final)
 
@@ -395,10 +400,13 @@ async def ended(wire: AsyncIterator[str], on_end) -> AsyncIterator[str]:
         on_end()
 
 
-async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, created: int, on_output) -> AsyncIterator[str]:
+async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str, created: int, on_output,
+                 logprobs_of=None) -> AsyncIterator[str]:
     """The Responses event sequence: response.created and in_progress, each output item added, its deltas
-    and done, then response.completed (or response.failed); `created` the time the request came."""
+    and done, then response.completed (or response.failed); `created` the time the request came;
+    `logprobs_of(entries)`: a text event's tokens as the API's logprobs, where they were asked for."""
     seq = -1  # OpenAI's sequence numbers start at 0
+    said_logprobs: list = []  # the message's tokens' logprobs so far
     output: list[dict] = []
     text_parts: list[str] = []
     calls: list[dict] = []
@@ -418,8 +426,9 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
         out = []
         if item["type"] == "message":
             text = "".join(item.pop("_parts"))
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            out += [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text, logprobs=[]),
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": list(said_logprobs)}
+            out += [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,
+                          logprobs=list(said_logprobs)),
                     event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)]
             item = {**item, "status": status, "content": [part]}
         else:
@@ -462,7 +471,10 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
             index = len(output)
             if kind == "message":
                 text_parts.append(ev.text)
-                yield event("response.output_text.delta", item_id=current["id"], output_index=index, content_index=0, delta=ev.text, logprobs=[])
+                these = logprobs_of(ev.logprobs) if logprobs_of is not None and ev.logprobs else []
+                said_logprobs.extend(these)
+                yield event("response.output_text.delta", item_id=current["id"], output_index=index, content_index=0, delta=ev.text,
+                            logprobs=these)
             else:
                 yield event("response.reasoning_summary_text.delta", item_id=current["id"], output_index=index, summary_index=0, delta=ev.text)
         elif ev.kind == "tool_calls":
