@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import start_server
+from conftest import start_server, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -224,6 +224,23 @@ def test_responses_text_stream_and_json_schema(server, model):
     streamed = list(oai(server).responses.create(**asked, stream=True))
     assert [lp.token for e in streamed if e.type == "response.output_text.delta" for lp in e.logprobs] == [lp.token for lp in part.logprobs]
     assert streamed[-1].response.output[0].content[0].logprobs == part.logprobs
+    # A stream its client leaves mid-answer is kept as cancelled, with what it said so far (it was gone: a retrieve
+    # by id and a previous_response_id found nothing; found by a helper)
+    said = []
+    with oai(server).responses.create(model=model.name, input="Count from one to a hundred.", temperature=0, max_output_tokens=400,
+                                      stream=True) as stream:
+        for e in stream:
+            if e.type == "response.created":
+                rid = e.response.id
+            elif e.type == "response.output_text.delta":
+                said.append(e.delta)
+                if len(said) == 3:
+                    break
+    wait_until(lambda: oai(server).responses.retrieve(rid).status == "cancelled", what="the left response to be kept")
+    kept = oai(server).responses.retrieve(rid)
+    assert kept.output[0].content[0].text.startswith("".join(said)) and kept.output[0].status == "incomplete"
+    follow = oai(server).responses.create(model=model.name, previous_response_id=rid, input="Go on.", max_output_tokens=2)
+    assert follow.usage.input_tokens > 10
 
 
 def test_a_long_prompt_is_not_silent(model, tmp_path_factory, monkeypatch):

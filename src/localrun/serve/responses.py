@@ -450,59 +450,67 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
 
     yield event("response.created", response=envelope(rid, data, model, created, "in_progress", []))
     yield event("response.in_progress", response=envelope(rid, data, model, created, "in_progress", []))
-    async for ev in answer:
-        if ev.kind == "ping":
-            yield ": keep-alive\n\n"  # an SSE comment: clients ignore it, the connection stays
-        elif ev.kind in ("thinking", "text"):
-            kind = "reasoning" if ev.kind == "thinking" else "message"
-            if current is None or current["type"] != kind:
-                for line in close():
-                    yield line
+    finished = False
+    try:
+        async for ev in answer:
+            if ev.kind == "ping":
+                yield ": keep-alive\n\n"  # an SSE comment: clients ignore it, the connection stays
+            elif ev.kind in ("thinking", "text"):
+                kind = "reasoning" if ev.kind == "thinking" else "message"
+                if current is None or current["type"] != kind:
+                    for line in close():
+                        yield line
+                    index = len(output)
+                    if kind == "message":
+                        for line in open_message():
+                            yield line
+                    else:
+                        current = {"type": "reasoning", "id": _item_id("rs"), "summary": [], "_parts": []}
+                        yield event("response.output_item.added", output_index=index, item={k: v for k, v in current.items() if k != "_parts"})
+                        yield event("response.reasoning_summary_part.added", item_id=current["id"], output_index=index, summary_index=0,
+                                    part={"type": "summary_text", "text": ""})
+                current["_parts"].append(ev.text)
                 index = len(output)
                 if kind == "message":
-                    for line in open_message():
-                        yield line
+                    text_parts.append(ev.text)
+                    these = logprobs_of(ev.logprobs) if logprobs_of is not None and ev.logprobs else []
+                    said_logprobs.extend(these)
+                    yield event("response.output_text.delta", item_id=current["id"], output_index=index, content_index=0, delta=ev.text,
+                                logprobs=these)
                 else:
-                    current = {"type": "reasoning", "id": _item_id("rs"), "summary": [], "_parts": []}
-                    yield event("response.output_item.added", output_index=index, item={k: v for k, v in current.items() if k != "_parts"})
-                    yield event("response.reasoning_summary_part.added", item_id=current["id"], output_index=index, summary_index=0,
-                                part={"type": "summary_text", "text": ""})
-            current["_parts"].append(ev.text)
-            index = len(output)
-            if kind == "message":
-                text_parts.append(ev.text)
-                these = logprobs_of(ev.logprobs) if logprobs_of is not None and ev.logprobs else []
-                said_logprobs.extend(these)
-                yield event("response.output_text.delta", item_id=current["id"], output_index=index, content_index=0, delta=ev.text,
-                            logprobs=these)
-            else:
-                yield event("response.reasoning_summary_text.delta", item_id=current["id"], output_index=index, summary_index=0, delta=ev.text)
-        elif ev.kind == "tool_calls":
-            for line in close():
-                yield line
-            for call in ev.calls:
-                item = _call_item(call)
-                calls.append(call)
-                index = len(output)
-                yield event("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
-                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"])
-                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=item["arguments"])
-                output.append(item)
-                yield event("response.output_item.done", output_index=index, item=item)
-        elif ev.kind == "failed":
-            failed = envelope(rid, data, model, created, "failed", output)
-            failed["error"] = {"code": "server_error", "message": ev.text}
-            yield event("response.failed", response=failed)
-            return
-        elif ev.kind == "done":
-            status = "incomplete" if _cut(ev.final) else "completed"
-            for line in close(status):
-                yield line
-            if not output:  # an empty answer is still one (empty) message, its text part announced and done as any
-                for line in [*open_message(), *close(status)]:
+                    yield event("response.reasoning_summary_text.delta", item_id=current["id"], output_index=index, summary_index=0, delta=ev.text)
+            elif ev.kind == "tool_calls":
+                for line in close():
                     yield line
-            completed = envelope(rid, data, model, created, "completed", output, ev.final)
-            on_output("".join(text_parts), output, completed)
-            # cut at max_output_tokens: OpenAI's stream ends with response.incomplete, not response.completed
-            yield event(f"response.{completed['status']}", response=completed)
-            return
+                for call in ev.calls:
+                    item = _call_item(call)
+                    calls.append(call)
+                    index = len(output)
+                    yield event("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
+                    yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"])
+                    yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=item["arguments"])
+                    output.append(item)
+                    yield event("response.output_item.done", output_index=index, item=item)
+            elif ev.kind == "failed":
+                failed = envelope(rid, data, model, created, "failed", output)
+                failed["error"] = {"code": "server_error", "message": ev.text}
+                finished = True
+                yield event("response.failed", response=failed)
+                return
+            elif ev.kind == "done":
+                status = "incomplete" if _cut(ev.final) else "completed"
+                for line in close(status):
+                    yield line
+                if not output:  # an empty answer is still one (empty) message, its text part announced and done as any
+                    for line in [*open_message(), *close(status)]:
+                        yield line
+                completed = envelope(rid, data, model, created, "completed", output, ev.final)
+                finished = True
+                on_output("".join(text_parts), output, completed)
+                # cut at max_output_tokens: OpenAI's stream ends with response.incomplete, not response.completed
+                yield event(f"response.{completed['status']}", response=completed)
+                return
+    finally:
+        if not finished:  # the client went away mid-answer: kept as cancelled, with what it said so far (it was lost:
+            close("incomplete")  # a retrieve by id, or previous_response_id, found nothing; found by a helper)
+            on_output("".join(text_parts), output, envelope(rid, data, model, created, "cancelled", output))
