@@ -320,6 +320,36 @@ def test_anthropic_client_tools_are_offered_and_a_result_must_answer_a_use():
     assert bad.value.param == "messages.1.content.0" and "'toolu_1' answers no tool_use" in bad.value.message
 
 
+def test_anthropic_threads_structured_outputs_and_server_tool_blocks():
+    """What Anthropic's current SDKs send (found by a helper with @anthropic-ai/sdk): a message thread to continue is a
+    404 thread_not_found in error.details, on which the SDK replays the whole conversation (it was read without the
+    turns before, then refused); output_config.format is the answer's JSON schema (it was ignored); a server tool's
+    blocks in a history are passed over as thinking is (they were a 400)."""
+    import pytest
+
+    from localrun.serve.anthropic import chat_body, error_body
+    from localrun.serve.openai import ApiError
+
+    hi = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ApiError) as lost:
+        chat_body({"max_tokens": 5, "messages": hi, "thread": {"type": "continue", "previous_message_id": "msg_1"}})
+    assert lost.value.status == 404 and error_body(lost.value)["error"]["details"] == {"error_code": "thread_not_found"}
+    assert chat_body({"max_tokens": 5, "messages": hi, "thread": {"type": "create"}}).messages[0].text() == "hi"
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    for body in ({"output_config": {"format": {"type": "json_schema", "schema": schema}, "effort": "low"}},
+                 {"output_format": {"type": "json_schema", "schema": schema}}):
+        assert chat_body({"max_tokens": 5, "messages": hi, **body}).response_format == {
+            "type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    with pytest.raises(ApiError) as bad:
+        chat_body({"max_tokens": 5, "messages": hi, "output_config": {"format": {"type": "yaml"}}})
+    assert bad.value.param == "output_config.format"
+    searched = {"role": "assistant", "content": [
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}, {"type": "text", "text": "Found it."}]}
+    assert chat_body({"max_tokens": 5, "messages": [*hi, searched, *hi]}).messages[1].text() == "Found it."
+    assert error_body(ApiError(404, "x", code="model_not_found"))["error"].get("details") is None
+
+
 def test_responses_allowed_tools_become_the_chat_requests():
     """The Responses API's flat allowed_tools is the chat request's nested one (tools of other types left out, as
     they are from tools; none left: no call may be made)."""

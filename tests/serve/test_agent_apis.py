@@ -81,6 +81,12 @@ def test_anthropic_stream_system_blocks_and_count_tokens(server, model):
                                          extra_body={**GREEDY, "thinking": {"type": "adaptive"}, "context_management": {}, "output_config": {}})
     assert "Paris" not in "".join(b.text for b in cut.content if b.type == "text")
     assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", "Paris")  # which one, of several (it was null)
+    # structured outputs, as messages.parse sends them: the answer in the schema (it was ignored: found by a helper)
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}}, "required": ["capital"],
+              "additionalProperties": False}
+    shaped = claude(server).messages.create(model=model.name, max_tokens=40, messages=[{"role": "user", "content": ASK}],
+                                            extra_body={**GREEDY, "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    jsonschema.validate(json.loads(shaped.content[0].text), schema)
 
 
 def test_anthropic_tools_round_trip(server, model):

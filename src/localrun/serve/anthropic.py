@@ -3,9 +3,10 @@ a Messages body becomes the chat request the OpenAI dialect serves (ChatBody: th
 tools, sampling and scheduler), and the answer stream becomes Anthropic's content blocks and events.
 
 What cannot be honoured is refused in Anthropic's error shape naming it (document blocks; an image block
-anywhere but a user's message); a user's image blocks (base64) go to the model as images; what only steers Anthropic's own service is accepted and ignored (cache_control,
-metadata, output_config, context_management, service_tier, server tools such as web_search, which a
-local model cannot run). Anthropic's client tools (bash, text_editor) are given to the model in their published
+anywhere but a user's message); a user's image blocks (base64) go to the model as images; output_config's
+format (structured outputs) is a grammar as response_format's; what only steers Anthropic's own service is
+accepted and ignored (cache_control, metadata, the rest of output_config, context_management, service_tier,
+server tools such as web_search, which a local model cannot run, and their blocks in a history). Anthropic's client tools (bash, text_editor) are given to the model in their published
 input schema, as the client runs them."""
 
 from __future__ import annotations
@@ -23,9 +24,21 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 DEFAULT_MAX_TOKENS = 4096
 
 
+THREAD_NOT_FOUND = "thread_not_found"
+
+
 def error_body(exc: ApiError) -> dict:
     kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    error = {"type": kind, "message": exc.message}
+    if exc.code == THREAD_NOT_FOUND:  # what Anthropic's SDKs read to replay the whole conversation (error.details)
+        error["details"] = {"error_code": exc.code}
+    return {"type": "error", "error": error}
+
+
+def _server_block(kind: str) -> bool:
+    """A block of a tool Anthropic's service ran (web search, code execution, MCP): nothing here ran it, nothing
+    here reads it again (a conversation begun on Anthropic's API continues here without them)."""
+    return kind in ("server_tool_use", "mcp_tool_use", "container_upload") or (kind.endswith("_tool_result") and kind != "tool_result")
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -46,8 +59,8 @@ def _text_of(content: Any, where: str) -> str:
             raise ApiError(400, f"{where}.{i}: image blocks are read in a user's message content only", param=where)
         elif kind == "document":
             raise ApiError(400, f"{where}.{i}: document blocks are not supported by localrun: send text", param=where)
-        elif kind in ("thinking", "redacted_thinking"):
-            continue  # an earlier answer's thinking: not part of what the model reads again
+        elif kind in ("thinking", "redacted_thinking") or _server_block(kind):
+            continue  # an earlier answer's thinking, or a server tool's use and result: not read again
         else:
             raise ApiError(400, f"{where}.{i}: unexpected block type {kind!r} here", param=where)
     return "\n".join(parts)
@@ -176,6 +189,10 @@ def chat_body(data: Any) -> ChatBody:
     from pydantic import ValidationError
 
     need(isinstance(data, dict), "the body must be a JSON object")
+    thread = data.get("thread")  # the message-threads beta: nothing is kept here to continue one
+    if isinstance(thread, dict) and thread.get("type") == "continue":
+        raise ApiError(404, f"message thread of {thread.get('previous_message_id')!r} not found: localrun keeps no threads, send the"
+                            " whole conversation (Anthropic's SDKs replay it on this error)", code=THREAD_NOT_FOUND)
     tools = _tools(data.get("tools"))
     choice, parallel = _tool_choice(data.get("tool_choice"), bool(tools))
     max_tokens = data.get("max_tokens", DEFAULT_MAX_TOKENS)
@@ -191,6 +208,12 @@ def chat_body(data: Any) -> ChatBody:
     }
     if data.get("stop_sequences"):
         openai_body["stop"] = data["stop_sequences"]
+    config = data.get("output_config") if isinstance(data.get("output_config"), dict) else {}
+    fmt = config.get("format") or data.get("output_format")  # structured outputs (and their beta's top-level field)
+    if fmt is not None:
+        need(isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict),
+             "output_config.format must be {type: json_schema, schema: {...}}", "output_config.format")
+        openai_body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
     if tools:
         openai_body["tools"] = tools
         if choice is not None:
