@@ -363,6 +363,39 @@ def test_responses_allowed_tools_become_the_chat_requests():
     assert body.tool_choice == "none"
 
 
+def test_an_item_reference_is_the_stored_item_it_names(isolated_home):
+    """The AI SDK's Responses model (store: true) sends an earlier answer back as {"type": "item_reference", "id"}:
+    it reads as that item of a stored response, in memory or after a restart (a 400 before: found by a helper); an
+    id no stored response has is a 400 naming the item."""
+    import threading
+
+    import pytest
+
+    from localrun.serve.openai import ApiError
+    from localrun.serve.responses import Kept, chat_body
+
+    rid = "resp_" + "7" * 24
+    answer = {"type": "message", "id": "msg_answer", "role": "assistant", "status": "completed",
+              "content": [{"type": "output_text", "text": "Paris.", "annotations": [], "logprobs": []}]}
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}", "status": "completed"}
+    kept = Kept()
+    kept.put(rid, [{"role": "user", "content": "Capital?"}], response={"id": rid, "output": [answer, call]},
+             input_items=[{"type": "message", "id": "msg_q", "role": "user", "content": [{"type": "input_text", "text": "Capital?"}]}])
+    for thread in threading.enumerate():
+        if thread.name == "localrun-store-response":
+            thread.join()
+    body = {"input": [{"type": "item_reference", "id": "msg_q"}, {"type": "item_reference", "id": "msg_answer"},
+                      {"type": "item_reference", "id": "fc_1"}, {"type": "function_call_output", "call_id": "call_1", "output": "ok"},
+                      {"role": "user", "content": "And Italy's?"}]}
+    for store in (kept, Kept()):  # in memory, and from the disk
+        chat, _ = chat_body(body, store)
+        assert [(m.role, m.text()) for m in chat.messages] == [("user", "Capital?"), ("assistant", "Paris."), ("assistant", ""),
+                                                               ("tool", "ok"), ("user", "And Italy's?")]
+    with pytest.raises(ApiError) as unknown:
+        chat_body({"input": [{"type": "item_reference", "id": "msg_nope"}]}, kept)
+    assert unknown.value.param == "input.0" and "'msg_nope'" in unknown.value.message
+
+
 def test_an_empty_responses_answer_streams_its_message_as_any_other():
     """An answer of no tokens (the model ended at once: seen with Codex) streams the same item events as one with
     text, less the delta: its text part was in output_item.done without ever being announced (found by a helper)."""

@@ -171,6 +171,11 @@ def test_responses_stream_function_call_round_trip_and_previous_response(server,
     assert counted.object == "response.input_tokens" and counted.input_tokens == follow.usage.input_tokens
     alone = oai(server).responses.create(model=model.name, temperature=0, max_output_tokens=20, input="And tomorrow?")
     assert follow.usage.input_tokens > alone.usage.input_tokens + 20  # the earlier turns are in its prompt
+    # the AI SDK's way (store: true): the earlier answer sent back by reference
+    referred = oai(server).responses.create(model=model.name, temperature=0, max_output_tokens=2, input=[
+        {"role": "user", "content": "What is the weather in Paris?"}, {"type": "item_reference", "id": second.output[0].id},
+        {"role": "user", "content": "And tomorrow?"}])
+    assert referred.usage.input_tokens > alone.usage.input_tokens + 10
     with pytest.raises(openai.NotFoundError):
         oai(server).responses.create(model=model.name, input="hi", previous_response_id="resp_nope")
 

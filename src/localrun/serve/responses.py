@@ -36,6 +36,7 @@ class Kept:
         self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
         self.deleted: OrderedDict = OrderedDict()  # ids deleted while being answered or written
         self.running: dict[str, tuple[dict, list[dict]]] = {}  # stored responses being answered: (in-progress Response, input items)
+        self.by_item: OrderedDict = OrderedDict()  # item id -> the item, of the stored responses' input and output (item_reference)
 
     def begin(self, rid: str, response: dict, input_items: Optional[list[dict]] = None) -> None:
         """Stored response `rid` is being answered: GET reads `response` (status in_progress) until it ends."""
@@ -58,6 +59,12 @@ class Kept:
             self.items[rid] = (messages, response, input_items or []) if store else (messages, None, None)
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
+            if store:
+                for item in [*(input_items or []), *((response or {}).get("output") or [])]:
+                    if isinstance(item.get("id"), str):
+                        self.by_item[item["id"]] = item
+                while len(self.by_item) > self.size * 8:
+                    self.by_item.popitem(last=False)
         if store:  # written beside the answer, not before it: a slow disk holds up no client
             threading.Thread(target=self._store, args=(rid, messages, response, input_items or []),
                              name="localrun-store-response", daemon=True).start()
@@ -91,6 +98,17 @@ class Kept:
         [] for one stored before they were kept)."""
         found = self._found(rid)
         return (found[2] or []) if found and found[1] is not None else None
+
+    def item(self, item_id: str) -> Optional[dict]:
+        """An input or output item of a stored response by its id (what an item_reference names), in memory, else
+        on the disk (after a restart); None when no stored response has it."""
+        with self.lock:
+            found = self.by_item.get(item_id)
+        if found is not None:
+            return found
+        from ..runtime import find_response_item
+
+        return find_response_item(item_id)
 
     def delete(self, rid: str) -> bool:
         """Forget stored response `rid` (in memory and on disk); whether it was stored."""
@@ -168,10 +186,11 @@ def _image_names(messages: list[dict]) -> tuple[list[dict], list[str]]:
     return out, names
 
 
-def _input_messages(data: dict, calls: set[str]) -> list[dict]:
-    """`instructions` and `input` (a string, or message / function_call / function_call_output items) as
-    OpenAI chat messages. `calls`: the call ids of the earlier turns (previous_response_id's); an output must
-    answer one of them or a function_call before it, as OpenAI's API requires."""
+def _input_messages(data: dict, calls: set[str], item_by_id=lambda _: None) -> list[dict]:
+    """`instructions` and `input` (a string, or message / function_call / function_call_output items, or an
+    item_reference to one of a stored response's, found by `item_by_id`) as OpenAI chat messages. `calls`: the
+    call ids of the earlier turns (previous_response_id's); an output must answer one of them or a
+    function_call before it, as OpenAI's API requires."""
     given = data.get("input")
     out: list[dict] = []
     if isinstance(given, str):
@@ -180,6 +199,11 @@ def _input_messages(data: dict, calls: set[str]) -> list[dict]:
     for i, item in enumerate(given):
         where = f"input.{i}"
         need(isinstance(item, dict), f"{where} must be an item object", where)
+        if item.get("type") == "item_reference":  # the AI SDK's way of sending back an earlier answer (store: true)
+            referred = item_by_id(item.get("id")) if isinstance(item.get("id"), str) else None
+            need(referred is not None, f"{where}: no stored response has an item {item.get('id')!r} (this server keeps the last"
+                                       f" {STORED} stored responses): send the item itself", where)
+            item = referred
         kind = item.get("type", "message")
         if kind == "message":
             need(item.get("role") in ("user", "assistant", "system", "developer"), f"{where}.role must be user, assistant, system or developer", where)
@@ -272,7 +296,7 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
                                 f" and the last {STORED} stored ones",
                            param="previous_response_id", code="previous_response_not_found")
         messages = [m for m in earlier if m["role"] != "system"]  # this request's instructions replace the old ones
-    messages += _input_messages(data, {c["id"] for m in messages for c in m.get("tool_calls") or ()})
+    messages += _input_messages(data, {c["id"] for m in messages for c in m.get("tool_calls") or ()}, kept.item)
     if isinstance(data.get("instructions"), str) and data["instructions"]:
         messages = [{"role": "system", "content": data["instructions"]}, *messages]
     tools = _tools(data.get("tools"))

@@ -67,3 +67,28 @@ def delete_response(rid: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def find_response_item(item_id: str) -> Optional[dict]:
+    """An input or output item of a stored response by its id (an item_reference after a restart): the newest
+    stored responses are read first; None when none has it."""
+    if not isinstance(item_id, str) or not item_id:
+        return None
+    stored = []
+    for path in folder().glob("resp_*.json") if folder().is_dir() else []:
+        try:
+            stored.append((path.stat().st_mtime_ns, path))
+        except OSError:  # deleted meanwhile
+            continue
+    for _, path in sorted(stored, reverse=True):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        response = record.get("response") if isinstance(record.get("response"), dict) else {}
+        for item in [*(record.get("input") or []), *(response.get("output") or [])]:
+            if isinstance(item, dict) and item.get("id") == item_id:
+                return item
+    return None
