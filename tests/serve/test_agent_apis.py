@@ -213,6 +213,9 @@ def test_responses_text_stream_and_json_schema(server, model):
     with pytest.raises(openai.BadRequestError) as bad:
         oai(server).responses.create(model=model.name, input=ASK, conversation="conv_123")
     assert bad.value.body["param"] == "conversation" and "previous_response_id" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as bad:  # a stored prompt template of OpenAI's platform (it was ignored)
+        oai(server).responses.create(model=model.name, input=ASK, prompt={"id": "pmpt_123"})
+    assert bad.value.body["param"] == "prompt"
     import anthropic
 
     with pytest.raises(anthropic.BadRequestError) as refused:
@@ -234,7 +237,7 @@ def test_responses_text_stream_and_json_schema(server, model):
     assert [(lp.token, round(lp.logprob, 4)) for lp in part.logprobs] == [(c.token, round(c.logprob, 4)) for c in chat.choices[0].logprobs.content]
     streamed = list(oai(server).responses.create(**asked, stream=True))
     assert [lp.token for e in streamed if e.type == "response.output_text.delta" for lp in e.logprobs] == [lp.token for lp in part.logprobs]
-    assert streamed[-1].response.output[0].content[0].logprobs == part.logprobs
+    assert streamed[-1].response.output[0].content[0].logprobs == part.logprobs and whole.top_logprobs == 2
     # A stream its client leaves mid-answer is kept as cancelled, with what it said so far (it was gone: a retrieve
     # by id and a previous_response_id found nothing; found by a helper)
     said = []

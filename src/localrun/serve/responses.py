@@ -287,6 +287,8 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
     need(not data.get("background"), "background responses are not supported by localrun: leave out background", "background")
     need(data.get("conversation") is None,
          "conversations are not supported by localrun: continue from an earlier response with previous_response_id", "conversation")
+    need(data.get("prompt") is None, "prompt templates (prompt.id) live on OpenAI's platform, not here: send the text as input"
+                                     " and instructions", "prompt")
     messages = []
     previous = data.get("previous_response_id")
     if previous is not None:
@@ -396,6 +398,7 @@ def envelope(rid: str, data: dict, model: str, created: int, status: str, output
         "reasoning": data.get("reasoning") or {"effort": None, "summary": None}, "store": data.get("store", True),
         "temperature": data.get("temperature", 1.0), "text": data.get("text") or {"format": {"type": "text"}},
         "tool_choice": data.get("tool_choice", "auto"), "tools": data.get("tools") or [], "top_p": data.get("top_p", 1.0),
+        "top_logprobs": data.get("top_logprobs") or 0,
         "truncation": "disabled", "usage": _usage(final.stats) if final is not None else None, "user": data.get("user"),
     }
 
