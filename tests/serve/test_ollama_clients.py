@@ -215,7 +215,7 @@ def test_a_conversation_over_the_context_keeps_its_newest_messages_on_api_chat(s
     assert generated.status_code == 200 and 400 < generated.json()["prompt_eval_count"] < 512, generated.text
     for path, body in (("/api/chat", {"messages": [{"role": "user", "content": story * 4}]}), ("/api/generate", {"prompt": story * 4})):
         refused = c.post(path, json={"model": name, **body, "stream": False, "truncate": False})
-        assert refused.status_code == 400 and "a slot's context holds 512" in refused.json()["error"], refused.text
+        assert refused.status_code == 400 and "maximum context length is 512 tokens" in refused.json()["error"], refused.text
         assert "options.num_ctx" in refused.json()["error"]
     # OpenAI's API (and llama-server) refuse it: a 400 naming both numbers
     v1 = c.post("/v1/chat/completions", json={"model": name, "messages": conversation, "max_tokens": 4})

@@ -360,9 +360,15 @@ def test_logprobs_chat_and_completions_streamed_and_not(server):
 
 
 def test_context_overflow_is_a_bad_request_in_the_client(server):
+    """In each dialect's own words, which clients match to trim or compact (litellm's ContextWindowExceededError
+    reads OpenAI's; Claude Code compacts its conversation on Anthropic's): localrun's own were neither (a helper)."""
     with pytest.raises(openai.BadRequestError) as exc:
         server.client().chat.completions.create(model=SMOL, messages=[{"role": "user", "content": "word " * 1100}])
     assert exc.value.code == "context_length_exceeded"
+    assert re.match(r"This model's maximum context length is 1024 tokens .*, but the prompt is \d+ tokens", exc.value.body["message"])
+    claude = httpx.post(server.url + "/v1/messages", headers={"x-api-key": KEY}, json={
+        "model": SMOL, "max_tokens": 4, "messages": [{"role": "user", "content": "word " * 1100}]})
+    assert claude.status_code == 400 and re.match(r"prompt is too long: \d+ tokens > 1024 maximum", claude.json()["error"]["message"])
 
 
 def test_json_schema_response_format(server):

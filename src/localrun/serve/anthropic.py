@@ -30,6 +30,9 @@ THREAD_NOT_FOUND = "thread_not_found"
 def error_body(exc: ApiError) -> dict:
     kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
     error = {"type": kind, "message": exc.message}
+    if exc.sizes is not None:  # a prompt over the context, in Anthropic's words (Claude Code compacts its conversation on them)
+        prompt, context = exc.sizes
+        error["message"] = f"prompt is too long: {prompt} tokens > {context} maximum ({exc.message})"
     if exc.code == THREAD_NOT_FOUND:  # what Anthropic's SDKs read to replay the whole conversation (error.details)
         error["details"] = {"error_code": exc.code}
     return {"type": "error", "error": error}

@@ -337,6 +337,7 @@ class ApiError(Exception):
                  type_: str = "invalid_request_error"):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+        self.sizes: Optional[tuple[int, int]] = None  # a context overflow's (prompt tokens, context tokens)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -407,9 +408,13 @@ def refusal(exc: BaseException, chat: bool, more_context: str = "restart the ser
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ContextOverflow):
-        return ApiError(400, f"the prompt is {exc.n_prompt} tokens but a slot's context holds {exc.n_ctx}: "
-                             f"shorten it, or {more_context}",
-                        param="messages" if chat else "prompt", code="context_length_exceeded")
+        # OpenAI's own words lead (clients such as litellm tell a context overflow by them, to trim or fall back);
+        # Anthropic's translator words it as Anthropic does (context_overflow)
+        error = ApiError(400, f"This model's maximum context length is {exc.n_ctx} tokens (a slot's context), but the prompt is"
+                              f" {exc.n_prompt} tokens: shorten it, or {more_context}",
+                         param="messages" if chat else "prompt", code="context_length_exceeded")
+        error.sizes = (exc.n_prompt, exc.n_ctx)
+        return error
     if isinstance(exc, QueueFull):
         return ApiError(429, exc.message, type_="rate_limit_error", code="queue_full")
     if isinstance(exc, ServerStopping):  # a scheduler that failed says why
