@@ -51,6 +51,16 @@ def test_current_openai_fields_are_accepted_or_refused_by_name(server, smollm2):
         assert err.value.body["param"] == name and name in err.value.body["message"], err.value.body
     with pytest.raises(openai.BadRequestError, match="unknown or unsupported field 'no_such_field'"):
         c.chat.completions.create(model=smollm2.name, messages=HI, max_tokens=8, extra_body={"no_such_field": 1})
+    # What litellm and other clients send (found by a helper): a cache_control hint in a content part (it was a 400
+    # naming the wrong field), and null for n and stream (nullable in OpenAI's spec) are taken; a key no part has is
+    # refused by its own name.
+    hinted = [{"role": "user", "content": [{"type": "text", "text": HI[0]["content"], "cache_control": {"type": "ephemeral"}}]}]
+    r = httpx.post(str(c.base_url) + "chat/completions", headers={"Authorization": "Bearer none"}, json={
+        "model": smollm2.name, "messages": hinted, "max_tokens": 8, "temperature": 0, "n": None, "stream": None})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == plain, r.text
+    with pytest.raises(openai.BadRequestError) as odd:
+        c.chat.completions.create(model=smollm2.name, max_tokens=8, messages=[{"role": "user", "content": [{"type": "text", "text": "x", "foo": 1}]}])
+    assert odd.value.body["param"] == "messages.0.content.0.foo"
     # An assistant's refusal part in the history is read as its text (it was a 400: found by a helper); a user's is refused.
     said = [*HI, {"role": "assistant", "content": "I cannot."}, {"role": "user", "content": "Why?"}]
     refused = [*HI, {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]}, {"role": "user", "content": "Why?"}]

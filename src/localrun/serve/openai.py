@@ -61,7 +61,12 @@ class _Fields(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _foreign(cls, data: Any) -> Any:
-        """Ollama's and llama-server's top-level parameters (_FOREIGN) as this dialect's fields."""
+        """Ollama's and llama-server's top-level parameters (_FOREIGN) as this dialect's fields; null for a field
+        with a default (n, stream, echo: nullable in OpenAI's spec, and sent so by some clients) as left out."""
+        if isinstance(data, dict) and None in data.values():
+            fields = cls.model_fields
+            data = {k: v for k, v in data.items() if not (v is None and k in fields and fields[k].default is not None
+                                                          and not fields[k].is_required())}
         if not isinstance(data, dict) or not _FOREIGN.intersection(data):
             return data
         data, load = dict(data), {}
@@ -175,6 +180,7 @@ class _Part(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str
+    cache_control: Optional[dict[str, Any]] = None  # a prompt-caching hint (litellm forwards Anthropic's): the prefix cache is automatic
 
 
 class _RefusalPart(BaseModel):
@@ -201,6 +207,7 @@ class _ImagePart(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["image_url"]
     image_url: Union[StrictStr, _ImageUrl]
+    cache_control: Optional[dict[str, Any]] = None
 
     @property
     def url(self) -> str:
@@ -349,8 +356,12 @@ def _written(error: dict, data: Any) -> list[bool]:
     (`str`, `list[_Part]`), found by walking the body itself (a heuristic on the names took a client's
     capitalised key for one)."""
     node, written = data, []
-    for i, part in enumerate(error["loc"]):
-        if isinstance(node, dict) and part in node:
+    loc = error["loc"]
+    for i, part in enumerate(loc):
+        # a tagged union's branch is named by its tag ('text' of {"type": "text", ...}), which may be a key too:
+        # the branch when what follows is another key of the same object ({"type": "text", "text": .., "foo": 1})
+        tag = isinstance(node, dict) and node.get("type") == part and i + 1 < len(loc) and loc[i + 1] in node
+        if isinstance(node, dict) and part in node and not tag:
             node = node[part]
         elif isinstance(node, list) and type(part) is int and 0 <= part < len(node):
             node = node[part]
