@@ -142,6 +142,11 @@ def test_unevenly_doubled_braces_are_read_by_the_calls_shape():
     expected = [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]
     assert parse_tool_calls(text, "hermes", {"get_weather"}) == ("", expected)
     assert streamed(text, [7, 30, 61], {"get_weather"}) == ("", "", expected)
+    # one call, its brace doubled at the start only: no stray "{" before it as text (found by a helper), whole or streamed
+    one = '{{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert parse_tool_calls(one, "hermes", {"get_weather"}) == ("", expected[:1])
+    assert streamed(one, [1, 2, 9], {"get_weather"}) == ("", "", expected[:1])
+    assert parse_tool_calls("Here: " + one, "hermes", {"get_weather"}) == ("Here:", expected[:1])
 
 
 def test_a_list_of_calls_cut_short_keeps_the_calls_written_whole():

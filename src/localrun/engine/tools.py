@@ -277,7 +277,7 @@ def _scan(text: str, names: Optional[Collection[str]], final: bool):
     """Walk `text` for calls: yields (start, end, calls) for each call found, and (start, None, None) for
     the first place still open (only when not `final`: more text may come). A marker whose call is broken
     yields (start, -1, None)."""
-    i = 0
+    i, brace = 0, None
     while True:
         found = _SPECIAL.search(text, i)
         if found is None:
@@ -332,8 +332,11 @@ def _scan(text: str, names: Optional[Collection[str]], final: bool):
         if text[i] in "{[":
             state, end, calls = _json_at(text, i, names)
             if state == "call":
-                yield i, end, calls
-                i = end
+                # a brace doubled at the call's start only ({{"name": ..., "arguments": {...}}: Qwen copies its
+                # template's example) is the call's, not text before it
+                start = brace if brace is not None and not text[brace + 1:i].strip() else i
+                yield start, end, calls
+                i, brace = end, None
                 continue
             if state == _OPEN and not final:
                 yield i, None, None
@@ -343,6 +346,7 @@ def _scan(text: str, names: Optional[Collection[str]], final: bool):
                 if calls:  # a list of calls cut short (max_tokens): the calls written whole
                     yield i, len(text), calls
                     return
+            brace = i if state == _OPEN and text[i] == "{" else None  # never closed: perhaps the first of a doubled pair
         i += 1
 
 
