@@ -570,6 +570,9 @@ def test_queue_0_serves_while_a_slot_is_idle(smollm2, tmp_path):
             assert claude.json()["error"]["type"] == "rate_limit_error"
             codex = httpx.post(srv.url + "/v1/responses", json={"input": "Hi", "max_output_tokens": 2}, timeout=60)
             assert codex.status_code == 429 and codex.headers["retry-after"] == "1" and codex.json()["error"]["message"], codex.text
+            # Ollama's: a 503 "server busy", as Ollama answers a full queue (it was a 429 without Retry-After)
+            busy = httpx.post(srv.url + "/api/generate", json={"model": smollm2.name, "prompt": "Hi", "stream": False}, timeout=60)
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1" and busy.json()["error"].startswith("server busy"), busy.text
 
 
 def test_ctrl_c_with_long_requests_running_ends_them_cleanly(smollm2, tmp_path):

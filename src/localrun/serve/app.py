@@ -533,10 +533,12 @@ def build_app(service: Service, on_started=None):
 
     def ollama_error(exc: ApiError, endpoint: str, model: Optional[str] = None) -> JSONResponse:
         metrics.requests.labels(endpoint, str(exc.status)).inc()
-        message = exc.message
+        message, status = exc.message, exc.status
         if exc.code == "model_not_found" and model:  # Ollama's wording, which its clients and users know
             message = f'model "{model}" not found, try pulling it first ({exc.message})'
-        return JSONResponse({"error": message}, status_code=exc.status)
+        if exc.code == "queue_full":  # Ollama's answer when its queue is full: a 503, in its words
+            message, status = f"server busy, please try again. maximum pending requests exceeded ({exc.message})", 503
+        return JSONResponse({"error": message}, status_code=status, headers={"Retry-After": "1"} if status in (429, 503) else None)
 
     async def ollama_body(request: Request) -> Any:
         from .limits import BadJson, parse_json
