@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..errors import LocalrunError, ModelNotFound, UsageError
+from ..errors import ContextOverflow, LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
 from ..runtime.options import LoadSpec
 from ..runtime.pool import FOREVER, ModelPool, Resident, model_key, parse_keep_alive
@@ -513,6 +513,10 @@ def build_app(service: Service, on_started=None):
         resident, keep_alive, load_s = await resident_for(body, kind="embed")
         try:
             result = await run_in_threadpool(embed_on, resident, texts, truncate=truncate, dimensions=dimensions)
+        except ContextOverflow as exc:  # a text over the context, truncation off (OpenAI's, or Ollama's truncate: false)
+            said = exc.message.split(":")[0]  # "text N is M tokens but the context holds C"
+            raise ApiError(400, f"This model's maximum context length is {exc.n_ctx} tokens, but {said}: shorten it", param="input",
+                           code="context_length_exceeded") from None
         except LocalrunError as exc:
             raise ApiError(400, exc.message, param="dimensions" if "dimensions" in exc.message else "input") from None
         finally:

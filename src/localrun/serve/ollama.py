@@ -259,7 +259,7 @@ def embed_request(data: Any, legacy: bool) -> tuple[Any, list[str], bool, Option
     model = model_named(data)
     flags(data, "truncate")
     given = data.get("prompt") if legacy else data.get("input")
-    texts = [given] if isinstance(given, str) else list(given or [])
+    texts = ([given] if given else []) if isinstance(given, str) else list(given or [])  # "" is no text: no embeddings, as Ollama's
     if not all(isinstance(t, str) for t in texts):
         raise error(400, "input must be a string or a list of strings")
     options = _options(data)
