@@ -37,6 +37,7 @@ class Kept:
         self.deleted: OrderedDict = OrderedDict()  # ids deleted while being answered or written
         self.running: dict[str, tuple[dict, list[dict]]] = {}  # stored responses being answered: (in-progress Response, input items)
         self.by_item: OrderedDict = OrderedDict()  # item id -> the item, of the stored responses' input and output (item_reference)
+        self.on_disk: Optional[dict[str, str]] = None  # item id -> stored response id, read from the disk at the first miss
 
     def begin(self, rid: str, response: dict, input_items: Optional[list[dict]] = None) -> None:
         """Stored response `rid` is being answered: GET reads `response` (status in_progress) until it ends."""
@@ -63,6 +64,8 @@ class Kept:
                 for item in [*(input_items or []), *((response or {}).get("output") or [])]:
                     if isinstance(item.get("id"), str):
                         self.by_item[item["id"]] = item
+                        if self.on_disk is not None:  # (once read, the disk's index follows what is stored)
+                            self.on_disk[item["id"]] = rid
                 while len(self.by_item) > self.size * 8:
                     self.by_item.popitem(last=False)
         if store:  # written beside the answer, not before it: a slow disk holds up no client
@@ -106,9 +109,12 @@ class Kept:
             found = self.by_item.get(item_id)
         if found is not None:
             return found
-        from ..runtime import find_response_item
+        from ..runtime import item_index, response_item
 
-        return find_response_item(item_id)
+        if self.on_disk is None:  # once: every miss after reads the index, not the files
+            self.on_disk = item_index()
+        rid = self.on_disk.get(item_id)
+        return response_item(rid, item_id) if rid is not None else None
 
     def delete(self, rid: str) -> bool:
         """Forget stored response `rid` (in memory and on disk); whether it was stored."""

@@ -69,26 +69,32 @@ def delete_response(rid: str) -> bool:
     return True
 
 
-def find_response_item(item_id: str) -> Optional[dict]:
-    """An input or output item of a stored response by its id (an item_reference after a restart): the newest
-    stored responses are read first; None when none has it."""
-    if not isinstance(item_id, str) or not item_id:
-        return None
+def item_index() -> dict[str, str]:
+    """item id -> the stored response holding it (an input or an output item), read from every stored response
+    once (the server keeps it from then on): what an item_reference after a restart is looked up in."""
+    index: dict[str, str] = {}
     stored = []
     for path in folder().glob("resp_*.json") if folder().is_dir() else []:
         try:
             stored.append((path.stat().st_mtime_ns, path))
         except OSError:  # deleted meanwhile
             continue
-    for _, path in sorted(stored, reverse=True):
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+    for _, path in sorted(stored):  # the newest last: an id in two responses names the newest's
+        found = load_response(path.stem)
+        if found is None:
             continue
-        if not isinstance(record, dict):
-            continue
-        response = record.get("response") if isinstance(record.get("response"), dict) else {}
-        for item in [*(record.get("input") or []), *(response.get("output") or [])]:
-            if isinstance(item, dict) and item.get("id") == item_id:
-                return item
-    return None
+        _, response, given = found
+        for item in [*(given or []), *((response or {}).get("output") or [])]:
+            if isinstance(item, dict) and isinstance(item.get("id"), str):
+                index[item["id"]] = path.stem
+    return index
+
+
+def response_item(rid: str, item_id: str) -> Optional[dict]:
+    """Item `item_id` of stored response `rid` (its input or output), or None."""
+    found = load_response(rid)
+    if found is None:
+        return None
+    _, response, given = found
+    return next((item for item in [*(given or []), *((response or {}).get("output") or [])]
+                 if isinstance(item, dict) and item.get("id") == item_id), None)
