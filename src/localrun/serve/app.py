@@ -360,7 +360,8 @@ def build_app(service: Service, on_started=None):
             if dialect == "anthropic":
                 body = anthropic.chat_body(data)
             else:
-                body, conversation = responses.chat_body(data, kept_responses)
+                # off the event loop: a previous response or an item reference may be read from the disk
+                body, conversation = await run_in_threadpool(responses.chat_body, data, kept_responses)
             resident, keep_alive, _ = await resident_for(body)
             answer = await answer_for(request, resident, keep_alive, body)
         except ApiError as exc:
@@ -418,7 +419,8 @@ def build_app(service: Service, on_started=None):
             if dialect == "anthropic":
                 body = anthropic.chat_body({**data, "max_tokens": 1, "stream": False} if isinstance(data, dict) else data)
             else:
-                body, _ = responses.chat_body({**data, "stream": False} if isinstance(data, dict) else data, kept_responses)
+                body, _ = await run_in_threadpool(responses.chat_body, {**data, "stream": False} if isinstance(data, dict) else data,
+                                                  kept_responses)
             resident, keep_alive, _ = await resident_for(body)
             try:
                 count = await run_in_threadpool(openai.prompt_tokens, resident, body)
