@@ -117,7 +117,7 @@ def test_rm_unloads_the_model_from_the_server(resident, hub_stub, smollm2):  # n
     assert f"unloaded {source}" not in copies.stderr
     wait_until(lambda: _loaded() == [source], what="the copy to leave the server, its source to stay")
     assert run_cli("rm", "mine").returncode == 1
-    removed = run_cli("rm", ref)
+    removed = run_cli("rm", ref.split(":")[0])  # OWNER/REPO: the one quant pulled (by the name it is loaded as, then)
     assert removed.returncode == 0, removed.stderr
     assert "removed " in removed.stderr and "unloaded " in removed.stderr
     wait_until(lambda: _loaded() == [], what="the removed model to leave the server")

@@ -352,15 +352,19 @@ def test_anthropic_threads_structured_outputs_and_server_tool_blocks():
 
 def test_responses_allowed_tools_become_the_chat_requests():
     """The Responses API's flat allowed_tools is the chat request's nested one (tools of other types left out, as
-    they are from tools; none left: no call may be made)."""
+    they are from tools; none left: a 400)."""
+    import pytest
+
+    from localrun.serve.openai import ApiError
     from localrun.serve.responses import Kept, chat_body
 
     tools = [{"type": "function", "name": "add", "parameters": {"type": "object"}}, {"type": "function", "name": "sub"}]
     allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "add"}, {"type": "web_search"}]}
     body, _ = chat_body({"input": "hi", "tools": tools, "tool_choice": allowed}, Kept())
     assert body.tool_choice == {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "add"}}]}}
-    body, _ = chat_body({"input": "hi", "tools": tools, "tool_choice": {**allowed, "tools": [{"type": "web_search"}]}}, Kept())
-    assert body.tool_choice == "none"
+    with pytest.raises(ApiError) as none:  # naming no function tool: nothing it names could be called
+        chat_body({"input": "hi", "tools": tools, "tool_choice": {**allowed, "tools": [{"type": "web_search"}]}}, Kept())
+    assert none.value.param == "tool_choice"
 
 
 def test_an_item_reference_is_the_stored_item_it_names(isolated_home):
@@ -394,6 +398,20 @@ def test_an_item_reference_is_the_stored_item_it_names(isolated_home):
     with pytest.raises(ApiError) as unknown:
         chat_body({"input": [{"type": "item_reference", "id": "msg_nope"}]}, kept)
     assert unknown.value.param == "input.0" and "'msg_nope'" in unknown.value.message
+    # The next turn, stored, lists (and keeps) the items referred to, not the references: a third turn referring
+    # to the same answer still finds it (the reference had replaced it: found by a review)
+    from localrun.serve.responses import input_items
+
+    listed = input_items(body, kept.item)
+    assert [i["type"] for i in listed] == ["message", "message", "function_call", "function_call_output", "message"]
+    kept.put("resp_" + "6" * 24, [], response={"id": "resp_" + "6" * 24, "output": []}, input_items=listed)
+    assert kept.item("msg_answer") == answer and chat_body(body, kept)[0].messages[1].text() == "Paris."
+    # A deleted response's items are no longer there to refer to (once no stored response holds them)
+    for thread in threading.enumerate():
+        if thread.name == "localrun-store-response":
+            thread.join()
+    assert kept.delete(rid) and kept.item("fc_1") == call  # the later response lists it too
+    assert kept.delete("resp_" + "6" * 24) and kept.item("fc_1") is None and Kept().item("fc_1") is None
 
 
 def test_an_empty_responses_answer_streams_its_message_as_any_other():

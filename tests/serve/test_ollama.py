@@ -149,7 +149,8 @@ def test_pull_and_delete(served, hub_stub, smollm2):
     with pytest.raises(ollama.ResponseError) as copy_gone:
         c.chat(model="mine", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2})
     assert copy_gone.value.status_code == 404
-    c.delete("base")
+    c.delete("base:latest")  # as /api/tags lists it: unloaded too (the name it was loaded by is 'base')
+    wait_until(lambda: "base:latest" not in [m.model for m in c.ps().models], what="the deleted model to unload")
     c.delete(other)
     assert other not in [m.model for m in c.list().models]
     with pytest.raises(ollama.ResponseError) as missing:

@@ -173,12 +173,13 @@ def rm(models: Annotated[list[str], typer.Argument(help="one or more models: ali
     from .. import hub
 
     for model in models:
+        registered = hub.record_ref(model) or model  # as the server knows it loaded (OWNER/REPO:QUANT for an alias)
         removed = hub.remove(model)
         for path in removed:
             err.print(f"removed {path}", markup=False)
         if not removed:  # a made model (create, cp): its files are another model's, or the user's own
             err.print(f"removed {model}", markup=False)
-        _unload_removed([model, *map(str, removed)], deleted=model)
+        _unload_removed([registered, *map(str, removed)], deleted=registered)
 
 
 def _unload_removed(names: list[str], deleted: Optional[str] = None) -> None:
@@ -197,11 +198,11 @@ def _unload_removed(names: list[str], deleted: Optional[str] = None) -> None:
         except LocalrunError as exc:  # the files are gone already; the server keeps it until its keep-alive ends
             notice(f"could not unload it from the background server ({exc.message}): `localrun stop` does")
             return
-        if status == 200:
-            for stopped in answer.get("stopped", []):
+        if status == 200 and answer.get("stopped"):
+            for stopped in answer["stopped"]:
                 busy = stopped in answer.get("busy", [])
                 err.print(f"{stopped} unloads when its current request ends" if busy else f"unloaded {stopped}", markup=False)
-            return
+            return  # (nothing stopped by this name: its files, next)
 
 
 @app.command()
@@ -263,7 +264,8 @@ def run(
     terminal, chat (as `ollama run MODEL` does)."""
     from . import render
 
-    if not prompt and not image and sys.stdin.isatty() and not (as_json or raw):
+    # (flags that only a prompt's answer takes keep the usage error: chat has none of them)
+    if not prompt and not image and sys.stdin.isatty() and not (as_json or raw or truncate or no_cache or hide_thinking or think is not None):
         _chat(model, system, session, verbose, keep_alive, mmproj, options)
     _check_before_loading(session, use_cache=not no_cache, options=options, model=model)
     images = _check_images(image or [], mmproj, options)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..console import notice
-from ..errors import ConfigError, IntegrityError, ModelNotFound, UsageError
+from ..errors import ConfigError, IntegrityError, LocalrunError, ModelNotFound, UsageError
 from ..store import paths, registry
 from ..store.files import delete_files, hash_file
 from ..store.registry import LocalModel
@@ -264,6 +264,22 @@ def defaults_for(ref: str) -> ModelDefaults:
 
 # --------------------------------------------------------------------------------------------------------------------
 # Removal
+
+
+def record_ref(ref: Union[str, ModelRef]) -> Optional[str]:
+    """The name a pulled or made model is registered under (OWNER/REPO:QUANT, an alias's, NAME for NAME:latest),
+    without checking its files; None when no such model is registered (or `ref` is a path)."""
+    try:
+        mref = parse_ref(ref) if isinstance(ref, str) else ref
+    except LocalrunError:
+        return None
+    if mref.kind == "path":
+        return None
+    try:
+        model = _pick(mref, _candidates(mref, registry.read()))
+    except LocalrunError:  # several quants pulled: remove names one
+        return None
+    return model.ref if model is not None else None
 
 
 def remove(ref: Union[str, ModelRef]) -> list[Path]:

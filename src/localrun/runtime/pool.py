@@ -385,11 +385,12 @@ class ModelPool:
         only answered to it too (the same file and options: a copy of it, or what it is a copy of) keeps
         serving under its own names, no longer this one. (name, still answering) of each unloaded."""
         wanted = name.casefold()
+        forms = {wanted, wanted.removesuffix(":latest")} | ({wanted + ":latest"} if ":" not in wanted else set())
         with self.lock:
-            chosen = [r for r in self.residents if r.loaded.ref.casefold() == wanted]
+            chosen = [r for r in self.residents if r.loaded.ref.casefold() in forms]
             for resident in self.residents:
                 if resident not in chosen:
-                    resident.names.discard(wanted)
+                    resident.names -= forms
             return self._retire(chosen)
 
     def _retire(self, chosen: list[Resident]) -> list[tuple[str, bool]]:

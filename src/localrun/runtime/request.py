@@ -68,7 +68,8 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
     thinking = _thinking(engine, rendered, request)
     if request.context:  # after the earlier exchange, which began the text (its BOS, where the model has one)
         tokens = [*request.context, *engine.tokenize(rendered.text, add_special=False, parse_special=True)]
-        return Prompt(_fit(engine, tokens, False, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated, thinking)
+        # a chain grown past the context keeps its end with truncate (Ollama's default), as any prompt does
+        return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated, thinking)
     tokens = engine.tokenize(rendered.text, add_special=True, parse_special=True)
     if request.drop_oldest and len(tokens) >= n_ctx and len(request.messages) > 1:
         fitted = _drop_oldest(engine, request, n_ctx)

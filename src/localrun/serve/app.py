@@ -370,7 +370,7 @@ def build_app(service: Service, on_started=None):
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         rid, created = "resp_" + os.urandom(12).hex(), int(time.time())  # one created_at, in progress and done
         stored = dialect == "responses" and data.get("store") is not False
-        given = responses.input_items(data) if stored else None
+        given = await run_in_threadpool(responses.input_items, data, kept_responses.item) if stored else None
         if stored:  # GET /v1/responses/{id} reads it as in progress until it is answered
             kept_responses.begin(rid, responses.envelope(rid, data, model, created, "in_progress", []), given)
 
@@ -670,8 +670,12 @@ def build_app(service: Service, on_started=None):
     async def ollama_delete(request: Request):
         from ..runtime.pool import remove_pulled
 
+        from ..runtime import record_ref
+
         try:  # the model by that name only: never one a loaded model also answers to (a copy's source)
-            ref, _ = await on_named_model(request, remove_pulled, aliases=False)
+            given = ollama.model_named(await ollama_body(request))
+            ref = await run_in_threadpool(record_ref, given) or given  # as registered (NAME for NAME:latest, an alias's)
+            await making(lambda: remove_pulled(given), missing=f"model {given!r} not found")
         except ApiError as exc:
             return ollama_error(exc, "/api/delete")
         pool.deleted(ref)  # loaded as itself: unloaded once its requests end; another answering to it too keeps serving
@@ -720,11 +724,11 @@ def build_app(service: Service, on_started=None):
         try:
             source, destination = copy_request(await ollama_body(request))
             source = service.resolve(source)  # a name /api/ps or /v1/models lists
-            await making(lambda: copy_model(source, destination))
+            made = await making(lambda: copy_model(source, destination))
         except ApiError as exc:
             return ollama_error(exc, "/api/copy")
-        pool.deleted(destination)  # a model of that name loaded before: the copy loads next time
-        service.forget(destination)
+        pool.deleted(made.name)  # a model of that name loaded before: the copy loads next time
+        service.forget(made.name)
         metrics.requests.labels("/api/copy", "200").inc()
         return HttpResponse(status_code=200)
 

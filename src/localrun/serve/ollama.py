@@ -169,7 +169,9 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
         body = kind.model_validate(given)
     except ValidationError as exc:
         raise validation_error(exc, given, name_of=option_name) from None
-    body._truncate = data.get("truncate") is not False  # a prompt over the context is cut, unless truncate: false (Ollama's)
+    # a prompt over the context is cut, unless truncate: false (Ollama's); never a fill-in-the-middle prompt, which
+    # would lose its markers (a 400 says to shorten it)
+    body._truncate = data.get("truncate") is not False and not data.get("suffix")
     if chat:
         body._drop_oldest = True  # a conversation over the context keeps its newest messages, as Ollama's does
         body._tools_need_support = True  # tools for a model without them: a 400, as Ollama's

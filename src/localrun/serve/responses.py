@@ -37,7 +37,8 @@ class Kept:
         self.deleted: OrderedDict = OrderedDict()  # ids deleted while being answered or written
         self.running: dict[str, tuple[dict, list[dict]]] = {}  # stored responses being answered: (in-progress Response, input items)
         self.by_item: OrderedDict = OrderedDict()  # item id -> the item, of the stored responses' input and output (item_reference)
-        self.on_disk: Optional[dict[str, str]] = None  # item id -> stored response id, read from the disk at the first miss
+        self.item_ids: dict[str, list[str]] = {}  # stored response id -> its items' ids (what a delete forgets)
+        self.on_disk: Optional[OrderedDict] = None  # item id -> stored response id, read from the disk at the first miss
 
     def begin(self, rid: str, response: dict, input_items: Optional[list[dict]] = None) -> None:
         """Stored response `rid` is being answered: GET reads `response` (status in_progress) until it ends."""
@@ -61,13 +62,20 @@ class Kept:
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
             if store:
+                ids = [item["id"] for item in [*(input_items or []), *((response or {}).get("output") or [])]
+                       if isinstance(item.get("id"), str) and item.get("type") != "item_reference"]
                 for item in [*(input_items or []), *((response or {}).get("output") or [])]:
-                    if isinstance(item.get("id"), str):
+                    if item.get("id") in ids:
                         self.by_item[item["id"]] = item
                         if self.on_disk is not None:  # (once read, the disk's index follows what is stored)
                             self.on_disk[item["id"]] = rid
+                self.item_ids[rid] = ids
                 while len(self.by_item) > self.size * 8:
                     self.by_item.popitem(last=False)
+                while self.on_disk is not None and len(self.on_disk) > STORED * 64:
+                    self.on_disk.popitem(last=False)
+                while len(self.item_ids) > STORED:
+                    self.item_ids.pop(next(iter(self.item_ids)))
         if store:  # written beside the answer, not before it: a slow disk holds up no client
             threading.Thread(target=self._store, args=(rid, messages, response, input_items or []),
                              name="localrun-store-response", daemon=True).start()
@@ -111,9 +119,12 @@ class Kept:
             return found
         from ..runtime import item_index, response_item
 
-        if self.on_disk is None:  # once: every miss after reads the index, not the files
-            self.on_disk = item_index()
-        rid = self.on_disk.get(item_id)
+        with self.lock:  # once: every miss after reads the index, not the files (a put meanwhile waits, then adds to it)
+            if self.on_disk is None:
+                self.on_disk = OrderedDict(item_index())
+                while len(self.on_disk) > STORED * 64:
+                    self.on_disk.popitem(last=False)
+            rid = self.on_disk.get(item_id)
         return response_item(rid, item_id) if rid is not None else None
 
     def delete(self, rid: str) -> bool:
@@ -127,6 +138,11 @@ class Kept:
             self.items.pop(rid, None)
             running = self.running.pop(rid, None) is not None
             self.deleted[rid] = True
+            for item_id in self.item_ids.pop(rid, []):  # its items are no longer there to refer to
+                self.by_item.pop(item_id, None)
+            if self.on_disk is not None:
+                for item_id in [i for i, r in self.on_disk.items() if r == rid]:
+                    del self.on_disk[item_id]
             while len(self.deleted) > self.size:
                 self.deleted.popitem(last=False)
         return delete_response(rid) or found is not None or running
@@ -207,8 +223,9 @@ def _input_messages(data: dict, calls: set[str], item_by_id=lambda _: None) -> l
         need(isinstance(item, dict), f"{where} must be an item object", where)
         if item.get("type") == "item_reference":  # the AI SDK's way of sending back an earlier answer (store: true)
             referred = item_by_id(item.get("id")) if isinstance(item.get("id"), str) else None
-            need(referred is not None, f"{where}: no stored response has an item {item.get('id')!r} (this server keeps the last"
-                                       f" {STORED} stored responses): send the item itself", where)
+            need(referred is not None and referred.get("type") != "item_reference",
+                 f"{where}: no stored response has an item {item.get('id')!r} (this server keeps the last"
+                 f" {STORED} stored responses): send the item itself", where)
             item = referred
         kind = item.get("type", "message")
         if kind == "message":
@@ -237,7 +254,7 @@ def _input_messages(data: dict, calls: set[str], item_by_id=lambda _: None) -> l
     return out
 
 
-def input_items(data: dict) -> list[dict]:
+def input_items(data: dict, item_by_id=lambda _: None) -> list[dict]:
     """The request's `input` as the items GET /v1/responses/{id}/input_items lists, in the order given: a
     string is one user message; each item with an id (its own, or one given here) and a status, as OpenAI's.
     Read after chat_body, which has checked them."""
@@ -246,6 +263,8 @@ def input_items(data: dict) -> list[dict]:
         given = [{"type": "message", "role": "user", "content": given}]
     out = []
     for item in given:
+        if item.get("type") == "item_reference":  # listed as the item it names, as OpenAI lists it (chat_body found it)
+            item = item_by_id(item.get("id")) or item
         kind = item.get("type", "message")
         if kind == "message":
             content = item.get("content")
@@ -322,7 +341,8 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
         elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":  # flat, as the Responses API writes it
             allowed = [{"type": "function", "function": {"name": t.get("name")}} for t in choice.get("tools") or []
                        if isinstance(t, dict) and t.get("type") == "function"]  # (those of other types do not run here)
-            body["tool_choice"] = {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode", "auto"), "tools": allowed}} if allowed else "none"
+            need(bool(allowed), "tool_choice allowed_tools names no function tool (tools of other types do not run here)", "tool_choice")
+            body["tool_choice"] = {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode", "auto"), "tools": allowed}}
         elif choice in ("auto", "none", "required"):
             body["tool_choice"] = choice
         if data.get("parallel_tool_calls") is not None:
@@ -476,6 +496,7 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
         """A message item begins (it streams its text from now on): added, with its one text part."""
         nonlocal current
         index = len(output)
+        said_logprobs.clear()  # this message's tokens from here on
         current = {**_message_item("", status="in_progress"), "_parts": []}
         return [event("response.output_item.added", output_index=index, item={k: v for k, v in current.items() if k != "_parts"}),
                 event("response.content_part.added", item_id=current["id"], output_index=index, content_index=0,

@@ -85,7 +85,7 @@ def item_index() -> dict[str, str]:
             continue
         _, response, given = found
         for item in [*(given or []), *((response or {}).get("output") or [])]:
-            if isinstance(item, dict) and isinstance(item.get("id"), str):
+            if isinstance(item, dict) and isinstance(item.get("id"), str) and item.get("type") != "item_reference":
                 index[item["id"]] = path.stem
     return index
 
@@ -97,4 +97,4 @@ def response_item(rid: str, item_id: str) -> Optional[dict]:
         return None
     _, response, given = found
     return next((item for item in [*(given or []), *((response or {}).get("output") or [])]
-                 if isinstance(item, dict) and item.get("id") == item_id), None)
+                 if isinstance(item, dict) and item.get("id") == item_id and item.get("type") != "item_reference"), None)
