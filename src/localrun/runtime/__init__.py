@@ -12,6 +12,7 @@ _WHERE = {
     "supports_tools": "..engine.tools", "template_family": "..engine.tools", "markers_for": "..engine.thinking",
     "file_digest": "..store.digests", "save_response": "..store.responses", "load_response": "..store.responses",
     "delete_response": "..store.responses", "record_ref": "..hub", "item_index": "..store.responses", "response_item": "..store.responses",
+    "response_items": "..store.responses",
     # a GGUF file's header (its quant, chat template) for what the command line shows
     "read_info": "..engine.gguf_info",
     # what the sampler chain would refuse, checked as a request is translated

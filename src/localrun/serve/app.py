@@ -93,10 +93,12 @@ class Service:
         for name in list(resident.names):
             self.known[name] = resident.loaded.ref
 
-    def forget(self, ref: str) -> None:
-        """A deleted model's names name nothing any more."""
+    def deleted(self, ref: str) -> list[tuple[str, bool]]:
+        """Model `ref` was deleted (or replaced by a create or copy of its name): unloaded where it is loaded as
+        itself (runtime.pool.deleted), and its names name nothing any more. The pool's (name, still answering)."""
         for name in [n for n, r in self.known.items() if r.casefold() == ref.casefold() or n == ref.casefold()]:
             del self.known[name]
+        return self.pool.deleted(ref)
 
     def resolve(self, name: str) -> str:
         """What a request's model name loads: a loaded model's ref by any of its names, else a name a model
@@ -640,20 +642,19 @@ def build_app(service: Service, on_started=None):
         if service.served_unloaded() and service.served_name not in listed and service.served not in listed:
             # ejected, still the server's own model
             models.append(await run_in_threadpool(file_entry, service.served_name, service.served))
-        return JSONResponse({"models": [{**m, "name": ollama.listed_name(m["name"]), "model": ollama.listed_name(m["model"])}
-                                        for m in models]})
+        return JSONResponse({"models": [ollama.listed(m) for m in models]})
 
-    async def on_named_model(request: Request, action, *, aliases: bool = True):
+    async def on_named_model(request: Request, action):
         """The model an Ollama body names (`model`, or the older `name`), and what `action(ref)` gives, done off
         the event loop: 404 for a model that is not there, 400 for any other failure. The name is the model's
-        own where there is one by it; else (`aliases`) what a loaded model answers to by it, as /api/ps or
-        /v1/models list it (a path model's file name)."""
+        own where there is one by it; else what a loaded model answers to by it, as /api/ps or /v1/models list
+        it (a path model's file name)."""
         given = ollama.model_named(await ollama_body(request))
         try:
             return given, await making(lambda: action(given))
         except ApiError as exc:
             ref = service.resolve(given)
-            if exc.status != 404 or not aliases or ref == given:
+            if exc.status != 404 or ref == given:
                 raise ApiError(exc.status, f"model {given!r} not found") if exc.status == 404 else exc from None
         return ref, await making(lambda: action(ref), missing=f"model {given!r} not found")
 
@@ -678,8 +679,7 @@ def build_app(service: Service, on_started=None):
             await making(lambda: remove_pulled(given), missing=f"model {given!r} not found")
         except ApiError as exc:
             return ollama_error(exc, "/api/delete")
-        pool.deleted(ref)  # loaded as itself: unloaded once its requests end; another answering to it too keeps serving
-        service.forget(ref)
+        service.deleted(ref)  # loaded as itself: unloaded once its requests end; another answering to it too keeps serving
         metrics.requests.labels("/api/delete", "200").inc()
         return JSONResponse({})
 
@@ -708,8 +708,7 @@ def build_app(service: Service, on_started=None):
             return ollama_error(exc, "/api/create")
         for note in notes:
             print(f"warning: /api/create: {note}", file=sys.stderr, flush=True)
-        pool.deleted(made.name)  # a model of that name loaded before: the new one loads next time
-        service.forget(made.name)
+        service.deleted(made.name)  # a model of that name loaded before: the new one loads next time
         metrics.requests.labels("/api/create", "200").inc()
         statuses = [*({"status": note} for note in notes), {"status": f"using {made.origin}"}, {"status": "writing manifest"},
                     {"status": "success"}]
@@ -727,8 +726,7 @@ def build_app(service: Service, on_started=None):
             made = await making(lambda: copy_model(source, destination))
         except ApiError as exc:
             return ollama_error(exc, "/api/copy")
-        pool.deleted(made.name)  # a model of that name loaded before: the copy loads next time
-        service.forget(made.name)
+        service.deleted(made.name)  # a model of that name loaded before: the copy loads next time
         metrics.requests.labels("/api/copy", "200").inc()
         return HttpResponse(status_code=200)
 
@@ -862,8 +860,7 @@ def build_app(service: Service, on_started=None):
         return [{**m, "type": "model", "display_name": m["id"], "created_at": created_at} for m in data]
 
     async def ps(request: Request):
-        return JSONResponse({"models": [{**m, "name": ollama.listed_name(m["name"]), "model": ollama.listed_name(m["model"])}
-                                        for m in pool.ps()]})
+        return JSONResponse({"models": [ollama.listed(m) for m in pool.ps()]})
 
     async def stop(request: Request):
         """Unload one model ({"model": NAME}), every model ({"all": true}), or end the server ({"server": true})."""
@@ -881,9 +878,7 @@ def build_app(service: Service, on_started=None):
             asyncio.get_running_loop().call_soon(service.end)
             return JSONResponse({"stopped": stopped, "busy": [], "server": True})
         try:  # {"model": NAME, "deleted": true}: NAME was deleted (`localrun rm`), not unloaded by any other name
-            chosen = pool.deleted(named) if named and body.get("deleted") is True else pool.stop(None if asks else named)
-            if named and body.get("deleted") is True:
-                service.forget(named)
+            chosen = service.deleted(named) if named and body.get("deleted") is True else pool.stop(None if asks else named)
         except ModelNotFound as exc:
             return error_response(ApiError(404, exc.message + ": see /api/ps", param="model", code="model_not_found"), "/api/stop")
         # "busy": still answering, unloaded when those requests end

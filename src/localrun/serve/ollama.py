@@ -53,6 +53,11 @@ _WHOLE = {"num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "mirostat
           "main_gpu", "num_thread"}
 
 
+def listed(entry: dict) -> dict:
+    """An /api/tags or /api/ps entry with its names as Ollama lists them (listed_name)."""
+    return {**entry, "name": listed_name(entry["name"]), "model": listed_name(entry["model"])}
+
+
 def listed_name(name: str) -> str:
     """A model's name as Ollama lists it (/api/tags, /api/ps): with its tag, a created model's NAME being
     NAME:latest (clients match names with the tag: langchain-ollama's check of a model); a pulled model's

@@ -57,6 +57,9 @@ _FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED | _FOREIGN_DRAFT
 class _Fields(BaseModel):
     # Unknown fields are refused (as OpenAI's API does) rather than silently ignored.
     model_config = ConfigDict(extra="forbid")
+    # Ollama's chat and generate (`truncate`, true by default; set by that dialect): a prompt over the context is
+    # cut rather than refused, as Ollama's (the start of its last message goes; a chat template's head stays)
+    _truncate: bool = PrivateAttr(False)
 
     @model_validator(mode="before")
     @classmethod
@@ -166,8 +169,6 @@ def _unsupported(body) -> Optional[str]:
 
 
 class CompletionBody(_Body):
-    # Ollama's generate with raw or suffix (set by that dialect): a prompt over the context keeps its end, as Ollama's
-    _truncate: bool = PrivateAttr(False)
     # OpenAI's API takes a list of prompts too (LangChain's OpenAI LLM always sends one): a list of one is
     # that prompt; several are refused by name (_request).
     prompt: Union[StrictStr, list[StrictInt], list[StrictStr], list[list[StrictInt]]]
@@ -293,9 +294,6 @@ class ChatBody(_Body):
     _image_names: list = PrivateAttr(default_factory=list)
     # Ollama's generate `context` (set by that dialect): the tokens of an earlier prompt and answer, before this one
     _context: Optional[list] = PrivateAttr(None)
-    # Ollama's chat and generate (`truncate`, true by default): a prompt over the context is cut rather than
-    # refused, as Ollama's (the start of its last message goes; its template's head stays)
-    _truncate: bool = PrivateAttr(False)
     # Ollama's /api/chat (set by that dialect): tools for a model whose template has none are a 400, as Ollama's
     # ("does not support tools"); OpenAI's dialect answers them as text, as llama-server does
     _tools_need_support: bool = PrivateAttr(False)

@@ -62,20 +62,14 @@ class Kept:
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
             if store:
-                ids = [item["id"] for item in [*(input_items or []), *((response or {}).get("output") or [])]
-                       if isinstance(item.get("id"), str) and item.get("type") != "item_reference"]
-                for item in [*(input_items or []), *((response or {}).get("output") or [])]:
-                    if item.get("id") in ids:
-                        self.by_item[item["id"]] = item
-                        if self.on_disk is not None:  # (once read, the disk's index follows what is stored)
-                            self.on_disk[item["id"]] = rid
-                self.item_ids[rid] = ids
-                while len(self.by_item) > self.size * 8:
-                    self.by_item.popitem(last=False)
+                from ..runtime import response_items
+
+                for item in response_items(input_items, response):
+                    self._remember(item, rid)
+                    if self.on_disk is not None:  # (once read, the disk's index follows what is stored)
+                        self.on_disk[item["id"]] = rid
                 while self.on_disk is not None and len(self.on_disk) > STORED * 64:
                     self.on_disk.popitem(last=False)
-                while len(self.item_ids) > STORED:
-                    self.item_ids.pop(next(iter(self.item_ids)))
         if store:  # written beside the answer, not before it: a slow disk holds up no client
             threading.Thread(target=self._store, args=(rid, messages, response, input_items or []),
                              name="localrun-store-response", daemon=True).start()
@@ -110,6 +104,16 @@ class Kept:
         found = self._found(rid)
         return (found[2] or []) if found and found[1] is not None else None
 
+    def _remember(self, item: dict, rid: str) -> None:
+        """(the lock held) Item `item` of stored response `rid`, for item_reference: kept in memory (capped), and
+        listed under `rid` for a delete to forget."""
+        self.by_item[item["id"]] = item
+        self.item_ids.setdefault(rid, []).append(item["id"])
+        while len(self.by_item) > self.size * 8:
+            self.by_item.popitem(last=False)
+        while len(self.item_ids) > STORED:
+            self.item_ids.pop(next(iter(self.item_ids)))
+
     def item(self, item_id: str) -> Optional[dict]:
         """An input or output item of a stored response by its id (what an item_reference names), in memory, else
         on the disk (after a restart); None when no stored response has it."""
@@ -125,7 +129,12 @@ class Kept:
                 while len(self.on_disk) > STORED * 64:
                     self.on_disk.popitem(last=False)
             rid = self.on_disk.get(item_id)
-        return response_item(rid, item_id) if rid is not None else None
+        found = response_item(rid, item_id) if rid is not None else None
+        if found is not None:  # read from the disk once: the next look (the request's input items) finds it here
+            with self.lock:
+                if rid not in self.deleted:
+                    self._remember(found, rid)
+        return found
 
     def delete(self, rid: str) -> bool:
         """Forget stored response `rid` (in memory and on disk); whether it was stored."""

@@ -32,7 +32,7 @@ def save_response(rid: str, messages: list[dict], response: Optional[dict] = Non
     where.mkdir(parents=True, exist_ok=True)
     record = {"messages": messages, "response": response, "input": input_items}
     atomic_write_bytes(where / f"{rid}.json", json.dumps(record, ensure_ascii=False).encode("utf-8"))
-    stored = sorted(where.glob("resp_*.json"), key=lambda p: p.stat().st_mtime_ns)
+    stored = _by_age()
     for old in stored[: max(0, len(stored) - keep)]:
         old.unlink(missing_ok=True)
 
@@ -69,32 +69,36 @@ def delete_response(rid: str) -> bool:
     return True
 
 
-def item_index() -> dict[str, str]:
-    """item id -> the stored response holding it (an input or an output item), read from every stored response
-    once (the server keeps it from then on): what an item_reference after a restart is looked up in."""
-    index: dict[str, str] = {}
+def _by_age() -> list[Path]:
+    """The stored responses' files, the least recently written first (one deleted meanwhile left out)."""
     stored = []
     for path in folder().glob("resp_*.json") if folder().is_dir() else []:
         try:
             stored.append((path.stat().st_mtime_ns, path))
         except OSError:  # deleted meanwhile
             continue
-    for _, path in sorted(stored):  # the newest last: an id in two responses names the newest's
+    return [path for _, path in sorted(stored)]
+
+
+def response_items(input_items: Optional[list], response: Optional[dict]) -> list[dict]:
+    """The items of a stored response an item_reference may name: its input items and its output, each with an
+    id (a reference itself is not one)."""
+    return [item for item in [*(input_items or []), *((response or {}).get("output") or [])]
+            if isinstance(item, dict) and isinstance(item.get("id"), str) and item.get("type") != "item_reference"]
+
+
+def item_index() -> dict[str, str]:
+    """item id -> the stored response holding it (an input or an output item), read from every stored response
+    once (the server keeps it from then on): what an item_reference after a restart is looked up in."""
+    index: dict[str, str] = {}
+    for path in _by_age():  # the newest last: an id in two responses names the newest's
         found = load_response(path.stem)
-        if found is None:
-            continue
-        _, response, given = found
-        for item in [*(given or []), *((response or {}).get("output") or [])]:
-            if isinstance(item, dict) and isinstance(item.get("id"), str) and item.get("type") != "item_reference":
-                index[item["id"]] = path.stem
+        if found is not None:
+            index.update((item["id"], path.stem) for item in response_items(found[2], found[1]))
     return index
 
 
 def response_item(rid: str, item_id: str) -> Optional[dict]:
     """Item `item_id` of stored response `rid` (its input or output), or None."""
     found = load_response(rid)
-    if found is None:
-        return None
-    _, response, given = found
-    return next((item for item in [*(given or []), *((response or {}).get("output") or [])]
-                 if isinstance(item, dict) and item.get("id") == item_id and item.get("type") != "item_reference"), None)
+    return next((item for item in response_items(found[2], found[1]) if item["id"] == item_id), None) if found else None
