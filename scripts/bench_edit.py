@@ -134,6 +134,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--task", choices=sorted(TASKS), default="edit", help="edit (copies its input) or prose (nothing repeats)")
+    ap.add_argument("--draft-max", type=int, default=None, help="localrun lookup's --draft-max (default: serve's own)")
     args = ap.parse_args()
     if args.model is None:
         sys.path.insert(0, str(HERE.parent / "tests"))
@@ -148,7 +149,8 @@ def main() -> None:
     try:
         bench_serve.SLOTS = 1
         servers["localrun plain"] = start_localrun(args.model, args)
-        servers["localrun lookup"] = start_localrun(args.model, args, ("--draft", "lookup"))
+        servers["localrun lookup"] = start_localrun(args.model, args, ("--draft", "lookup", *(
+            ("--draft-max", str(args.draft_max)) if args.draft_max else ())))
         servers["llama-server plain"] = start_llama_server(args.model, args)
         servers["llama-server ngram"] = start_llama_server(args.model, args, ("--spec-type", "ngram-simple"))
         names = list(servers)

@@ -135,6 +135,10 @@ def test_load_spec_becomes_the_engines_options_in_one_place():
     assert not slots.kv_unified  # a stream per slot: a request's output does not depend on the others
     lookup = LoadSpec(ctx=512, parallel=2, draft="lookup", draft_max=8).engine_options(512)
     assert lookup.n_outputs == 2 * 9 and lookup.flash_attn is False  # a row per drafted token; exact greedy output
+    # --draft-max by default: 32 for lookup (long only behind a long match), 16 for a draft model
+    assert LoadSpec(ctx=512, parallel=2, draft="lookup").engine_options(512).n_outputs == 2 * 33
+    assert (LoadSpec(draft="lookup").decoding().draft_max, LoadSpec(draft="some/draft").decoding().draft_max) == (32, 16)
+    assert LoadSpec().decoding("lookup").draft_max == 32  # a catalogue entry's default draft
     beams = LoadSpec(ctx=512, beams=3).engine_options(512, answer_room=100)
     assert (beams.n_ctx, beams.n_seq_max, beams.kv_unified) == (512 + 300, 7, True)
     embed = LoadSpec(ctx=2048, kind="embed", pooling="cls").engine_options(2048)

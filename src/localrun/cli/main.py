@@ -459,7 +459,7 @@ def serve(
     draft: Annotated[Optional[str], typer.Option("--draft", help="speculative decoding in every slot: lookup (prompt n-grams: "
                                                  "edits and copies decode faster, greedy output unchanged on a CPU); none: a model's "
                                                  "default off")] = None,
-    draft_max: DraftMaxOpt = 16,
+    draft_max: DraftMaxOpt = None,
     **options,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""

@@ -47,7 +47,7 @@ SourceOpt = Annotated[str, typer.Option("--source", help="auto (Hub, else mirror
 
 _D = "Decoding"
 DraftOpt = Annotated[Optional[str], typer.Option("--draft", help="speculative decoding: lookup (prompt n-grams), a draft MODEL with the same vocabulary, or none (a model's default off)", rich_help_panel=_D)]
-DraftMaxOpt = Annotated[int, typer.Option("--draft-max", help="most tokens drafted per step (adapts below it)", rich_help_panel=_D)]
+DraftMaxOpt = Annotated[Optional[int], typer.Option("--draft-max", help="most tokens drafted per step (adapts below it; default 32 for lookup, 16 for a draft model)", rich_help_panel=_D)]
 BeamsOpt = Annotated[int, typer.Option("--beams", help="beam search with N beams (deterministic; 1 = off)", rich_help_panel=_D)]
 LengthPenaltyOpt = Annotated[float, typer.Option("--length-penalty", help="beam score = logprob / length**P", rich_help_panel=_D)]
 
@@ -86,7 +86,7 @@ def sampling_parameters() -> list[inspect.Parameter]:
 
 
 def _decoding(
-    draft: DraftOpt = None, draft_max: DraftMaxOpt = 16, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
+    draft: DraftOpt = None, draft_max: DraftMaxOpt = None, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
 ) -> None:
     """The decoding strategy options run and chat share."""
 

@@ -39,6 +39,11 @@ class Option:
 MIN_CONTEXT = 16  # the fewest tokens a context (a slot's, on a server) may hold (--ctx, options.num_ctx)
 KV_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache types a context takes (--kv-type, options.kv_type)
 DRAFT_MAX = 64  # the most tokens a step may draft (--draft-max; a request's draft_max)
+# --draft-max by default. A lookup draft is long only behind a long match (a run being copied), where a CPU's
+# batched step pays more the longer it is (Qwen2.5-1.5B, 2 threads, AMD EPYC: 17 tokens cost 9.0 single steps,
+# 33 cost 14.5, 49 cost 21.2: scripts/bench_verify_cost.py), and the code edit of scripts/bench_edit.py decodes
+# 1.71x plain at 16, 1.98x at 32, 1.90x at 48. A draft model's every token costs a decode of its own: 16.
+LOOKUP_DRAFT_MAX, MODEL_DRAFT_MAX = 32, 16
 
 
 def check_context(n_ctx: int) -> None:

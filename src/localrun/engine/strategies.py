@@ -32,7 +32,7 @@ from typing import Optional
 from ..errors import ContextOverflow, EngineError, SettingError, UsageError
 from .loop import PLAIN, Plain, Prefill, Task, drive, generate
 from .model import Batch, Engine, LoadOptions
-from .options import DRAFT_MAX
+from .options import DRAFT_MAX, LOOKUP_DRAFT_MAX, MODEL_DRAFT_MAX
 from .sampling import Sampler, SamplingOptions, check_bias_tokens
 from .sequence import SequenceState
 from .stops import StopMatcher
@@ -42,11 +42,15 @@ from .types import Response, Stats
 @dataclass(frozen=True)
 class DecodeOptions:
     draft: Optional[str] = None  # "lookup", or a model reference for a draft model
-    draft_max: int = 16  # most tokens drafted per step (see LookupDrafter for what a step of many tokens costs)
+    # Most tokens drafted per step (see LookupDrafter for what a step of many tokens costs); None: the
+    # drafter's own default, LOOKUP_DRAFT_MAX for lookup, MODEL_DRAFT_MAX for a draft model.
+    draft_max: Optional[int] = None
     beams: int = 1
     length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.draft_max is None:
+            object.__setattr__(self, "draft_max", LOOKUP_DRAFT_MAX if self.draft == "lookup" else MODEL_DRAFT_MAX)
         if self.draft_max < 1 or self.draft_max > DRAFT_MAX:
             raise SettingError("draft_max", self.draft_max, f"use 1 to {DRAFT_MAX}")
         if self.beams < 1 or self.beams > 64:
@@ -65,10 +69,10 @@ class LookupDrafter:
     output, propose what followed them last time, as much as the match is long: a run being copied (the
     last LONG tokens all agree with what stood before that earlier continuation: an edit's unchanged lines)
     drafts as many tokens as allowed, a match of 3 to LONG-1 tokens drafts SHORT, a shorter one nothing.
-    On a CPU a step's cost grows with its tokens (Qwen2.5-1.5B, one thread: 2 tokens cost 1.7 single steps,
-    4 cost 2.4, 16 cost 6; two threads at a depth of 500, scripts/bench_verify_cost.py: 2 cost 1.5, 4 cost 2.6,
-    17 cost 10.8, so each drafted token costs ~0.6 of a step and even a draft kept whole gains at most ~1.6x),
-    so only a long match pays for a long draft and a bare 2-token match for none."""
+    On a CPU a step's cost grows with its tokens, more slowly the more there are (Qwen2.5-1.5B, two threads
+    at a depth of 500, scripts/bench_verify_cost.py: on an AMD EPYC 2 cost 1.85 single steps, 4 cost 2.9, 17
+    cost 9.0, 33 cost 14.5, 49 cost 21.2; on an Intel Xeon 17 cost 10.8), so only a long match pays for a long
+    draft (a kept draft of 32 gains up to ~2.3x there) and a bare 2-token match for none."""
 
     MAX_N, MIN_N = 4, 2
     LONG, SHORT = 12, 3

@@ -46,7 +46,7 @@ class LoadSpec:
     kind: str = "batch"  # batch: the HTTP dialects' continuous batching; run: run/chat's request path, a slot each;
     # embed: an embeddings context (its requests take turns, each batched)
     draft: Optional[str] = None  # "lookup" (prompt-lookup speculation), a draft model, "none"; None: the model's default
-    draft_max: int = 16  # most tokens drafted per sequence and step
+    draft_max: Optional[int] = None  # most tokens drafted per sequence and step; None: the drafter's default
     beams: int = 1  # beam search (in this process only: the server's slots do not search beams)
     length_penalty: float = 1.0
     pooling: Optional[str] = None  # an embeddings context's pooling (None: the model's own)

@@ -87,7 +87,8 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
     repack = repacks_here(bool(spec.rpc)) if repack is None else repack
     if spec.kind == "embed":  # one micro-batch holds a whole context; a vocabulary row for each of a batch's rows
         return footprint(info, ctx, spec.kv_type, n_ubatch=ctx, n_outputs=max(1, spec.batch // 2), repack=repack)
-    rows = spec.draft_max + 1 if spec.decoding(brought.draft).draft else 1  # a verified draft reads a row per token
+    decoding = spec.decoding(brought.draft)
+    rows = decoding.draft_max + 1 if decoding.draft else 1  # a verified draft reads a row per token
     return footprint(info, ctx * spec.parallel, spec.kv_type, n_ubatch=spec.batch, n_outputs=spec.parallel * rows,
                      n_seq=spec.parallel, repack=repack)
 
