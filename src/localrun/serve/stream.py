@@ -35,8 +35,15 @@ class ToLoop:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def put(self, item) -> None:
+        self.put_all((item,))
+
+    def put_all(self, items) -> None:
+        """Several items at once: one wake-up of the loop."""
+        def put() -> None:
+            for item in items:
+                self.queue.put_nowait(item)
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(put)
         except RuntimeError:  # the loop closed: nobody reads
             pass
 
@@ -79,6 +86,10 @@ class Answer:
         self.failure_status: Optional[int] = None  # an answer that failed for the request's own fault: 400
         self.gone = threading.Event()
         self._out = ToLoop()
+        # Set by collect(): nobody reads the answer before its end, so its responses go to the loop together then
+        # (one wake-up of the event loop per answer, not one per step: on two cores that wake-up took CPU from
+        # llama.cpp's threads at every token).
+        self._whole = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -97,19 +108,25 @@ class Answer:
             self.prompt = prompt
             self._out.loop.call_soon_threadsafe(settle, None)
 
-        put = self._out.put
+        put, put_all = self._out.put, self._out.put_all
 
         def work() -> None:
             from ..runtime.generate import generate
 
-            final = None
+            final, held = None, []
             try:
                 for response in generate(self.resident.loaded, self.request, on_notice=_log, cancelled=self.gone.is_set,
                                          place=self.resident.scheduler, on_admitted=on_admitted):
+                    held.append(response)
                     if response.done:
                         final = response
-                    put(response)
+                    elif self._whole:  # collect() reads nothing before the end
+                        continue
+                    put_all(held)
+                    held = []
             except BaseException as exc:  # noqa: BLE001 - refused before it was taken, or failed on the way
+                if held:
+                    put_all(held)
                 if self.prompt is None:
                     self._out.loop.call_soon_threadsafe(settle, exc)
                 else:
@@ -153,6 +170,7 @@ class Answer:
     async def collect(self) -> tuple[str, Response]:
         """The whole answer (not streamed) and its last response, which then carries every token's logprobs
         (when asked for) and the whole thinking. ApiError when it did not finish."""
+        self._whole = True
         parts, thought, logprobs = [], [], []
         while True:
             response, text, thinking, entries = await self.next_piece()
