@@ -343,6 +343,25 @@ def test_piped_stdin_one_answer_line_per_message(smollm2, engine, cli, via):
     served(via)
 
 
+def test_a_made_models_messages_start_every_conversation(smollm2, engine, cli, via, tmp_path):
+    """A Modelfile's MESSAGEs come before the conversation's own in chat as in `run` (as Ollama puts them), and
+    /clear keeps them (they are the model's): the answers are those of a conversation that holds them."""
+    system = "You are Mario from Super Mario Bros."
+    preset = [{"role": "user", "content": "Is Toronto in Canada?"}, {"role": "assistant", "content": "yes"}]
+    (tmp_path / "Modelfile").write_text(f'FROM {smollm2}\nSYSTEM """{system}"""\n'
+                                        f'MESSAGE user {preset[0]["content"]}\nMESSAGE assistant {preset[1]["content"]}\n')
+    assert cli("create", "mario", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    r = cli("chat", "mario", *ARGS, input="Who are you?\n/show\n/clear\nWho are you?\n")
+    assert r.returncode == 0, r.stderr
+    held = reference(engine, ["Who are you?"], history=[{"role": "system", "content": system}, *preset],
+                     temperature=0, max_tokens=32)[0][0]
+    bare = reference(engine, ["Who are you?"], system=system, temperature=0, max_tokens=32)[0][0]
+    assert held != bare  # else this test could not tell
+    assert r.stdout.split("\n")[:2] == [line_of(held)] * 2, (r.stdout, held)
+    assert "conversation: 1 turn(s)" in clean(r.stderr)  # the preset's question is no turn of the user's
+    served(via)
+
+
 def test_piped_triple_quoted_block_is_one_message(smollm2, engine, cli):
     """/help advertises triple-quoted blocks; piped, each of their lines (markers included) went as a message."""
     r = cli("chat", str(smollm2), *ARGS, input='"""\nline one\nline two"""\n"""one line"""\nHi\n')

@@ -36,12 +36,29 @@ def test_every_instruction_is_read_with_its_value():
     assert mf.license == "MIT" and mf.template is None and mf.adapters == []
 
 
+@pytest.mark.parametrize("text, read", [
+    ("FROM\tx\nPARAMETER\ttemperature\t0.5\n", {"base": "x", "parameters": [("temperature", "0.5")]}),  # tabs separate
+    ("\ufeffFROM x\n", {"base": "x"}),  # a byte-order mark (Windows editors)
+    # A "quoted" value over several lines: as Ollama writes one without quotes in it (show --modelfile)
+    ('FROM x\nSYSTEM "You are a helpful assistant.\nAnswer briefly."\n', {"system": "You are a helpful assistant.\nAnswer briefly."}),
+    ('FROM x\nMESSAGE user """first line\nsecond line"""\nMESSAGE assistant "ok"\n',
+     {"messages": [{"role": "user", "content": "first line\nsecond line"}, {"role": "assistant", "content": "ok"}]}),
+    ('FROM x\nPARAMETER stop """\n\n"""\n', {"parameters": [("stop", "\n\n")]}),
+    ("FROM x\nLICENSE MIT\nLICENSE \"\"\"Apache-2.0\nand more\"\"\"\n", {"license": "MIT\n\nApache-2.0\nand more"}),  # each kept
+])
+def test_what_ollamas_parser_reads_is_read_alike(text, read):
+    mf = parse_modelfile(text)
+    assert {key: getattr(mf, key) for key in read} == read
+
+
 @pytest.mark.parametrize("text, line, words", [
     ("FROM x\nSYSTEM \"\"\"never closed\n", 2, 'never closed'),
     ("FROM x\nBOGUS thing\n", 2, "unknown instruction 'BOGUS'"),
     ("FROM x\n\nPARAMETER temperature\n", 3, "PARAMETER temperature needs a value"),
     ("FROM x\nMESSAGE tool hello\n", 2, "MESSAGE role 'tool'"),
     ("FROM\n", 1, "FROM needs a value"),
+    ('FROM x\nSYSTEM "never closed\n', 2, 'the " opened here is never closed'),
+    ("FROM ./model.gguf   # the file\n", 1, "a # starts a comment only at the start of a line"),
 ])
 def test_a_malformed_modelfile_names_its_line(text, line, words):
     with pytest.raises(ModelfileError) as caught:
@@ -57,7 +74,7 @@ def model_dir(tmp_path, smollm2):
 
 def test_create_keeps_the_modelfiles_defaults_over_the_files_own(model_dir):
     notes = []
-    made = create_model("Pirate:latest", parse_modelfile(FULL + "PARAMETER num_gpu 0\nPARAMETER tfs_z 1\n"), base_dir=model_dir,
+    made = create_model("Pirate:latest", parse_modelfile(FULL + "PARAMETER num_gpu 0\nPARAMETER tfs_z 1\nPARAMETER draft_num_predict 8\n"), base_dir=model_dir,
                         on_notice=notes.append)
     assert made.name == "Pirate" and made.source == "created" and made.files == ((model_dir / "model.gguf").resolve(),)
     assert len(made.sha256[0]) == 64  # a path is hashed at create: damage is caught on use, as for a pull
@@ -66,6 +83,7 @@ def test_create_keeps_the_modelfiles_defaults_over_the_files_own(model_dir):
     assert brought.sampling == {"temperature": 0.3, "max_tokens": 42, "stop": ["<|im_end|>", "### Human:"]}
     assert brought.messages[1] == {"role": "assistant", "content": "Arr, a pirate!"}
     assert any("num_gpu" in n and "--gpu-layers" in n for n in notes) and any("tfs_z" in n for n in notes)
+    assert any("draft_num_predict" in n and "--draft-max" in n for n in notes)
     assert resolve_local("pirate").name == "Pirate" and [m.name for m in list_local()] == ["Pirate"]
 
     # A model made from a made model starts from its defaults; cp copies them under another name.

@@ -166,6 +166,7 @@ class Chat:
         self.interactive = interactive
         self.system_flag = system
         conv.set_system(system if system is not None else conv.default_system)
+        conv.clear()  # a new conversation: the model's preset messages (a Modelfile's MESSAGEs) first
         self.last: Optional["Response"] = None  # the last answer's final response (its stats)
         self.attached: list = []  # images (engine.vision.Image, read by runtime.images) for the next message
         self.commands: dict[str, Callable[[str], Optional[int]]] = {
@@ -300,7 +301,8 @@ class Chat:
     def cmd_clear(self, _: str) -> None:
         self.conv.clear()
         self.last = None  # /stats no longer speaks of an answer that is gone
-        err.print("cleared the conversation" + (" (the system prompt stays)" if self.conv.system else ""))
+        err.print("cleared the conversation" + (" (the system prompt stays)" if self.conv.system else "")
+                  + (f" (the model's {len(self.conv.preset)} first messages stay)" if self.conv.preset else ""))
 
     def cmd_system(self, text: str) -> None:
         if not text:

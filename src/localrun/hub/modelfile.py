@@ -1,5 +1,5 @@
 """Ollama's Modelfile, read as Ollama documents it (docs/modelfile.md): one instruction a line, FROM first
-by convention, a value to the end of the line or between triple quotes over several lines, `#` comments.
+by convention, a value to the end of the line or between quotes over several lines, `#` comment lines.
 
     FROM <model name or path>        PARAMETER <name> <value>       SYSTEM <text>
     TEMPLATE <text>                  MESSAGE <role> <text>          ADAPTER <path>
@@ -12,6 +12,7 @@ instruction means for a localrun model and names what it cannot honour.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -41,44 +42,56 @@ class ModelfileError(UsageError):
 def parse_modelfile(text: str) -> Modelfile:
     """The instructions of a Modelfile's text. ModelfileError names the line of the first mistake."""
     out = Modelfile()
-    for number, keyword, value, quoted in _instructions(text):
+    for number, keyword, head, value, quoted in _instructions(text):
         value = value if quoted else _unquoted(value)
         kind = keyword.lower()
-        if kind not in INSTRUCTIONS:
-            raise ModelfileError(number, f"unknown instruction {keyword!r}: one of {', '.join(k.upper() for k in INSTRUCTIONS)}")
-        if not value and kind not in ("system", "template", "license"):
+        if kind == "parameter" and not value:
+            raise ModelfileError(number, f"PARAMETER {head} needs a value: PARAMETER NAME VALUE".replace("  ", " "))
+        if not value and kind not in ("system", "template", "license", "message", "parameter"):
             raise ModelfileError(number, f"{kind.upper()} needs a value")
         if kind == "from":
+            if _COMMENT.search(value):
+                raise ModelfileError(number, f"FROM {value!r}: a # starts a comment only at the start of a line; put "
+                                             "the comment on a line of its own")
             out.base = value
         elif kind == "parameter":
-            name, _, rest = value.partition(" ")
-            if not rest.strip():
-                raise ModelfileError(number, f"PARAMETER {name} needs a value: PARAMETER NAME VALUE")
-            out.parameters.append((name.strip().lower(), _unquoted(rest.strip())))
+            out.parameters.append((head.lower(), value))
         elif kind == "message":
-            role, _, content = value.partition(" ")
-            if role.lower() not in ("system", "user", "assistant"):
-                raise ModelfileError(number, f"MESSAGE role {role!r}: one of system, user, assistant")
-            out.messages.append({"role": role.lower(), "content": _unquoted(content.strip())})
+            out.messages.append({"role": head.lower(), "content": value})
         elif kind == "adapter":
             out.adapters.append(value)
-        else:  # system, template, license, requires: the last one given counts
+        elif kind == "license":  # each LICENSE adds one (a model may carry several), as Ollama keeps them
+            out.license = value if out.license is None else f"{out.license}\n\n{value}"
+        else:  # system, template, requires: the last one given counts
             setattr(out, kind, value)
     return out
 
 
+_COMMENT = re.compile(r"\s#")
+
+
 def _instructions(text: str):
-    """(line number, keyword, value, triple-quoted) per instruction; a triple-quoted value runs to its closing
-    quotes."""
-    lines = text.splitlines()
+    """(line number, keyword, head, value, triple-quoted) per instruction, as Ollama's parser reads them: the
+    keyword, then for PARAMETER its name and for MESSAGE its role (the head), separated by spaces or tabs; the
+    value to the end of the line, or over several lines between \"\"\" or between " (Ollama writes a multi-line
+    value without quotes in it that way). A UTF-8 byte-order mark at the start is skipped."""
+    lines = text.removeprefix("\ufeff").splitlines()
     i = 0
     while i < len(lines):
         number, line = i + 1, lines[i].strip()
         i += 1
         if not line or line.startswith("#"):
             continue
-        keyword, _, value = line.partition(" ")
-        value, quoted = value.strip(), value.strip().startswith('"""')
+        keyword, value = _word(line)
+        kind = keyword.lower()
+        if kind not in INSTRUCTIONS:
+            raise ModelfileError(number, f"unknown instruction {keyword!r}: one of {', '.join(k.upper() for k in INSTRUCTIONS)}")
+        head = ""
+        if kind in ("parameter", "message"):
+            head, value = _word(value)
+            if kind == "message" and head.lower() not in ("system", "user", "assistant"):
+                raise ModelfileError(number, f"MESSAGE role {head!r}: one of system, user, assistant")
+        quoted = value.startswith('"""')
         if quoted:
             body = value[3:]
             while '"""' not in body:
@@ -89,7 +102,19 @@ def _instructions(text: str):
             value, _, after = body.partition('"""')
             if after.strip():
                 raise ModelfileError(number, f'{keyword.upper()}: text after the closing """: {after.strip()!r}')
-        yield number, keyword, value, quoted
+        elif value.startswith('"'):
+            while len(value) < 2 or not value.endswith('"'):
+                if i >= len(lines):
+                    raise ModelfileError(number, f'{keyword.upper()}: the " opened here is never closed')
+                value += "\n" + lines[i].rstrip()
+                i += 1
+        yield number, keyword, head, value, quoted
+
+
+def _word(text: str) -> tuple[str, str]:
+    """The first word of `text` and the rest, split at the first run of spaces or tabs."""
+    parts = text.split(None, 1)
+    return (parts[0], parts[1].strip()) if len(parts) == 2 else (text.strip(), "")
 
 
 def _unquoted(value: str) -> str:

@@ -56,6 +56,7 @@ class Conversation(Messages):
         self.claims = SessionClaims() if place is None else None  # None: the chat client holds them
         self.templated = self.engine.chat_template is not None
         self.messages: list[dict] = []
+        self.preset = tuple(loaded.messages)
         # The tokens of the last prompt plus its answer, and the text they spell: the next prompt extends them.
         self._tokens: list[int] = []
         self._text = ""

@@ -105,6 +105,8 @@ def _parameters(parameters: list[tuple[str, str]], base, say) -> tuple[dict[str,
                 raise UsageError(f"invalid PARAMETER num_ctx {context}: between 16 and {1 << 21} tokens")
         elif name in OLLAMA_IGNORED:
             say(f"ignoring PARAMETER {raw_name}, which localrun (as recent Ollama) does not use")
+        elif name == "draft_num_predict":  # Ollama's cap on its draft model's tokens a step
+            say(f"ignoring PARAMETER {raw_name}: a made model keeps no draft settings; give --draft-max when it runs")
         elif name in BY_NAME:
             try:
                 sampling[name] = text_value(name, value)

@@ -51,6 +51,7 @@ class RemoteConversation(Messages):
         self.n_ctx: int = info["n_ctx"]
         self.templated: bool = info["templated"]
         self.default_system: Optional[str] = info["system"]
+        self.preset = tuple(info.get("messages") or ())
         self.sampling = merge_options(info["sampling"])
         self.kv_tokens = 0
         self._context_used: Optional[tuple[list[dict], int]] = None  # (for these messages, tokens)

@@ -131,7 +131,7 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
         sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
         if op == "info":
             put({"info": {"name": loaded.name, "ref": loaded.ref, "path": str(conv.model_path), "n_ctx": conv.n_ctx,
-                          "templated": conv.templated, "system": loaded.system, "sampling": sampling.model_dump(mode="json")},
+                          "templated": conv.templated, "system": loaded.system, "messages": list(loaded.messages), "sampling": sampling.model_dump(mode="json")},
                  "kv_tokens": conv.kv_tokens, "context_used": conv.context_used()})
             return
         if op in ("save", "load"):
