@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from conftest import start_server
+from conftest import run_cli, start_server, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +55,10 @@ def test_a_created_model_answers_by_its_name_with_its_own_defaults(server, smoll
 
         loaded = {m["name"] for m in http.get("/api/ps").json()["models"]}
         assert {"terse:latest", smollm2.name} <= loaded  # one file, two models: neither answers for the other
+
+        stopped = run_cli("stop", "terse:latest", "--port", str(server.port))  # the name ps lists
+        assert stopped.returncode == 0 and "unloaded terse" in stopped.stderr, stopped.stderr
+        wait_until(lambda: "terse:latest" not in {m["name"] for m in http.get("/api/ps").json()["models"]}, what="terse to unload")
         # from: the name a model served by path is listed by (its file name), as /api/copy takes it
         by_name = http.post("/api/create", json={"model": "terse3", "from": smollm2.name, "system": SYSTEM, "stream": False})
         assert by_name.status_code == 200, by_name.text

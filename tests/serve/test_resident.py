@@ -70,6 +70,11 @@ def test_many_models_on_one_server_answer_as_run_does(server_factory, smollm2, g
     listed = cli("ps", "--port", str(srv.port), "--json")
     assert listed.returncode == 0, listed.stderr
     assert {m["name"] for m in json.loads(listed.stdout)} == {smollm2.name, gemma.name}
+    for host in (f"127.0.0.1:{srv.port}", f"http://127.0.0.1:{srv.port}"):  # as OLLAMA_HOST takes it
+        by_host = cli("ps", "--host", host, "--json")
+        assert by_host.returncode == 0 and {m["name"] for m in json.loads(by_host.stdout)} == {smollm2.name, gemma.name}, by_host.stderr
+    bad = cli("ps", "--host", "127.0.0.1:port")
+    assert bad.returncode == 2 and "HOST:PORT" in bad.stderr
     table = cli("ps", "--port", str(srv.port))
     assert "PROCESSOR" in table.stdout and smollm2.name in table.stdout and "0/2" in table.stdout
 

@@ -497,7 +497,7 @@ def serve(
     run_server(serve_options, host=host, port=port, socket_path=socket_path, on_ready=ready, on_notice=notice)
 
 
-_HostOpt = Annotated[Optional[str], typer.Option("--host", envvar="LOCALRUN_HOST", help="a `localrun serve` server's address (default: the background server)")]
+_HostOpt = Annotated[Optional[str], typer.Option("--host", envvar="LOCALRUN_HOST", help="a `localrun serve` server's address: HOST, HOST:PORT or http://HOST:PORT (default: the background server)")]
 _PortOpt = Annotated[Optional[int], typer.Option("--port", help="a `localrun serve` server's port (default: the background server)")]
 _KeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="the server's API key")]
 
@@ -508,6 +508,17 @@ def _server(host: Optional[str], port: Optional[int], api_key: Optional[str]):
 
     if host is None and port is None:
         return resident()
+    if host is not None and ("://" in host or host.count(":") == 1 or host.startswith("[")):  # as OLLAMA_HOST takes it
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(host if "://" in host else f"//{host}")
+        try:
+            given = parts.port
+        except ValueError:
+            given = -1
+        if given == -1 or not parts.hostname:
+            raise UsageError(f"invalid --host {host!r}: give HOST, HOST:PORT or http://HOST:PORT")
+        host, port = parts.hostname, port or given
     return Client(host or "127.0.0.1", port or 11435, api_key)
 
 

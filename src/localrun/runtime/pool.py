@@ -376,7 +376,8 @@ class ModelPool:
     def stop(self, ref: Optional[str] = None) -> list[tuple[str, bool]]:
         """Unload `ref` (every model when None) once its requests finish: (name, still answering) each."""
         with self.lock:
-            chosen = list(self.residents) if ref is None else [r for r in self.residents if ref.casefold() in r.names]
+            forms = set() if ref is None else {ref.casefold(), ref.casefold().removesuffix(":latest")}  # as ps lists it
+            chosen = list(self.residents) if ref is None else [r for r in self.residents if forms & r.names]
             if ref is not None and not chosen:
                 raise ModelNotFound(f"model {ref!r} is not loaded")
             return self._retire(chosen)
