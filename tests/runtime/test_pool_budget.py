@@ -6,10 +6,12 @@ numbers."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
 
+from conftest import wait_until
 from localrun.runtime.options import LoadSpec
 from localrun.runtime.pool import ModelPool, ModelTooBig, PoolBusy, _gib, estimate_bytes, gpu_share
 
@@ -67,9 +69,25 @@ def test_models_take_turns_on_a_small_gpu_and_a_too_big_one_is_refused(smollm2, 
         c, _ = p.acquire(str(smollm2), LoadSpec(ctx=1024, parallel=1, gpu_layers="0", kind="run"))  # on the CPU: fits beside
         assert c.vram == 0 and len(p.residents) == 2
         p.release(c)
-        with pytest.raises(PoolBusy, match="GPU memory"):  # back on the GPU: the one there is busy
-            p.acquire(str(smollm2), spec)
+        # Back on the GPU, where the one there is busy: the load waits for it to finish (as Ollama queues it),
+        # new requests no longer go to it, and it is unloaded when its last request ends.
+        got = []
+        waiting = threading.Thread(target=lambda: got.append(p.acquire(str(smollm2), spec)))
+        waiting.start()
+        wait_until(lambda: any(f"waiting for {gemma}" in n for n in p.notices), what="the load to wait")
+        assert waiting.is_alive() and b.retiring and p._find(str(gemma), spec) is None
         p.release(b)
+        waiting.join(timeout=30)
+        (d, loaded), = got
+        assert loaded and d.vram == d.estimate and str(gemma) not in [r.name for r in p.residents]
+        p.release(d)
+        p.room_wait = 0.2  # up to a point: then 503 (PoolBusy), and the busy one stays
+        e, _ = p.acquire(str(gemma), spec)
+        with pytest.raises(PoolBusy, match="GPU memory"):
+            p.acquire(str(smollm2), spec)
+        assert not e.retiring and p._find(str(gemma), spec) is e
+        p.release(e)
+        p.release(e)
     finally:
         p.close()
     tiny = pool(gpu_total=small // 3)

@@ -26,6 +26,7 @@ FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or b
 FOREVER_AFTER_S = 10 * 365 * 86400.0
 NEVER_S = (2**63 - 1) / 1e9  # Go's longest time.Duration: what Ollama adds to now for a model that never expires
 RELOAD_WAIT_S = 120.0  # how long a reload waits for the requests still using the model's other options
+ROOM_WAIT_S = 120.0  # how long a load waits for a model answering requests to finish them and make room
 
 
 class ModelTooBig(LocalrunError):
@@ -267,6 +268,7 @@ class ModelPool:
         free_vram: Optional[Callable[[], Optional[int]]] = None,
         on_notice: Callable[[str], None] = lambda message: None,
         clock: Callable[[], float] = time.time,
+        room_wait: float = ROOM_WAIT_S,
     ):
         self.make_scheduler = make_scheduler  # (loaded, slot_ctx, spec) -> a started Scheduler
         self.load_model = load  # (ref, spec) -> Loaded
@@ -276,6 +278,7 @@ class ModelPool:
         self.free_vram = free_vram or gpu_free_bytes  # free GPU memory now (None: no GPU)
         self.notice = on_notice
         self.clock = clock
+        self.room_wait = room_wait
         self.residents: list[Resident] = []
         self.lock = threading.Condition()
         self.loading = threading.Lock()  # one load at a time: two loads would each count the same free RAM
@@ -505,8 +508,11 @@ class ModelPool:
         """Take idle models off the list, least recently used first, until `estimate` (of which `vram` on
         the GPU) fits beside the rest, in RAM and in GPU memory (the lock held); the caller closes them
         after letting the lock go. `freed` (RAM, VRAM): taken off already, to be closed, so still in use as
-        far as free memory goes."""
+        far as free memory goes. Where every model is answering, the load waits (up to room_wait) for the least
+        recently used one to finish: new requests no longer go to it (they queue behind this load, as Ollama
+        queues a request for a model that needs room), and it is unloaded when its last request ends."""
         removed: list[Resident] = []
+        deadline, waited_for = time.monotonic() + self.room_wait, None
         while True:
             out = (freed[0] + sum(r.estimate - r.vram for r in removed), freed[1] + sum(r.vram for r in removed))
             ram_budget, vram_budget = self._budgets(gpu_free, out)
@@ -515,9 +521,23 @@ class ModelPool:
             over_count = self.max_models and len(self.residents) >= self.max_models
             fits_gpu = vram_budget is None or vram_held + vram <= vram_budget
             if not over_count and ram_held + estimate - vram <= ram_budget and fits_gpu:
+                if waited_for is not None and waited_for in self.residents:
+                    waited_for.retiring = False  # room was found elsewhere: it stays
                 return removed
             idle = [r for r in self.residents if r.refs == 0]
+            if not idle and time.monotonic() < deadline:
+                if waited_for is None or waited_for not in self.residents:
+                    waited_for = min((r for r in self.residents if not r.retiring), key=lambda r: r.last_used, default=None)
+                    if waited_for is not None:
+                        waited_for.retiring = True
+                        self.notice(f"waiting for {waited_for.name} to finish its requests, to make room")
+                self.lock.wait(timeout=0.5)
+                if gpu_free is not None:  # a model the keep-alive reaper closed meanwhile gave its GPU memory back
+                    gpu_free = self.free_vram()
+                continue
             if not idle:
+                if waited_for is not None and waited_for in self.residents:
+                    waited_for.retiring = False  # it stays: the load that wanted its room gave up
                 self.residents.extend(removed)  # nothing is unloaded for a load that cannot happen now
                 why = (f"{len(self.residents)} of at most {self.max_models} models are loaded" if over_count else
                        f"the next one does not fit beside them ({_gib(ram_held)} held, {_gib(ram_budget)} in all)" if fits_gpu else

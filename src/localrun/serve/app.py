@@ -69,6 +69,8 @@ class Service:
             make_scheduler=self._scheduler, load=self._load, keep_alive=options.keep_alive,
             max_models=options.max_models, memory_budget=options.memory_budget,
             on_notice=on_notice or (lambda message: None),
+            # The resident server does not make a run wait for room: its client answers in its own process at once.
+            **({"room_wait": 0.0} if options.socket else {}),
         )
         self.metrics.watch(self.pool)
         from ..runtime.workers import fail_over_lost_workers
