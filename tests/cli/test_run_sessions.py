@@ -71,6 +71,21 @@ def test_named_session_resumes_in_a_new_process(smollm2, cli):
     listed = json.loads(cli("sessions", "list", "--json").stdout)
     assert [s["name"] for s in listed] == ["trip"]
 
+    # Its state damaged on disk: the next turn says so, answers from the messages (evaluated again, the same
+    # greedy answer as from the state) and saves the session whole again; no turn is lost.
+    from localrun.store.sessions import default_root
+
+    (state,) = (default_root() / "states").glob("*.kv")
+    with open(state, "r+b") as f:
+        f.seek(state.stat().st_size // 2)
+        f.write(b"\xff" * 64)
+    again = cli("run", str(smollm2), "-t", "0", "-n", "16", "--ctx", "2048", "--json", "--session", "trip",
+                "What city did I mention?")
+    assert again.returncode == 0 and "its saved KV cache was damaged" in again.stderr, again.stderr
+    assert last_json(again.stdout)["stats"]["cached_tokens"] == 0
+    info = json.loads(cli("sessions", "show", "trip", "--json").stdout)
+    assert [m["role"] for m in info["messages"]] == ["user", "assistant"] * 3
+
 
 def test_session_from_another_model_is_refused(smollm2, gemma, cli):
     ask(cli, smollm2, "--session", "mine", "Hello there.")

@@ -289,10 +289,11 @@ class Conversation(Messages):
     def load(self, name: str) -> str:
         """Continue session `name`: its messages, and its KV cache restored into the engine."""
         self.hold_session(name)
+        damaged: list[str] = []
         with Sessions.open() as sessions, self.place.hold() as seat:
-            self.replace(live(sessions.load(name, self.engine, seat)))
-            held = len(seat.tokens)
-        return f"loaded session {name} ({self.turns} turn(s), {held} tokens cached)"
+            self.replace(live(sessions.load(name, self.engine, seat, on_notice=damaged.append)))
+            held = 0 if damaged else len(seat.tokens)
+        return "; ".join([*damaged, f"loaded session {name} ({self.turns} turn(s), {held} tokens cached)"])
 
 
 # -- images in messages --------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
             if not request.use_cache and not request.session:
                 seat.reset()  # --no-cache: from an empty context, as a freshly loaded model starts
             if request.session and history:
-                sessions.load(request.session, engine, seat)
+                sessions.load(request.session, engine, seat, on_notice=on_notice)
             elif sessions is not None and not request.session:
                 optional_cache(lambda: sessions.lookup_prefix(engine, prompt.tokens, on_notice=on_notice, seat=seat), on_notice)
             answer: list[str] = []

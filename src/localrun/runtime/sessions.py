@@ -140,7 +140,7 @@ class Sessions:
         """Session `name`'s messages, refused (as `load` would) when its state cannot go into this engine."""
         return self.store.messages(name, identity(self.store, engine), n_ctx)
 
-    def load(self, name: str, engine: Engine, seat=None) -> list[dict]:
+    def load(self, name: str, engine: Engine, seat=None, on_notice: Optional[Callable[[str], None]] = None) -> list[dict]:
         """Restore session `name` into the engine (`seat`: into that sequence of it, replacing what it holds)
         and return its messages: the next generation evaluates only the tokens after the restored ones."""
         seat = seat or EngineSeat(engine)
@@ -152,7 +152,7 @@ class Sessions:
             held = common_prefix(seat.tokens, tokens)
             return bool(tokens) and held >= min(len(tokens), MIN_PREFIX_TOKENS) and len(tokens) - held < MIN_PREFIX_TOKENS
 
-        return self.store.load(name, identity(self.store, engine), seat.n_ctx, seat.restore, held=holds)
+        return self.store.load(name, identity(self.store, engine), seat.n_ctx, seat.restore, held=holds, on_notice=on_notice)
 
     def lookup_prefix(self, engine: Engine, tokens: Sequence[int], *, on_notice: Optional[Callable[[str], None]] = None,
                       seat=None) -> int:

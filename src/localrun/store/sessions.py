@@ -386,12 +386,14 @@ class SessionStore:
             return self.show(name)
 
     def load(self, name: str, ident: Identity, n_ctx: int, restore: Callable[[bytearray, list[int]], bool],
-             held: Optional[Callable[[list[int]], bool]] = None) -> list[dict]:
+             held: Optional[Callable[[list[int]], bool]] = None,
+             on_notice: Optional[Callable[[str], None]] = None) -> list[dict]:
         """Hand session `name`'s state and tokens to `restore` (under the session's lock) and return its
         messages. Refused, with the reason, when the state was made by another model file, quant, kv type,
         swa_full, flash attention setting or llama.cpp build, or holds more tokens than `n_ctx`. A damaged
-        state is removed. `held(tokens)` true: the caller still holds that state (a resident model that
-        saved it), so nothing is read."""
+        state (a cache of what its messages compute) is removed and said to `on_notice`: the messages, which are
+        the user's, are returned without it, evaluated again by the next answer, whose save replaces the entry.
+        `held(tokens)` true: the caller still holds that state (a resident model that saved it), so nothing is read."""
         check_name(name)  # before its name makes a lock file
         with self._locked(name, f"session {name!r}"):
             row = self._usable_row(name, ident, n_ctx)
@@ -402,8 +404,12 @@ class SessionStore:
             try:
                 data = self._read_state(row)
             except CorruptState as exc:
-                self._delete_rows([row])
-                raise SessionError(f"session {name!r} was corrupt ({exc}) and has been removed") from None
+                self._unlink(row["state_file"])
+                messages = json.loads(row["messages"])
+                if on_notice is not None:
+                    on_notice(f"session {name!r}: its saved KV cache was damaged ({exc}) and is removed; its "
+                              f"{len(messages)} messages are evaluated again")
+                return messages
             if not restore(data, tokens):
                 raise SessionError(
                     f"llama.cpp could not restore session {name!r} into this context: "
