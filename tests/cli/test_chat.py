@@ -362,6 +362,18 @@ def test_a_made_models_messages_start_every_conversation(smollm2, engine, cli, v
     served(via)
 
 
+def test_a_text_models_message_naming_an_image_file_is_sent_as_typed(smollm2, engine, cli, tmp_path):
+    """An image file named in a message is an image only for a model that takes them (a projector given or beside
+    it), as in Ollama's REPL: for SmolLM2 alone the message goes as typed (it was dropped with advice to pass
+    --mmproj, which a text model has none of)."""
+    (tmp_path / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    message = f"What is the extension of {tmp_path / 'logo.png'} ?"
+    r = cli("chat", str(smollm2), *ARGS, "--keep-alive", "0", input=message + "\n")
+    assert r.returncode == 0 and "added image" not in r.stderr and "mmproj" not in r.stderr, r.stderr
+    ((answer, _),) = reference(engine, [message], temperature=0, max_tokens=32)
+    assert r.stdout == line_of(answer) + "\n"
+
+
 def test_piped_triple_quoted_block_is_one_message(smollm2, engine, cli):
     """/help advertises triple-quoted blocks; piped, each of their lines (markers included) went as a message."""
     r = cli("chat", str(smollm2), *ARGS, input='"""\nline one\nline two"""\n"""one line"""\nHi\n')

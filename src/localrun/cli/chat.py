@@ -168,6 +168,7 @@ class Chat:
         conv.set_system(system if system is not None else conv.default_system)
         conv.clear()  # a new conversation: the model's preset messages (a Modelfile's MESSAGEs) first
         self.last: Optional["Response"] = None  # the last answer's final response (its stats)
+        self._sees_images: Optional[bool] = None
         self.attached: list = []  # images (engine.vision.Image, read by runtime.images) for the next message
         self.commands: dict[str, Callable[[str], Optional[int]]] = {
             "help": self.cmd_help, "?": self.cmd_help, "set": self.cmd_set, "show": self.cmd_show,
@@ -275,7 +276,10 @@ class Chat:
             line.end()  # even after an error: a script reads one line per message
 
     def dropped_images(self, text: str, images: list) -> tuple[str, list]:
-        """The message's text without the image files it names, and `images` followed by theirs."""
+        """The message's text without the image files it names, and `images` followed by theirs; for a model that
+        takes no images, the text as typed (Ollama's REPL reads file names as images only for a multimodal one)."""
+        if not self.sees_images():
+            return text, images
         text, paths = image_paths_in(text)
         if not paths:
             return text, images
@@ -283,6 +287,21 @@ class Chat:
         for image in found:
             err.print(f"added image {image.name}", markup=False, highlight=False)
         return text, [*images, *found]
+
+    def sees_images(self) -> bool:
+        """Whether the chat's model takes images: a projector given (--mmproj) or loaded, or one beside its file."""
+        if self._sees_images is None:
+            from ..runtime.images import projector_beside
+
+            conv = self.conv
+            seen = getattr(conv, "mmproj", None) is not None or getattr(getattr(conv, "engine", None), "vision", None) is not None
+            if not seen:
+                try:
+                    seen = projector_beside([Path(conv.model_path)]) is not None
+                except LocalrunError:  # several beside it: an image names which is missing (--mmproj)
+                    seen = True
+            self._sees_images = seen
+        return self._sees_images
 
     def dropped(self, n: int) -> None:
         notice(
