@@ -32,6 +32,11 @@ def test_create_runs_by_name_with_its_modelfile_and_rm_keeps_the_file(cli, tmp_p
     ours = _tokens(cli("run", "pirate", PROMPT, "--json"))
     theirs = _tokens(cli("run", str(tmp_path / "model.gguf"), PROMPT, "--json", "--system", SYSTEM, "-t", "0", "-n", "16"))
     assert ours == theirs and 0 < len(ours) <= 16
+    # Cut at its limit, which the user did not give: said on stderr (Ollama and llama-cli have none by default).
+    cut = cli("run", "pirate", PROMPT, "--min-tokens", "16")
+    assert cut.returncode == 0 and "the answer stopped at the default limit of 16 tokens: -n N for more" in cut.stderr, cut.stderr
+    asked = cli("run", "pirate", PROMPT, "--min-tokens", "16", "-n", "16")
+    assert asked.returncode == 0 and "limit" not in asked.stderr and asked.stdout == cut.stdout
 
     # show --modelfile writes what create reads back: the same model again.
     text = cli("show", "pirate", "--modelfile").stdout

@@ -286,7 +286,8 @@ def run(
 
             attach_projector(loaded, mmproj, model)
         responses = generate(loaded, Request(sampling=loaded.sampling, **asked), on_notice=notice)
-    render.stream_answer(responses, as_json=as_json, verbose=verbose, hide_thinking=hide_thinking)
+    render.stream_answer(responses, as_json=as_json, verbose=verbose, hide_thinking=hide_thinking,
+                         limit_unasked=options.get("max_tokens") is None)
 
 
 def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> list:

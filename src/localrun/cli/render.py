@@ -36,12 +36,13 @@ def reader_gone() -> None:
     raise SystemExit(0)
 
 
-def stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False):
+def stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False, limit_unasked: bool = False):
     """Write the answer to stdout as it comes (flushed per token); return the last response. A reasoning
     model's thinking goes to stderr (dimmed on a terminal), or as `thinking` events with --json; none of it
-    with `hide_thinking`."""
+    with `hide_thinking`. `limit_unasked`: the user gave no --max-tokens, so an answer cut at the default
+    limit says so on stderr (Ollama and llama-cli generate until the end by default)."""
     try:
-        return _stream_answer(responses, as_json, verbose, hide_thinking)
+        return _stream_answer(responses, as_json, verbose, hide_thinking, limit_unasked)
     except BrokenPipeError:
         reader_gone()
 
@@ -72,7 +73,7 @@ class ThinkingWriter:
             self.open = False
 
 
-def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False):
+def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False, limit_unasked: bool = False):
     out = sys.stdout
     final = None
     wrote_any = False
@@ -120,6 +121,10 @@ def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_think
                  " (thinking counts toward it)")
         else:
             warn("the model ended inside its thinking and gave no answer: ask again, or try --no-think")
+    elif final is not None and limit_unasked and final.finish_reason == "length" and not final.context_full:
+        from ..console import notice
+
+        notice(f"the answer stopped at the default limit of {final.stats.generated_tokens} tokens: -n N for more, -n -1 for no limit")
     if final is not None:
         text = "".join(shown)
         if as_json:
