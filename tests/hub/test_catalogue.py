@@ -12,6 +12,7 @@ import pytest
 
 from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 from localrun.hub.catalogue import builtin_catalogue_path, catalogue
+from localrun.errors import ModelNotFound
 from localrun.hub.refs import parse_ref
 
 TESTED = {"smollm2", "gemma3-270m"}  # the two the tests use, with their PyPI mirrors
@@ -84,5 +85,8 @@ def test_the_real_size_test_model_has_its_mirror_and_ollamas_name():
         parsed = parse_ref(ref)
         assert (parsed.kind, parsed.name, parsed.quant) == ("alias", "qwen2.5-coder-1.5b", None), ref
     assert parse_ref("qwen2.5-coder-1.5b:q8_0").quant == "Q8_0" and parse_ref("llama3.2:1b").name == "llama3.2-1b"
+    assert (parse_ref("smollm2:latest").name, parse_ref("smollm2:latest").quant) == ("smollm2", None)  # Ollama's default tag
+    with pytest.raises(ModelNotFound, match="unknown model 'llama3.2': did you mean llama3.2-1b or llama3.2-3b"):
+        parse_ref("llama3.2")  # Ollama's family name, sized in the catalogue
     # the code models draft by prompt lookup by default (their edits copy their input); nothing else does
     assert {name for name, e in catalogue().models.items() if e.draft} == {"qwen2.5-coder-1.5b", "qwen2.5-coder-3b", "qwen2.5-coder-7b"}

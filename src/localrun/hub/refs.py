@@ -125,9 +125,14 @@ def parse_ref(ref: str) -> ModelRef:
             if made["source"] == "created" and norm_quant == "LATEST":  # Ollama's default tag: the model itself
                 norm_quant = None
             return ModelRef(kind="local", name=made["name"], quant=norm_quant, revision=revision or None)
+        # Ollama's family names (llama3.2, qwen2.5:0.5b) for the catalogue's sized aliases (llama3.2-1b, ...)
+        close = sorted(a for a in models if a.casefold().startswith(name.casefold() + "-"))
+        hint = f"did you mean {', '.join(close[:-1]) + ' or ' + close[-1] if len(close) > 1 else close[0]}? " if close else ""
         raise ModelNotFound(
-            f"unknown model '{name}': run `localrun list --available` to see aliases, or use owner/repo[:QUANT]"
+            f"unknown model '{name}': {hint}run `localrun list --available` to see aliases, or use owner/repo[:QUANT]"
         )
+    if norm_quant == "LATEST":  # Ollama's default tag: the alias's default quant
+        norm_quant = None
     return ModelRef(kind="alias", name=alias, quant=norm_quant, revision=revision or None, entry=models[alias])
 
 
