@@ -262,6 +262,9 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     (json.dumps({"prompt": ["a", "b"]}).encode(), "prompt is a list of 2 prompts"),
     (json.dumps({"prompt": [[1, 2], [3]]}).encode(), "prompt is a list of 2 prompts"),
     (json.dumps({"prompt": ""}).encode(), "prompt is empty"),
+    # Refused before the stream starts (it was a 200 stream ending in a server_error event: a helper's run)
+    (json.dumps({"prompt": "hi", "grammar": "root ::= foo", "stream": True}).encode(), "the grammar does not parse (GBNF)"),
+    (json.dumps({"prompt": "hi", "logit_bias": {"99999999": -100}, "stream": True}).encode(), "token 99999999 is not this model's"),
 ])
 def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, fragment, hi_reference):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

@@ -83,6 +83,13 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                     on_notice(f"{loaded.name}'s chat template has no thinking switch: asking it "
                               f"{'to think' if request.think else 'not to think'} changes nothing")
         prompt = prompt_for(engine, request, n_ctx=place.n_ctx)
+        sampling = request.sampling
+        if sampling.grammar is not None or sampling.json_schema is not None or sampling.logit_bias:
+            # What llama.cpp may refuse (a grammar that does not parse, a token out of the vocabulary) is refused
+            # before the request is taken: an HTTP client gets its 400, not a 200 stream that ends in an error.
+            from ..engine.sampling import Sampler
+
+            Sampler(engine, sampling).close()
         admitted = False
 
         def admit() -> None:
