@@ -78,3 +78,23 @@ def test_a_from_file_that_is_no_whole_gguf_makes_no_model(cli, tmp_path, smollm2
     (tmp_path / "Modelfile").write_text(f"FROM {smollm2}\n")
     assert cli("create", "mine", "-f", str(tmp_path / "Modelfile")).returncode == 0
     assert cli("list").stdout.split("\n")[1].split()[:2] == ["mine", "Q4_1"]  # the file's quant (it was blank)
+
+
+def test_a_created_model_keeps_its_name_beside_a_quant_made_of_it(cli, tmp_path, tiny_tools_model):
+    """`quantize NAME Q8_0` of a created model makes NAME:Q8_0 beside it: NAME (and NAME:latest) is still the created
+    one, a quant neither has is said so, and `create NAME` again replaces only the created one (the CLI helper: NAME
+    was 'pulled in several quants (, Q8_0)', NAME:Q4_1 'gone or damaged', and NAME could not be created again)."""
+    (tmp_path / "Modelfile").write_text(f"FROM {tiny_tools_model}\n")
+    assert cli("create", "tiny", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    made = cli("quantize", "tiny", "Q8_0", "--allow-requantize")
+    assert made.returncode == 0, made.stderr
+    listed = lambda: sorted((m["name"], m["quant"], m["source"]) for m in json.loads(cli("list", "--json").stdout))  # noqa: E731
+    assert listed() == [("tiny", "", "created"), ("tiny", "Q8_0", "local")]
+    for name in ("tiny", "tiny:latest"):
+        shown = cli("show", name, "--json")
+        assert shown.returncode == 0 and json.loads(shown.stdout)["path"] == str(tiny_tools_model.resolve()), shown.stderr
+    assert json.loads(cli("show", "tiny:Q8_0", "--json").stdout)["quant"] == "Q8_0"
+    other = cli("show", "tiny:Q4_1")
+    assert other.returncode == 1 and "'tiny' has no quant Q4_1 here (it has Q8_0, latest)" in other.stderr, other.stderr
+    again = cli("create", "tiny", "-f", str(tmp_path / "Modelfile"))
+    assert again.returncode == 0 and listed() == [("tiny", "", "created"), ("tiny", "Q8_0", "local")], again.stderr

@@ -38,9 +38,12 @@ def resolve_local(ref: Union[str, ModelRef], verify: bool = False) -> LocalModel
     mref = parse_ref(ref) if isinstance(ref, str) else ref
     if mref.kind == "path":
         return path_model(mref)
-    model = _pick(mref, _candidates(mref, registry.read()))
+    records = registry.read()
+    model = _pick(mref, _candidates(mref, records))
     wanted = mref if mref.quant or mref.entry is None else mref.with_quant(mref.entry.default_quant)
     if model is None:
+        if mref.kind == "local":
+            raise no_such_quant(mref, records)
         raise ModelNotFound(f"model '{wanted}' is not pulled: run `localrun pull {wanted}`")
     missing = model.missing_files()
     if missing:
@@ -51,6 +54,13 @@ def resolve_local(ref: Union[str, ModelRef], verify: bool = False) -> LocalModel
     if damaged:
         raise _damaged_error(model, damaged)
     return model
+
+
+def no_such_quant(mref: ModelRef, records: dict) -> ModelNotFound:
+    """A model made here (quantize, create) named with a quant it was not made in: the ones it has."""
+    others = _candidates(mref.with_quant(None), records)
+    return ModelNotFound(f"'{mref.name}' has no quant {mref.quant} here (it has {', '.join(sorted(m.quant or 'latest' for m in others))}): "
+                         f"name one of those, or make it with `localrun quantize {mref.name} {mref.quant}`")
 
 
 def already_present(mref: ModelRef, verify: bool = False) -> Optional[LocalModel]:
@@ -85,6 +95,9 @@ def _pick(mref: ModelRef, found: list[LocalModel]) -> Optional[LocalModel]:
         default = next((m for m in found if m.quant == mref.entry.default_quant), None)
         if default is not None:
             return default
+    made = [m for m in found if not m.quant]  # a created model is its name itself (NAME:latest), beside NAME:Q8_0
+    if len(made) == 1:                        # that `quantize NAME Q8_0` made of it
+        return made[0]
     if len(found) > 1:
         quants = ", ".join(sorted(m.quant for m in found))
         raise UsageError(f"'{mref}' is pulled in several quants ({quants}): name one, e.g. `{mref.with_quant(found[0].quant)}`")
@@ -191,7 +204,10 @@ def register_created(name: str, base: LocalModel, defaults: ModelDefaults, *, or
     model = replace(model, mtimes=tuple(registry.mtime(p) for p in model.files))
     with registry.edit() as models:
         for key, record in list(models.items()):
+            # NAME is replaced; NAME:QUANT made of it by `quantize` stays (NAME picks the created one)
             if record["name"].casefold() == name.casefold():
+                if record["source"] != "created" and record.get("quant"):
+                    continue
                 if record["source"] != "created":
                     raise UsageError(f"'{name}' is already the name of a model made by `localrun quantize`: choose another name")
                 del models[key]

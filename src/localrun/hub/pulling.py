@@ -41,6 +41,12 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = T
         present = already_present(mref, verify)
         if present is not None:
             return present
+        from ..store import registry
+        from .local import _candidates, no_such_quant
+
+        records = registry.read()
+        if mref.quant and not any(m.quant == mref.quant for m in _candidates(mref.with_quant(None), records)):
+            raise no_such_quant(mref, records)
         raise ModelNotFound(f"model '{mref}' was made here and its files are gone or damaged: make it again "
                             f"(`localrun quantize`, or `localrun create` for a model made from a Modelfile)")
 
