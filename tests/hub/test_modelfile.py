@@ -44,6 +44,8 @@ def test_every_instruction_is_read_with_its_value():
     ('FROM x\nMESSAGE user """first line\nsecond line"""\nMESSAGE assistant "ok"\n',
      {"messages": [{"role": "user", "content": "first line\nsecond line"}, {"role": "assistant", "content": "ok"}]}),
     ('FROM x\nPARAMETER stop """\n\n"""\n', {"parameters": [("stop", "\n\n")]}),
+    ('FROM x\nSYSTEM "Files live in C:\\temp\\new"\n', {"system": "Files live in C:\\temp\\new"}),  # quotes only stripped
+    ('FROM x\nPARAMETER stop "\\n\\n"\n', {"parameters": [("stop", "\n\n")]}),  # as show --modelfile writes one
     ("FROM x\nLICENSE MIT\nLICENSE \"\"\"Apache-2.0\nand more\"\"\"\n", {"license": "MIT\n\nApache-2.0\nand more"}),  # each kept
 ])
 def test_what_ollamas_parser_reads_is_read_alike(text, read):

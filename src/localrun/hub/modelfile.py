@@ -43,8 +43,8 @@ def parse_modelfile(text: str) -> Modelfile:
     """The instructions of a Modelfile's text. ModelfileError names the line of the first mistake."""
     out = Modelfile()
     for number, keyword, head, value, quoted in _instructions(text):
-        value = value if quoted else _unquoted(value)
         kind = keyword.lower()
+        value = value if quoted else _unquoted(value, escapes=kind == "parameter")
         if kind == "parameter" and not value:
             raise ModelfileError(number, f"PARAMETER {head} needs a value: PARAMETER NAME VALUE".replace("  ", " "))
         if not value and kind not in ("system", "template", "license", "message", "parameter"):
@@ -117,11 +117,15 @@ def _word(text: str) -> tuple[str, str]:
     return (parts[0], parts[1].strip()) if len(parts) == 2 else (text.strip(), "")
 
 
-def _unquoted(value: str) -> str:
-    """A "quoted" value's text, its escapes (\\n, \\") read as JSON reads them where they are valid."""
+def _unquoted(value: str, escapes: bool = False) -> str:
+    """A "quoted" value's text: the quotes stripped, as Ollama's parser does (a Windows path or a regex in a
+    system prompt stays as written); `escapes`: a PARAMETER's, whose escapes (\\n, \\") are read as JSON reads
+    them where they are valid (show --modelfile writes a stop sequence with a line break so)."""
     if len(value) >= 2 and value[0] == value[-1] == '"':
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value[1:-1]
+        if escapes:
+            try:
+                return json.loads(value)
+            except ValueError:
+                pass
+        return value[1:-1]
     return value
