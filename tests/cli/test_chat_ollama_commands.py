@@ -56,6 +56,17 @@ def test_ollama_set_commands(smollm2, cli):
     assert native.returncode == 0 and native.stdout == r.stdout and r.stdout.strip()
 
 
+def test_set_format_json_constrains_the_answers_until_noformat(smollm2, cli):
+    """/set format json (any JSON object; or a schema) as Ollama's REPL takes it, /set noformat; its other
+    switches (wordwrap, history) are said to have no counterpart, not read as unknown sampling options."""
+    r = cli("chat", str(smollm2), "-t", "0", "-n", "200", "--ctx", "1024", "--threads", "1", input="\n".join([
+        "/set format json", "Give Ann's name and age (31) as JSON.", "/set noformat", "/set nowordwrap"]) + "\n")
+    assert r.returncode == 0, r.stderr
+    assert isinstance(json.loads(r.stdout.strip().replace("\\n", "\n")), dict)  # one answer line, its breaks escaped
+    assert "json_schema = {'type': 'object'}" in r.stderr and "json_schema = None" in r.stderr
+    assert "/set nowordwrap: localrun's chat has no such switch" in r.stderr and "unknown parameter" not in r.stderr
+
+
 def test_load_makes_the_loaded_session_the_one_saved_to(smollm2, cli, via):
     """Without --session, /load NAME left the chat's session '(none)': later answers were saved nowhere."""
     first = cli("chat", str(smollm2), *ARGS, input="My name is Ada.\n/save ada\n")

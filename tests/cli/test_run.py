@@ -140,6 +140,11 @@ def test_json_schema_output_parses_and_validates(smollm2, cli, tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     jsonschema.validate(data, schema)
+    # Inline, under Ollama's flag name: the same answer; `--format json`: any JSON object (as `ollama run --format json`)
+    inline = cli("run", str(smollm2), "-t", "0", "-n", "80", "--format", json.dumps(schema), "Describe a person named Ann who is 31 as JSON.")
+    assert inline.returncode == 0 and inline.stdout == r.stdout, inline.stderr
+    any_object = cli("run", str(smollm2), "-t", "0", "-n", "200", "--format", "json", "Give Ann's name and age (31) as JSON.")
+    assert any_object.returncode == 0 and isinstance(json.loads(any_object.stdout), dict), any_object.stdout
 
 
 def test_stop_sequence_split_across_tokens_is_cut_exactly(smollm2, cli):

@@ -487,9 +487,24 @@ class Chat:
 
 
 # Ollama's REPL: /set parameter NAME VALUE, /set system TEXT, /set verbose, /set quiet.
+def _no_format(chat: Chat, _: str) -> None:
+    from ..runtime.options import merge_options
+
+    chat.sampling = merge_options(chat.sampling.model_dump(exclude={"json_schema"}), {})
+    err.print("json_schema = None", markup=False, highlight=False)
+
+
+def _nothing_to_set(word: str) -> Callable[[Chat, str], None]:
+    return lambda chat, _: err.print(f"/set {word}: localrun's chat has no such switch (it keeps its history, and the "
+                                     "terminal wraps lines)", markup=False, highlight=False)
+
+
 _OLLAMA_SET: dict[str, Callable[[Chat, str], None]] = {
     "parameter": Chat.set_option, "system": Chat.cmd_system,
     "verbose": lambda chat, _: chat.set_verbose(True), "quiet": lambda chat, _: chat.set_verbose(False),
+    # /set format json (any JSON object) or a JSON schema; /set noformat
+    "format": lambda chat, rest: chat.set_option(f"json_schema {rest}" if rest else "json_schema"), "noformat": _no_format,
+    **{word: _nothing_to_set(word) for word in ("history", "nohistory", "wordwrap", "nowordwrap")},
 }
 
 

@@ -80,7 +80,8 @@ SAMPLING: tuple[Option, ...] = (
     Option("stop", list[str], [], "stop sequence (repeatable)", short=("-s",)),
     Option("grammar", Optional[str], None, "GBNF grammar text", file=True, help="GBNF grammar file"),
     Option("json_schema", Optional[dict[str, Any]], None, "constrain output to this JSON schema", file=True,
-           help="JSON schema file for the output"),
+           short=("--format",), help="JSON schema for the output: a file, inline JSON, or json (any JSON object, "
+                                     "as Ollama's --format json)"),
 )
 BY_NAME = {o.name: o for o in SAMPLING}
 
@@ -143,10 +144,15 @@ def read_grammar(path: Optional[Path]) -> Optional[str]:
 
 
 def read_json_schema(path: Optional[Path]) -> Optional[dict[str, Any]]:
+    """A JSON schema from a file; or given inline (text starting with `{`), or `json`: any JSON object (Ollama's
+    format "json"), where no file of that name exists."""
     if path is None:
         return None
+    text = str(path).strip()
+    if text == "json" and not Path(path).is_file():
+        return {"type": "object"}
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(text) if text.startswith("{") and not Path(path).is_file() else json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot read --json-schema {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
