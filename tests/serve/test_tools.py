@@ -64,6 +64,21 @@ def test_forced_calls_validate_streamed_and_not(server, tools_model, choice, nam
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_a_forced_call_with_a_response_format_is_the_call(server, tools_model):
+    """A forced call beside a response_format (instructor's RESPONSES_TOOLS mode sends both; OpenAI takes the
+    pair, it was a 400 here: a helper's run with the frameworks): the call, decoded by its own schema."""
+    c = client(server)
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+    r = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                                  max_tokens=80, response_format=fmt)
+    alone = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.tool_calls[0].function == alone.choices[0].message.tool_calls[0].function
+    resp = c.responses.create(model=str(tools_model), input=ASK[-1]["content"], temperature=0, max_output_tokens=80,
+                              tool_choice="required", text={"format": {"type": "json_schema", "name": "answer", "schema": fmt["json_schema"]["schema"]}},
+                              tools=[{"type": "function", **t["function"]} for t in TOOLS])
+    assert [item.type for item in resp.output] == ["function_call"], resp.output
+
+
 def test_a_forced_call_ignores_stop_sequences(server, tools_model):
     """A stop inside the call would cut its JSON: the grammar ends a forced call, not the request's stops."""
     r = client(server).chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required",

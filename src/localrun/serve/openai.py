@@ -465,8 +465,10 @@ def request_for(resident, body: Union[CompletionBody, ChatBody]) -> tuple[Reques
         request.context = list(body._context)
     options = _options(resident.loaded.sampling, body)
     if tooling is not None and tooling.forced is not None:
-        if options.json_schema is not None or options.grammar is not None:
-            raise ApiError(400, "tool_choice required (or a named function) cannot combine with response_format or grammar", param="tool_choice")
+        if options.grammar is not None:
+            raise ApiError(400, "tool_choice required (or a named function) cannot combine with a grammar", param="tool_choice")
+        # A forced call writes no text for a response format to shape: the call's own schema decodes it, as OpenAI
+        # takes the pair (instructor's RESPONSES_TOOLS mode sends both).
         options = options.model_copy(update={"json_schema": tooling.forced, "stop": []})  # the grammar ends the call whole
     asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if asked is not None:
