@@ -128,6 +128,11 @@ def test_lru_eviction_memory_budget_and_a_model_too_big(server_factory, smollm2,
     with stream as r, ThreadPoolExecutor(1) as pool:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data:"))
+        # A client that goes away while its load waits: the load stops waiting (nothing unloaded or loaded for nobody)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/completions", timeout=1.0, json={"model": str(smollm2), "prompt": "Hi", "max_tokens": 2})
+        wait_until(lambda: any("| 499 |" in line and smollm2.name in line for line in srv.stderr), what="the wait to end")
+        assert not any(f"unloading {gemma.name}" in line for line in srv.stderr) and [m["name"] for m in ps(srv)] == [gemma.name]
         queued = pool.submit(ask, srv, smollm2)
         wait_until(lambda: any(f"waiting for {gemma.name} to finish" in line for line in srv.stderr), what="the load to wait")
         rest = [line for line in lines if line.startswith("data:")]

@@ -37,6 +37,10 @@ class PoolBusy(LocalrunError):
     """Every loaded model is in use and the next one does not fit beside them: retry later."""
 
 
+class LoadCancelled(LocalrunError):
+    """The request went away while its load waited for room."""
+
+
 def parse_keep_alive(value: Any) -> float:
     """Seconds from a keep_alive as Ollama takes it: a number of seconds, or a duration "90s", "5m", "1h",
     "1h30m"; negative = forever, 0 = unload after the answer; past 10 years, forever."""
@@ -288,10 +292,12 @@ class ModelPool:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def acquire(self, ref: str, spec: LoadSpec, *, pinned: bool = False) -> tuple[Resident, bool]:
+    def acquire(self, ref: str, spec: LoadSpec, *, pinned: bool = False,
+                cancelled: Optional[Callable[[], bool]] = None) -> tuple[Resident, bool]:
         """The resident model for `ref` with these load options, loading (and evicting) as needed, with a
         reference taken; and whether this call loaded it. Blocks for a load. Raises ModelNotFound,
-        ModelTooBig, PoolBusy or the load's own error; a failure touches no other model."""
+        ModelTooBig, PoolBusy, LoadCancelled (`cancelled()` turned true while it waited for room) or the load's
+        own error; a failure touches no other model."""
         spec = _as_loaded(spec)
         resident = self._find(ref, spec)
         if resident is not None:
@@ -340,7 +346,7 @@ class ModelPool:
                             self.notice(f"reloading {old.name}: {', '.join(changed)}")
                             closing.append(self._remove(old))
                     closing += self._make_room(estimate, vram, gpu_free, freed=(
-                        sum(r.estimate - r.vram for r in closing), sum(r.vram for r in closing)))
+                        sum(r.estimate - r.vram for r in closing), sum(r.vram for r in closing)), cancelled=cancelled)
             finally:
                 for resident in closing:
                     _close(resident)
@@ -504,7 +510,8 @@ class ModelPool:
 
         return hub.resolve_local(ref).path
 
-    def _make_room(self, estimate: int, vram: int, gpu_free: Optional[int], freed: tuple[int, int] = (0, 0)) -> list[Resident]:
+    def _make_room(self, estimate: int, vram: int, gpu_free: Optional[int], freed: tuple[int, int] = (0, 0),
+                   cancelled: Optional[Callable[[], bool]] = None) -> list[Resident]:
         """Take idle models off the list, least recently used first, until `estimate` (of which `vram` on
         the GPU) fits beside the rest, in RAM and in GPU memory (the lock held); the caller closes them
         after letting the lock go. `freed` (RAM, VRAM): taken off already, to be closed, so still in use as
@@ -525,7 +532,8 @@ class ModelPool:
                     waited_for.retiring = False  # room was found elsewhere: it stays
                 return removed
             idle = [r for r in self.residents if r.refs == 0]
-            if not idle and time.monotonic() < deadline:
+            gone = not idle and cancelled is not None and cancelled()
+            if not idle and time.monotonic() < deadline and not gone:
                 if waited_for is None or waited_for not in self.residents:
                     waited_for = min((r for r in self.residents if not r.retiring), key=lambda r: r.last_used, default=None)
                     if waited_for is not None:
@@ -539,6 +547,8 @@ class ModelPool:
                 if waited_for is not None and waited_for in self.residents:
                     waited_for.retiring = False  # it stays: the load that wanted its room gave up
                 self.residents.extend(removed)  # nothing is unloaded for a load that cannot happen now
+                if gone:
+                    raise LoadCancelled("the request went away while its model waited for room")
                 why = (f"{len(self.residents)} of at most {self.max_models} models are loaded" if over_count else
                        f"the next one does not fit beside them ({_gib(ram_held)} held, {_gib(ram_budget)} in all)" if fits_gpu else
                        f"the next one does not fit beside them in GPU memory ({_gib(vram_held)} held, {_gib(vram_budget)} in all)")

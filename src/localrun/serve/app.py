@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -228,8 +229,16 @@ def build_app(service: Service, on_started=None):
             return resident, keep_alive, 0.0
         try:
             t0 = time.perf_counter()
-            # The command line's model, back after an eject: pinned again, as it was.
-            resident, fresh = await run_in_threadpool(lambda: pool.acquire(ref, spec, pinned=ref == service.served))
+            # The command line's model, back after an eject: pinned again, as it was. A client that goes away while
+            # the load waits for room stops it waiting (nothing is unloaded or loaded for nobody).
+            receive, gone = _receive.get(), threading.Event()
+            watcher = asyncio.ensure_future(_set_when_gone(receive, gone)) if receive is not None else None
+            try:
+                resident, fresh = await run_in_threadpool(lambda: pool.acquire(ref, spec, pinned=ref == service.served,
+                                                                               cancelled=gone.is_set))
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
             service.remember(resident)
             return resident, keep_alive, (time.perf_counter() - t0) if fresh else 0.0
         except LocalrunError as exc:  # e.g. a file that would not load: this request fails, the server goes on
@@ -960,6 +969,7 @@ def build_app(service: Service, on_started=None):
         return HttpResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None), media_type="application/json")
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
+    app = _receiving(app)
     app = limit_body(app, service.options.max_body)
     app = _require_key(app, service.options.api_key) if service.options.api_key else app
     return app if service.options.quiet or service.options.socket else access.access_log(app)
@@ -1018,6 +1028,25 @@ def _warm_request_path() -> None:
         Sessions.open().close()
     except Exception:  # noqa: BLE001 - a store that cannot open is said by the request that needs it, not here
         pass
+
+
+_receive: ContextVar = ContextVar("localrun_receive", default=None)  # the request's ASGI receive (resident_for)
+
+
+def _receiving(app):
+    """Each HTTP request's ASGI `receive`, for code that has no Request at hand (a load that waits)."""
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "http":
+            _receive.set(receive)
+        await app(scope, receive, send)
+    return wrapped
+
+
+async def _set_when_gone(receive, gone: threading.Event) -> None:
+    """Once the body is read, the next ASGI message is the client going away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 async def _cancel_on_disconnect(request, answer: Answer) -> None:

@@ -16,7 +16,7 @@ import traceback
 from ..errors import InvalidModelFile, LocalrunError, ModelNotFound, UsageError
 from ..runtime.identity import build_identity
 from ..runtime.options import LOAD_FIELDS, LoadSpec
-from ..runtime.pool import ModelTooBig, PoolBusy, parse_keep_alive
+from ..runtime.pool import LoadCancelled, ModelTooBig, PoolBusy, parse_keep_alive
 from ..runtime.failures import message_for
 from ..runtime.resident import answer, converse, wire
 from .stream import ToLoop
@@ -31,6 +31,8 @@ def load_failure(exc: LocalrunError, ref: str) -> tuple[int, str, str]:
         return 400, exc.message, "model_too_big"
     if isinstance(exc, PoolBusy):
         return 503, exc.message, "models_busy"
+    if isinstance(exc, LoadCancelled):  # nobody reads it: the access log's line
+        return 499, exc.message, "cancelled"
     if isinstance(exc, UsageError):
         return 400, exc.message, "invalid_options"
     if isinstance(exc, InvalidModelFile):  # the file named is no model (its message names it): as /api/show says
