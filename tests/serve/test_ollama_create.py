@@ -102,3 +102,17 @@ def test_what_cannot_be_made_is_ollamas_error_shape(server, smollm2, path, body,
     answer = httpx.post(server.url + path, json=body, timeout=60)
     assert answer.status_code == status, answer.text
     assert words in answer.json()["error"], answer.text
+
+
+def test_a_damaged_registry_leaves_the_model_lists_answering(smollm2, tmp_path):
+    """models.json damaged (a crash of another tool, a bad edit): /v1/models and /api/tags still list what the
+    server serves, with a warning in its log, where they were a plain-text 500 (a helper's reliability run)."""
+    (tmp_path / "models.json").write_text('{"pirate": {"name": "pir')
+    with start_server(smollm2, tmp_path, "--ctx", "512", "--parallel", "1") as srv:
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            v1, tags = http.get("/v1/models"), http.get("/api/tags")
+        assert v1.status_code == 200 and [m["id"] for m in v1.json()["data"]] == [smollm2.name], v1.text
+        assert tags.status_code == 200 and [m["name"] for m in tags.json()["models"]] == [smollm2.name], tags.text
+        wait_until(lambda: any("warning: the pulled models are left out of the model list" in line and "models.json is damaged" in line
+                               for line in srv.stderr), what="the warning")
+        assert not any("Traceback" in line for line in srv.stderr)

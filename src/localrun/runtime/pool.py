@@ -11,6 +11,7 @@ thread that releases.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -19,7 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import LocalrunError, ModelNotFound, UsageError
+from ..errors import ConfigError, LocalrunError, ModelNotFound, UsageError
 from .options import LoadSpec
 
 FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or by `stop`)
@@ -143,9 +144,19 @@ def remove_pulled(ref: str) -> list[Path]:
 
 def pulled_refs() -> list[tuple[str, str]]:
     """(name a request may use, file) for every pulled model whose files are all there."""
+    return [(m.ref, str(m.path)) for m in listed_local() if not m.missing_files()]
+
+
+def listed_local() -> list:
+    """The pulled and made models, for a server's model lists: none, with a warning in its log, where the
+    registry is damaged (the lists still answer with what is loaded; a request naming one says the reason)."""
     from .. import hub
 
-    return [(m.ref, str(m.path)) for m in hub.list_local() if not m.missing_files()]
+    try:
+        return hub.list_local()
+    except ConfigError as exc:
+        print(f"warning: the pulled models are left out of the model list: {exc.message}", file=sys.stderr, flush=True)
+        return []
 
 
 def gpu_free_bytes() -> Optional[int]:

@@ -156,10 +156,10 @@ def tags_listing() -> list[dict[str, Any]]:
     """The pulled models whose files are all here, as Ollama's /api/tags lists them."""
     from ..engine.gguf_info import read_info
     from ..errors import InvalidModelFile
-    from ..hub import list_local
+    from .pool import listed_local
 
     out = []
-    for m in list_local():
+    for m in listed_local():
         if m.missing_files():
             continue
         try:
