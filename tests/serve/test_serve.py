@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from conftest import LOCALRUN, SERVE_KEY, Server, last_json, run_cli, start_server  # noqa: F401 - Server for annotations
+from conftest import LOCALRUN, SERVE_KEY, Server, last_json, run_cli, start_server, wait_until  # noqa: F401 - Server for annotations
 
 openai = pytest.importorskip("openai")
 
@@ -601,6 +601,34 @@ def test_ctrl_c_with_long_requests_running_ends_them_cleanly(smollm2, tmp_path):
         srv.proc.wait(timeout=30)  # one Ctrl-C is enough (a second one forces an exit, as uvicorn's does)
     finally:
         assert srv.stop() == 130  # no traceback on stderr (checked there)
+
+
+def test_a_second_ctrl_c_during_a_long_step_stops_at_once(smollm2, tmp_path):
+    """One step of a long prompt (a 1,900-token chunk: ~20 s on one thread) cannot be interrupted: the first Ctrl-C
+    says the requests end when it does, a second stops at once, the stream getting its error event (it waited the
+    whole step, logged tracebacks, cut the stream without an end, and once crashed in llama.cpp while tearing
+    down beside it: a helper's reliability run)."""
+    srv = start_server(smollm2, tmp_path / "home", "--parallel", "1", "--ctx", "4096", "--prefill-chunk", "2048", "--batch", "2048")
+    body = {"model": smollm2.name, "stream": True, "max_tokens": 8, "messages": [{"role": "user", "content": "word " * 1900}]}
+    got: list[str] = []
+    client = threading.Thread(target=lambda: got.extend(_lines_of(srv.url + "/v1/chat/completions", body)))
+    try:
+        client.start()
+        wait_until(lambda: httpx.get(srv.url + "/health").json()["slots_processing"] == 1, what="the prompt's step")
+        srv.proc.send_signal(signal.SIGINT)
+        wait_until(lambda: any("a second Ctrl-C stops at once" in line for line in srv.stderr), what="the first Ctrl-C's line")
+        srv.proc.send_signal(signal.SIGINT)
+        assert srv.proc.wait(timeout=30) == 130
+        client.join(timeout=30)
+        assert any("the server was stopped: retry later" in line for line in got), got
+        assert any("stopped at once: the step under way was not waited for" in line for line in srv.stderr)
+    finally:
+        assert srv.stop() == 130  # no traceback on stderr (checked there)
+
+
+def _lines_of(url: str, body: dict) -> list[str]:
+    with httpx.stream("POST", url, json=body, timeout=120) as r:
+        return list(r.iter_lines())
 
 
 def test_ctrl_c_exits_130_even_when_started_with_sigint_ignored(smollm2, tmp_path):

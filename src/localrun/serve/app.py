@@ -1127,6 +1127,20 @@ def serve(options: ServeOptions, *, host: str, port: int, socket_path=None, on_r
             def handle_exit(self, sig, frame) -> None:
                 # End the open requests first (503 JSON, or an error event on a stream), so that uvicorn's
                 # graceful wait sees them finish: past it, uvicorn cancels them and logs a traceback.
+                if interrupted and service.pool.stepping():
+                    # A second signal while a step is under way (a long prompt's chunk, an image): stop at once.
+                    # llama.cpp's step cannot be interrupted and tearing down beside it can crash: every open
+                    # answer gets its end now, and the process leaves without waiting (its files are written
+                    # whole or not at all).
+                    from .stream import end_all
+
+                    end_all("the server was stopped: retry later")
+                    print("stopped at once: the step under way was not waited for", file=sys.stderr, flush=True)
+                    threading.Timer(0.5, os._exit, args=(130 if sig == signal.SIGINT or any(interrupted) else 0,)).start()
+                    return
+                if service.pool.busy():
+                    print("stopping: the open requests end when the step under way ends (a second Ctrl-C stops at once)",
+                          file=sys.stderr, flush=True)
                 interrupted.append(sig == signal.SIGINT)
                 service.stopping = True
                 service.pool.request_stop()

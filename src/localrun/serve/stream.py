@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -49,6 +50,7 @@ class ToLoop:
 
 
 _live: set = set()  # answer threads still running: their state may still be going to disk
+_open: "weakref.WeakSet[Answer]" = weakref.WeakSet()  # answers whose clients may still be reading (end_all)
 _live_lock = threading.Lock()
 
 
@@ -86,6 +88,7 @@ class Answer:
         self.failure_status: Optional[int] = None  # an answer that failed for the request's own fault: 400
         self.gone = threading.Event()
         self._out = ToLoop()
+        _open.add(self)
         # Set by collect(): nobody reads the answer before its end, so its responses go to the loop together then
         # (one wake-up of the event loop per answer, not one per step: on two cores that wake-up took CPU from
         # llama.cpp's threads at every token).
@@ -187,6 +190,13 @@ class Answer:
             response.logprobs = logprobs
         response.thinking = "".join(thought)
         return "".join(parts), response
+
+
+def end_all(message: str) -> None:
+    """Stopping at once (a second Ctrl-C): every open answer ends now with `message` (a stream's error event,
+    a whole answer's 503), not when the scheduler's step under way would have let it."""
+    for answer in list(_open):
+        answer._out.put(Response(finish_reason="shutdown", error=message))
 
 
 def _failed(exc: BaseException) -> Response:
