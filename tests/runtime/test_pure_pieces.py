@@ -225,6 +225,20 @@ def test_a_stored_response_keeps_its_object_and_one_stored_before_that_still_con
     assert not kept.delete("resp_" + "c" * 24) and kept.get("resp_" + "c" * 24) == conversation
 
 
+def test_a_damaged_stored_response_is_not_found_and_said_once_in_the_log(isolated_home, capsys):
+    """Truncated or garbage: answered as not stored, and the log names the file (it was silent: a helper's run)."""
+    from localrun.store.responses import folder, load_response, save_response
+
+    rid = "resp_" + "d" * 24
+    save_response(rid, [{"role": "user", "content": "hi"}], {"id": rid})
+    path = folder() / f"{rid}.json"
+    path.write_bytes(path.read_bytes()[:20])
+    assert load_response(rid) is None and load_response(rid) is None
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert len(said) == 1 and str(path) in said[0] and "unreadable" in said[0]
+    assert load_response("resp_" + "e" * 24) is None and "warning" not in capsys.readouterr().err  # never stored: silent
+
+
 def test_a_stored_response_reads_as_in_progress_until_answered_and_one_deleted_meanwhile_is_not_kept(isolated_home):
     """GET /v1/responses/{id} of a response still being answered reads its in-progress object (it was a 404);
     one deleted while being answered is neither kept nor written when its answer comes; one that failed

@@ -7,6 +7,7 @@ atomically; the newest KEEP are kept."""
 from __future__ import annotations
 
 import json
+import sys
 import re
 from pathlib import Path
 from typing import Optional
@@ -43,19 +44,34 @@ def load_response(rid: str) -> Optional[tuple[list[dict], Optional[dict], Option
     is no longer, or is unreadable)."""
     if not _ID.match(rid):
         return None
+    path = folder() / f"{rid}.json"
     try:
-        record = json.loads((folder() / f"{rid}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        return _unreadable(path, exc)
     if isinstance(record, list):  # written before the Response object was kept beside the conversation
         record = {"messages": record, "response": None}
     if not isinstance(record, dict):
-        return None
+        return _unreadable(path, "not a stored response")
     messages, response, items = record.get("messages"), record.get("response"), record.get("input")
     if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
-        return None
+        return _unreadable(path, "no messages")
     listed = isinstance(items, list) and all(isinstance(i, dict) for i in items)
     return messages, response if isinstance(response, dict) else None, items if listed else None
+
+
+_said: set = set()
+
+
+def _unreadable(path: Path, why) -> None:
+    """A stored response that cannot be read (damaged, truncated): answered as not stored, said once in the log."""
+    if path not in _said:
+        _said.add(path)
+        print(f"warning: the stored response {path} is unreadable ({why}): it is answered as not found; delete it",
+              file=sys.stderr, flush=True)
+    return None
 
 
 def delete_response(rid: str) -> bool:
