@@ -243,6 +243,9 @@ def build_app(service: Service, on_started=None):
             return resident, keep_alive, (time.perf_counter() - t0) if fresh else 0.0
         except LocalrunError as exc:  # e.g. a file that would not load: this request fails, the server goes on
             status, message, code = native.load_failure(exc, ref)
+            if code == "model_not_found" and message.startswith("unknown model"):  # worded for an HTTP client
+                head = message.split("run `localrun list", 1)[0].rstrip(": ")
+                message = head + (" " if head.endswith("?") else ": ") + "GET /v1/models lists the models this server has"
             raise ApiError(status, message, param="options" if code == "invalid_options" else "model", code=code,
                            type_="server_error" if status >= 500 else "invalid_request_error") from None
 
