@@ -38,6 +38,11 @@ def test_create_runs_by_name_with_its_modelfile_and_rm_keeps_the_file(cli, tmp_p
     asked = cli("run", "pirate", PROMPT, "--min-tokens", "16", "-n", "16")
     assert asked.returncode == 0 and "limit" not in asked.stderr and asked.stdout == cut.stdout
 
+    # Ollama's single views of show
+    assert cli("show", "pirate", "--system").stdout == SYSTEM + "\n"
+    assert sorted(line.split() for line in cli("show", "pirate", "--parameters").stdout.splitlines()) == [["num_predict", "16"], ["temperature", "0"]]
+    assert "<|im_start|>" in cli("show", "pirate", "--template").stdout and cli("show", "pirate", "--license").stdout == ""
+
     # show --modelfile writes what create reads back: the same model again.
     text = cli("show", "pirate", "--modelfile").stdout
     assert f'SYSTEM """{SYSTEM}"""' in text and "PARAMETER num_predict 16" in text

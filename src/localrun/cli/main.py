@@ -87,14 +87,30 @@ def show(
     tensor_split: TensorSplitOpt = None,
     verify: Annotated[bool, typer.Option("--verify", help="hash the model's files again and compare with the pull")] = False,
     modelfile: Annotated[bool, typer.Option("--modelfile", help="print the model as a Modelfile (what `create` reads)")] = False,
+    license_: Annotated[bool, typer.Option("--license", help="print its license")] = False,
+    parameters: Annotated[bool, typer.Option("--parameters", help="print its default parameters (Ollama's names)")] = False,
+    template: Annotated[bool, typer.Option("--template", help="print its chat template")] = False,
+    system: Annotated[bool, typer.Option("--system", help="print its system prompt")] = False,
 ) -> None:
     """Show a pulled model's metadata and the memory it needs at a given --ctx (with --rpc: where its
-    layers would go, without loading it)."""
+    layers would go, without loading it); --modelfile, --license, --parameters, --template, --system print
+    that alone (as `ollama show` does)."""
     from .. import hub
     from ..runtime.report import describe, modelfile_text
     from . import render
 
     local = hub.resolve_local(model, verify=verify)
+    views = [name for name, on in (("license", license_), ("parameters", parameters), ("template", template), ("system", system)) if on]
+    if views:
+        from ..runtime.report import model_card
+
+        card = model_card(model)
+        for name in views:
+            text = card.get(name) or ""
+            if name == "template" and text == "{{ .Prompt }}":  # no template: Ollama's placeholder is no text of ours
+                text = ""
+            sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
+        return
     if modelfile:
         sys.stdout.write(modelfile_text(local, hub.defaults_for(local.ref if local.source != "path" else model)))
         return
