@@ -143,6 +143,9 @@ def test_json_schema_output_parses_and_validates(smollm2, cli, tmp_path):
     # Inline, under Ollama's flag name: the same answer; `--format json`: any JSON object (as `ollama run --format json`)
     inline = cli("run", str(smollm2), "-t", "0", "-n", "80", "--format", json.dumps(schema), "Describe a person named Ann who is 31 as JSON.")
     assert inline.returncode == 0 and inline.stdout == r.stdout, inline.stderr
+    url = {"type": "object", "properties": {"url": {"type": "string", "pattern": "^https://"}}, "required": ["url"]}
+    linked = cli("run", str(smollm2), "-t", "0", "-n", "60", "--format", json.dumps(url), "Give a URL as JSON")  # // kept as written
+    assert linked.returncode == 0 and json.loads(linked.stdout)["url"].startswith("https://"), linked.stdout + linked.stderr
     any_object = cli("run", str(smollm2), "-t", "0", "-n", "200", "--format", "json", "Give Ann's name and age (31) as JSON.")
     assert any_object.returncode == 0 and isinstance(json.loads(any_object.stdout), dict), any_object.stdout
 

@@ -75,7 +75,7 @@ def test_models_take_turns_on_a_small_gpu_and_a_too_big_one_is_refused(smollm2, 
         waiting = threading.Thread(target=lambda: got.append(p.acquire(str(smollm2), spec)))
         waiting.start()
         wait_until(lambda: any(f"waiting for {gemma}" in n for n in p.notices), what="the load to wait")
-        assert waiting.is_alive() and b.retiring and p._find(str(gemma), spec) is None
+        assert waiting.is_alive() and b.yielding and not b.retiring and p._find(str(gemma), spec) is None
         p.release(b)
         waiting.join(timeout=30)
         (d, loaded), = got
@@ -85,8 +85,20 @@ def test_models_take_turns_on_a_small_gpu_and_a_too_big_one_is_refused(smollm2, 
         e, _ = p.acquire(str(gemma), spec)
         with pytest.raises(PoolBusy, match="GPU memory"):
             p.acquire(str(smollm2), spec)
-        assert not e.retiring and p._find(str(gemma), spec) is e
+        assert not e.yielding and p._find(str(gemma), spec) is e
         p.release(e)
+        # A stop (or rm) while a load waits for its room keeps its meaning when the wait ends; shutting down ends
+        # the wait at once (nothing loads for a server that is ending)
+        p.room_wait = 60.0
+        failed = []
+        waiting = threading.Thread(target=lambda: failed.append(pytest.raises(PoolBusy, p.acquire, str(smollm2), spec)))
+        waiting.start()
+        wait_until(lambda: sum(f"waiting for {gemma}" in n for n in p.notices) == 2, what="the second wait")
+        p.stop(str(gemma))
+        p.request_stop()
+        waiting.join(timeout=30)
+        assert not waiting.is_alive() and "shutting down" in str(failed[0].value)
+        assert e.retiring and not e.yielding and str(smollm2) not in [r.name for r in p.residents]
         p.release(e)
     finally:
         p.close()

@@ -139,6 +139,7 @@ def test_load_spec_becomes_the_engines_options_in_one_place():
     assert LoadSpec(ctx=512, parallel=2, draft="lookup").engine_options(512).n_outputs == 2 * 33
     assert (LoadSpec(draft="lookup").decoding().draft_max, LoadSpec(draft="some/draft").decoding().draft_max) == (32, 16)
     assert LoadSpec().decoding("lookup").draft_max == 32  # a catalogue entry's default draft
+    assert LoadSpec(batch=16).decoding("lookup").draft_max == 15  # fitted to a small batch, not refused
     beams = LoadSpec(ctx=512, beams=3).engine_options(512, answer_room=100)
     assert (beams.n_ctx, beams.n_seq_max, beams.kv_unified) == (512 + 300, 7, True)
     embed = LoadSpec(ctx=2048, kind="embed", pooling="cls").engine_options(2048)

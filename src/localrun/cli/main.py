@@ -587,7 +587,9 @@ def stop(
         raise LocalrunError(f"the server at {server.address} answered {status}: {answer.get('error', {}).get('message', answer)}")
     stopped, busy = answer["stopped"], set(answer.get("busy", []))
     if server_too:
-        err.print("server stopping" + (f"; unloaded {', '.join(stopped)}" if stopped else ""), markup=False)
+        cut = answer.get("answering") or 0  # other terminals' answers end with it: said, not silent
+        err.print("server stopping" + (f"; unloaded {', '.join(stopped)}" if stopped else "")
+                  + (f"; {cut} answer(s) in progress were ended" if cut else ""), markup=False)
     elif not stopped:
         err.print("no model was loaded", markup=False)
     else:

@@ -74,7 +74,7 @@ def sampling_parameters() -> list[inspect.Parameter]:
         if option.pairs:
             kind = list[str]
         elif option.file:
-            kind = Path
+            kind = str if option.name == "json_schema" else Path  # inline JSON stays as written (a Path folds //)
         else:
             args = [a for a in typing.get_args(kind) if a is not type(None)]
             if typing.get_origin(kind) is typing.Union and len(args) == 1:

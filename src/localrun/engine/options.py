@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..errors import SettingError, UsageError
 
@@ -94,7 +94,7 @@ def cli_value(name: str, raw: Any) -> Any:
     if option.pairs:
         return parse_logit_bias(list(raw))
     if option.file:
-        return _FILE_READERS[name](Path(raw))
+        return _FILE_READERS[name](raw if name == "json_schema" else Path(raw))  # a schema may be inline JSON
     return raw
 
 
@@ -112,7 +112,7 @@ def text_value(name: str, text: str) -> Any:
     if option.pairs:
         return {} if empty else parse_logit_bias(text.split())
     if option.file:
-        return None if empty else _FILE_READERS[name](Path(text).expanduser())
+        return None if empty else _FILE_READERS[name](text if name == "json_schema" else Path(text).expanduser())
     if name == "seed" and (empty or text.lower() == "random"):
         return None
     return text
@@ -143,24 +143,26 @@ def read_grammar(path: Optional[Path]) -> Optional[str]:
         raise UsageError(f"--grammar {path} is not a UTF-8 text file: give a GBNF grammar") from None
 
 
-def read_json_schema(path: Optional[Path]) -> Optional[dict[str, Any]]:
-    """A JSON schema from a file; or given inline (text starting with `{`), or `json`: any JSON object (Ollama's
-    format "json"), where no file of that name exists."""
-    if path is None:
+def read_json_schema(given: Optional[Union[str, Path]]) -> Optional[dict[str, Any]]:
+    """A JSON schema: given inline (text starting with `{`, read as written: no path of it is made), `json` for
+    any JSON object (Ollama's format "json", where no file has that name), or the path of a file holding one."""
+    if given is None:
         return None
-    text = str(path).strip()
-    if text == "json" and not Path(path).is_file():
+    text = given.strip() if isinstance(given, str) else str(given)
+    path = Path(text).expanduser() if not text.startswith("{") else None
+    if text == "json" and not path.is_file():
         return {"type": "object"}
+    shown = "(inline)" if path is None else str(path)
     try:
-        data = json.loads(text) if text.startswith("{") and not Path(path).is_file() else json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(text) if path is None else json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise UsageError(f"cannot read --json-schema {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot read --json-schema {shown}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise UsageError(f"--json-schema {path} is not a UTF-8 text file: give a JSON schema") from None
+        raise UsageError(f"--json-schema {shown} is not a UTF-8 text file: give a JSON schema") from None
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--json-schema {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise UsageError(f"--json-schema {shown} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict):
-        raise UsageError(f"--json-schema {path} must hold a JSON object (a schema)")
+        raise UsageError(f"--json-schema {shown} must hold a JSON object (a schema)")
     return data
 
 

@@ -42,7 +42,7 @@ def resolve_local(ref: Union[str, ModelRef], verify: bool = False) -> LocalModel
     model = _pick(mref, _candidates(mref, records))
     wanted = mref if mref.quant or mref.entry is None else mref.with_quant(mref.entry.default_quant)
     if model is None:
-        if mref.kind == "local":
+        if mref.kind == "local" and mref.quant:
             raise no_such_quant(mref, records)
         raise ModelNotFound(f"model '{wanted}' is not pulled: run `localrun pull {wanted}`")
     missing = model.missing_files()

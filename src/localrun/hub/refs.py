@@ -120,7 +120,8 @@ def parse_ref(ref: str) -> ModelRef:
     models = catalogue().models
     alias = name if name in models else next((a for a in models if a.casefold() == name.casefold()), None)
     if alias is None:
-        made = next((r for r in registry.read().values() if r["source"] in registry.MADE_HERE and r["name"].casefold() == name.casefold()), None)
+        named = [r for r in registry.read().values() if r["source"] in registry.MADE_HERE and r["name"].casefold() == name.casefold()]
+        made = next((r for r in named if r["source"] == "created"), named[0] if named else None)  # NAME beside NAME:Q8_0
         if made is not None:
             if made["source"] == "created" and norm_quant == "LATEST":  # Ollama's default tag: the model itself
                 norm_quant = None

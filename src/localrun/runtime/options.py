@@ -58,7 +58,12 @@ class LoadSpec:
         from ..engine.strategies import DecodeOptions
 
         draft = self.draft if self.draft is not None else default_draft if self.beams == 1 else None
-        return DecodeOptions(draft=None if draft == "none" else draft, draft_max=self.draft_max, beams=self.beams,
+        draft_max = self.draft_max
+        if draft_max is None and draft == "lookup":  # the default fits the batch (a code model's --batch 16 still loads)
+            from ..engine.options import LOOKUP_DRAFT_MAX
+
+            draft_max = max(1, min(LOOKUP_DRAFT_MAX, self.batch - 1))
+        return DecodeOptions(draft=None if draft == "none" else draft, draft_max=draft_max, beams=self.beams,
                              length_penalty=self.length_penalty)
 
     def engine_options(self, n_ctx: int, decoding=None, answer_room: Optional[int] = None):

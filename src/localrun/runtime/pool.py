@@ -155,8 +155,13 @@ def listed_local() -> list:
     try:
         return hub.list_local()
     except ConfigError as exc:
-        print(f"warning: the pulled models are left out of the model list: {exc.message}", file=sys.stderr, flush=True)
+        if exc.message not in _SAID:  # once per damage, not at every request
+            _SAID.add(exc.message)
+            print(f"warning: the pulled models are left out of the model list: {exc.message}", file=sys.stderr, flush=True)
         return []
+
+
+_SAID: set = set()
 
 
 def gpu_free_bytes() -> Optional[int]:
@@ -210,12 +215,13 @@ class Resident:
         if not _made(loaded):  # a created model is not its file under another name
             self.names.add(str(path).casefold())
         self.retiring = False  # being stopped or reloaded: no new requests, unloaded when the last one ends
+        self.yielding = False  # a load waits for its room: no new requests (ModelPool._make_room unloads it)
         self.stamp: tuple[int, int] = (-1, -1)  # the file's size and mtime when loaded
         self.conversations: "OrderedDict[str, Any]" = OrderedDict()  # the chats kept on it (runtime.resident)
 
     def usable(self, stamp: tuple[int, int]) -> bool:
         """May a new request use it: not being retired, not failed, and still the file on disk."""
-        return not self.retiring and not self.scheduler.fatal and stamp == self.stamp
+        return not self.retiring and not self.yielding and not self.scheduler.fatal and stamp == self.stamp
 
     @property
     def name(self) -> str:
@@ -294,6 +300,7 @@ class ModelPool:
         self.notice = on_notice
         self.clock = clock
         self.room_wait = room_wait
+        self.stopping = False  # request_stop: no load waits for room any more
         self.residents: list[Resident] = []
         self.lock = threading.Condition()
         self.loading = threading.Lock()  # one load at a time: two loads would each count the same free RAM
@@ -358,6 +365,8 @@ class ModelPool:
                             closing.append(self._remove(old))
                     closing += self._make_room(estimate, vram, gpu_free, freed=(
                         sum(r.estimate - r.vram for r in closing), sum(r.vram for r in closing)), cancelled=cancelled)
+                    if self.stopping or self.closed:  # nothing loads for a server that is ending
+                        raise PoolBusy("the server is shutting down: retry later")
             finally:
                 for resident in closing:
                     _close(resident)
@@ -481,8 +490,11 @@ class ModelPool:
             return any(r.refs for r in self.residents)
 
     def request_stop(self) -> None:
-        """Shutting down: every scheduler ends its open requests at once (see Scheduler.request_stop)."""
+        """Shutting down: every scheduler ends its open requests at once (see Scheduler.request_stop), and a load
+        waiting for room gives up."""
         with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
             for resident in self.residents:
                 resident.scheduler.request_stop()
 
@@ -539,27 +551,29 @@ class ModelPool:
             over_count = self.max_models and len(self.residents) >= self.max_models
             fits_gpu = vram_budget is None or vram_held + vram <= vram_budget
             if not over_count and ram_held + estimate - vram <= ram_budget and fits_gpu:
-                if waited_for is not None and waited_for in self.residents:
-                    waited_for.retiring = False  # room was found elsewhere: it stays
+                if waited_for is not None:
+                    waited_for.yielding = False  # room was found elsewhere: it stays
                 return removed
             idle = [r for r in self.residents if r.refs == 0]
             gone = not idle and cancelled is not None and cancelled()
-            if not idle and time.monotonic() < deadline and not gone:
+            if not idle and time.monotonic() < deadline and not gone and not self.stopping:
                 if waited_for is None or waited_for not in self.residents:
                     waited_for = min((r for r in self.residents if not r.retiring), key=lambda r: r.last_used, default=None)
-                    if waited_for is not None:
-                        waited_for.retiring = True
+                    if waited_for is not None:  # (not `retiring`: a stop or rm meanwhile keeps its own meaning)
+                        waited_for.yielding = True
                         self.notice(f"waiting for {waited_for.name} to finish its requests, to make room")
                 self.lock.wait(timeout=0.5)
                 if gpu_free is not None:  # a model the keep-alive reaper closed meanwhile gave its GPU memory back
                     gpu_free = self.free_vram()
                 continue
             if not idle:
-                if waited_for is not None and waited_for in self.residents:
-                    waited_for.retiring = False  # it stays: the load that wanted its room gave up
+                if waited_for is not None:
+                    waited_for.yielding = False  # it stays: the load that wanted its room gave up
                 self.residents.extend(removed)  # nothing is unloaded for a load that cannot happen now
                 if gone:
                     raise LoadCancelled("the request went away while its model waited for room")
+                if self.stopping:
+                    raise PoolBusy("the server is shutting down: retry later")
                 why = (f"{len(self.residents)} of at most {self.max_models} models are loaded" if over_count else
                        f"the next one does not fit beside them ({_gib(ram_held)} held, {_gib(ram_budget)} in all)" if fits_gpu else
                        f"the next one does not fit beside them in GPU memory ({_gib(vram_held)} held, {_gib(vram_budget)} in all)")

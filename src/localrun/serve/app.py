@@ -889,8 +889,9 @@ def build_app(service: Service, on_started=None):
             if body.get("if_idle") and not service.end_if_idle():
                 return error_response(ApiError(409, "the server is answering requests", code="busy"), "/api/stop")
             stopped = [r["name"] for r in pool.ps()]
+            answering = sum(r.refs for r in list(pool.residents))  # ended with the server (said by `stop --server`)
             asyncio.get_running_loop().call_soon(service.end)
-            return JSONResponse({"stopped": stopped, "busy": [], "server": True})
+            return JSONResponse({"stopped": stopped, "busy": [], "server": True, "answering": answering})
         try:  # {"model": NAME, "deleted": true}: NAME was deleted (`localrun rm`), not unloaded by any other name
             chosen = service.deleted(named) if named and body.get("deleted") is True else pool.stop(None if asks else named)
         except ModelNotFound as exc:
