@@ -28,7 +28,7 @@ from typing import Any, Optional
 from ..errors import ContextOverflow, LocalrunError, ModelNotFound, UsageError
 from ..runtime import Loaded, Response
 from ..runtime.options import LoadSpec
-from ..runtime.pool import FOREVER, ModelPool, Resident, model_key, parse_keep_alive
+from ..runtime.pool import FOREVER, ROOM_WAIT_S, ModelPool, Resident, model_key, parse_keep_alive
 from ..runtime.scheduler import Job, Scheduler
 from .stream import Answer, answer_events
 from . import access, anthropic, native, ollama, openai, responses
@@ -71,7 +71,7 @@ class Service:
             max_models=options.max_models, memory_budget=options.memory_budget,
             on_notice=on_notice or (lambda message: None),
             # The resident server does not make a run wait for room: its client answers in its own process at once.
-            **({"room_wait": 0.0} if options.socket else {}),
+            room_wait=0.0 if options.socket else ROOM_WAIT_S,
         )
         self.metrics.watch(self.pool)
         from ..runtime.workers import fail_over_lost_workers
@@ -1046,20 +1046,21 @@ def _receiving(app):
     return wrapped
 
 
-async def _set_when_gone(receive, gone: threading.Event) -> None:
-    """Once the body is read, the next ASGI message is the client going away."""
+async def _until_gone(receive) -> None:
+    """Returns when the client goes away: once the body is read, the next ASGI message says so."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def _set_when_gone(receive, gone: threading.Event) -> None:
+    await _until_gone(receive)
     gone.set()
 
 
 async def _cancel_on_disconnect(request, answer: Answer) -> None:
-    """The body is read, so the next ASGI message is the client going away: free the slot at once."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            answer.cancel()
-            return
+    """The client going away frees the answer's slot at once."""
+    await _until_gone(request.receive)
+    answer.cancel()
 
 
 # -- running it ------------------------------------------------------------------------------------
