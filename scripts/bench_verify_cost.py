@@ -5,6 +5,7 @@ gains only while the tokens it keeps outnumber that cost: with acceptance a and 
 about 1 + a*k tokens for cost(k+1) single steps, so its ceiling is (k+1)/cost(k+1) even at a = 1.
 
     python scripts/bench_verify_cost.py [--model PATH] [--threads N] [--depth 500] [--reps 5] [--sizes 1,2,4,8,12,17,25,33]
+                                        [--flash-attn auto|on|off]
 
 Prints per n the median milliseconds and the cost in single steps (medians of --reps, the sizes taking turns).
 The default model is Qwen2.5-Coder-1.5B-Instruct Q4_K_M (tests/conftest.fetch_real_model).
@@ -29,6 +30,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=500, help="tokens already in the context")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sizes", default="1,2,4,8,12,17,25,33")
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="off",
+                    help="off (default): as lookup drafting runs on a CPU (engine.strategies.context_options)")
     args = ap.parse_args()
     if args.model is None:
         sys.path.insert(0, str(HERE.parent / "tests"))
@@ -39,7 +42,9 @@ def main() -> None:
     from localrun.engine.loop import evaluate
 
     sizes = [int(s) for s in args.sizes.split(",")]
-    engine = Engine(args.model, LoadOptions(n_ctx=args.depth + max(sizes) + 64, n_threads=args.threads, n_outputs=max(sizes)))
+    engine = Engine(args.model, LoadOptions(
+        n_ctx=args.depth + max(sizes) + 64, n_threads=args.threads, n_outputs=max(sizes),
+        flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn]))
     text = "def scale(values, factor):\n    return [v * factor for v in values]\n" * (args.depth // 8 + 1)
     context = engine.tokenize(text)[: args.depth]
     evaluate(engine, context)
@@ -59,7 +64,7 @@ def main() -> None:
                 seconds[n].append(time.perf_counter() - t0)
             engine.kv.truncate(0, base)
     one = statistics.median(seconds[1]) if 1 in seconds else None
-    print(f"{args.model.name}, {args.threads} threads, depth {args.depth}: one step of n tokens, each with logits")
+    print(f"{args.model.name}, {args.threads} threads, depth {args.depth}, flash attention {args.flash_attn}: one step of n tokens, each with logits")
     for n in sizes:
         ms = statistics.median(seconds[n]) * 1000
         cost = f"  {ms / 1000 / one:5.2f} single steps" if one else ""

@@ -143,6 +143,37 @@ def test_lookup_draft_is_token_identical_and_accepts_copied_text(smollm2, cli):
     assert stats["target_steps"] < stats["eval_tokens"]  # fewer target decodes than tokens: the point of it
 
 
+def test_a_verified_draft_fills_whole_fours_of_rows_on_the_cpu(smollm2, monkeypatch):
+    """llama.cpp's repacked CPU kernels multiply four tokens at a time and each one left over alone, as a whole
+    pass over the weights (engine.strategies.CPU_ROWS): every verifying step of more than three tokens is a
+    multiple of four, with a draft cap that would otherwise make steps of 17; the output is plain decoding's."""
+    from localrun.engine import Engine, LoadOptions
+    from localrun.engine.loop import generate
+    from localrun.engine.model import Engine as EngineClass
+    from localrun.engine.sampling import SamplingOptions
+    from localrun.engine.strategies import LookupDrafter, Speculative
+
+    engine = Engine(smollm2, LoadOptions(n_ctx=512, n_threads=1, n_outputs=32, flash_attn=False))
+    prompt = engine.tokenize(COUNTING)
+    greedy = SamplingOptions(temperature=0.0, max_tokens=60)
+    plain = [t for r in generate(engine, prompt, greedy) for t in r.tokens]
+    engine.kv.clear(0)
+    sizes: list[int] = []
+    decode = EngineClass.decode
+
+    def recorded(self, batch):
+        sizes.append(batch.n)
+        return decode(self, batch)
+
+    monkeypatch.setattr(EngineClass, "decode", recorded)
+    drafted = [t for r in generate(engine, prompt, greedy, strategy=Speculative(LookupDrafter(), 16)) for t in r.tokens]
+    assert drafted == plain
+    steps = sizes[1:]  # after the prompt's
+    assert max(steps) == 16  # 15 drafted, not the 16 allowed (a step of 17)
+    assert all(n % 4 == 0 for n in steps if n > 3), steps
+    engine.close()
+
+
 def test_draft_model_with_same_vocabulary(smollm2, cli):
     """The README's promise: greedy output with a draft model is the target's own, token for token (against
     plain decoding with flash attention off, as --draft sets it)."""

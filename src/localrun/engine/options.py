@@ -40,9 +40,11 @@ MIN_CONTEXT = 16  # the fewest tokens a context (a slot's, on a server) may hold
 KV_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache types a context takes (--kv-type, options.kv_type)
 DRAFT_MAX = 64  # the most tokens a step may draft (--draft-max; a request's draft_max)
 # --draft-max by default. A lookup draft is long only behind a long match (a run being copied), where a CPU's
-# batched step pays more the longer it is (Qwen2.5-1.5B, 2 threads, AMD EPYC: 17 tokens cost 9.0 single steps,
-# 33 cost 14.5, 49 cost 21.2: scripts/bench_verify_cost.py), and the code edit of scripts/bench_edit.py decodes
-# 1.71x plain at 16, 1.98x at 32, 1.90x at 48. A draft model's every token costs a decode of its own: 16.
+# batched step pays more the longer it is (Qwen2.5-1.5B, 2 threads, AMD EPYC, flash attention off as drafting
+# sets it: 16 tokens cost 6.9 single steps, 32 cost 11.9, 48 cost 16.5: scripts/bench_verify_cost.py), and the
+# code edit of scripts/bench_edit.py decoded 1.71x plain at 16, 1.98x at 32, 1.90x at 48 (steps of 17, 33, 49
+# tokens), 2.11x at 32 once a CPU's step was cut to whole fours (engine.strategies.CPU_ROWS: 31 drafted). A
+# draft model's every token costs a decode of its own: 16.
 LOOKUP_DRAFT_MAX, MODEL_DRAFT_MAX = 32, 16
 
 

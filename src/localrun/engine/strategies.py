@@ -71,8 +71,9 @@ class LookupDrafter:
     drafts as many tokens as allowed, a match of 3 to LONG-1 tokens drafts SHORT, a shorter one nothing.
     On a CPU a step's cost grows with its tokens, more slowly the more there are (Qwen2.5-1.5B, two threads
     at a depth of 500, scripts/bench_verify_cost.py: on an AMD EPYC 2 cost 1.85 single steps, 4 cost 2.9, 17
-    cost 9.0, 33 cost 14.5, 49 cost 21.2; on an Intel Xeon 17 cost 10.8), so only a long match pays for a long
-    draft (a kept draft of 32 gains up to ~2.3x there) and a bare 2-token match for none."""
+    cost 9.0, 33 cost 14.5, 49 cost 21.2; on an Intel Xeon 17 cost 10.8; a step of whole fours costs a single
+    step less than one token more: CPU_ROWS), so only a long match pays for a long draft (a kept draft of 31
+    gains up to ~2.7x there) and a bare 2-token match for none."""
 
     MAX_N, MIN_N = 4, 2
     LONG, SHORT = 12, 3
@@ -186,6 +187,20 @@ class DraftLength:
 
 # -- speculative decoding --------------------------------------------------------------------------
 
+# On a CPU, llama.cpp's repacked weight kernels (Q4_K, Q4_0, IQ4_NL...: ggml-cpu/repack.cpp) multiply a
+# step's tokens four at a time and each one left over alone, as a whole pass over the weights: a step of
+# 33 tokens costs about a single step more than one of 32 (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads, depth
+# 800, scripts/bench_verify_cost.py: 32 tokens 11.9 single steps, 33 12.9; 16 6.9, 17 7.6; 48 16.5, 49
+# 17.0). So a verified draft there is cut to fill whole fours with the token before it (3, 7, ... 31).
+CPU_ROWS = 4
+
+
+def whole_rows(k: int, rows: int) -> int:
+    """The longest draft of at most `k` tokens that fills whole multiples of `rows` with the token before it;
+    one shorter than rows - 1 stays (cutting it would only drop what may be kept)."""
+    return k - (k + 1) % rows if k + 1 > rows else k
+
+
 class SpeculativeTask(Plain):
     """After the prompt, each step evaluates the last token plus a draft, all with outputs; the target's
     sampler then walks the positions and keeps draft tokens while its own choice agrees."""
@@ -196,6 +211,7 @@ class SpeculativeTask(Plain):
         self.drafter = drafter
         self.length = DraftLength(draft_max)
         self.cap = draft_max + 1
+        self.row_multiple = CPU_ROWS if _cpu_only(engine.options) else 1
         self.draft: list[int] = []
         self.rows: list[int] = []
         drafter.reset(seq.prompt)
@@ -242,9 +258,10 @@ class SpeculativeTask(Plain):
         room = min(seq.limit - len(seq.generated), seq.n_ctx - held - 1, self.cap - 1)
         allowed = self.length.next()  # 0: drafting is paused after misses
         if getattr(self.drafter, "sizes_itself", False):  # it drafts by its match; a pause stops only short guesses
-            self.draft = self.drafter.propose(room, long_only=not allowed) if room > 0 else []
+            draft = self.drafter.propose(room, long_only=not allowed) if room > 0 else []
+            self.draft = draft[: whole_rows(len(draft), self.row_multiple)]
         else:
-            k = min(allowed, room)
+            k = whole_rows(min(allowed, room), self.row_multiple)
             self.draft = self.drafter.propose(k) if k > 0 else []
         return out
 
