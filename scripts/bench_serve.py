@@ -4,12 +4,14 @@
 Both servers run at once with equal settings: the same GGUF, 8 slots of --ctx tokens each (llama-server:
 `-np 8 -c 8*ctx --no-kv-unified`, one KV stream per slot as ours), the same threads, batch and ubatch of
 512, and all layers offloaded on a GPU build (--gpu-layers). llama-server is built from the same vendored
-llama.cpp and flags by scripts/build_llama_bench.sh. Then, per model:
+llama.cpp and flags by scripts/build_llama_bench.sh. Each round starts both servers anew, the one started
+first alternating (of two processes of one server started one after the other, the first decoded 4-7%
+slower here for as long as it ran). Then, per model and round:
   - the first request after start (TTFT of a 16-token request, before anything else ran), against the
-    median TTFT of 5 such requests once warm (each prompt new to every slot, so evaluated whole);
-  - rounds of 1, 8 and 16 concurrent streams (`localrun bench --serve`'s load generator: streaming
+    median TTFT of 3 such requests once warm (each prompt new to every slot, so evaluated whole);
+  - levels of 1, 8 and 16 concurrent streams (`localrun bench --serve`'s load generator: streaming
     /v1/completions, `ignore_eos`, --tokens each, 2 requests per stream), the two servers alternating
-    which goes first in each round.
+    which goes first.
 Each round also times one request alone, not streamed, as each server times its own decode loop (ms per
 token). Prints per model and stream count the median aggregate t/s of each, the median of the per-round ratios
 (ours / theirs, measured back to back), and TTFT p50/p95 of every request of that level (all rounds
@@ -115,40 +117,59 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+class Level:
+    """One level of load on one of the running servers: `level(name, streams, requests, tokens)`."""
+
+    def __init__(self, procs: dict, urls: dict, ids: dict, prompt: str, pause_idle: bool):
+        self.procs, self.urls, self.ids, self.prompt, self.pause_idle = procs, urls, ids, prompt, pause_idle
+
+    def __call__(self, name: str, c: int, requests: int, tokens: int) -> loadtest.Level:
+        idle = [proc for n, proc in self.procs.items() if n != name] if self.pause_idle else []
+        for proc in idle:  # --pause-idle: the other server stopped (SIGSTOP) while this one is measured
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            got = loadtest.run_level(self.urls[name], c, requests, prompt=self.prompt, max_tokens=tokens, api_key=None,
+                                     model=self.ids[name])
+        finally:
+            for proc in idle:
+                proc.send_signal(signal.SIGCONT)
+        failed = [o.error for o in got.outcomes if not o.ok]
+        if failed:
+            raise SystemExit(f"{name}: {len(failed)} requests failed: {failed[0]}")
+        return got
+
+
 def compare_servers(model: Path, args, streams: list[int]) -> dict:
     prompt = loadtest.filler_prompt(24)
     names = ("localrun", "llama-server")
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        procs["localrun"], url_ours = start_localrun(model, args)
-        procs["llama-server"], url_ref = start_llama_server(model, args)
-        urls = {"localrun": url_ours, "llama-server": url_ref}
-        ids = {n: loadtest.check_endpoint(u, None) for n, u in urls.items()}
+    starters = {"localrun": start_localrun, "llama-server": start_llama_server}
+    speed: dict[str, dict[int, list[float]]] = {n: {c: [] for c in streams} for n in names}
+    ttft: dict[str, dict[int, list[float]]] = {n: {c: [] for c in streams} for n in names}
+    tpot: dict[str, list[float]] = {n: [] for n in names}
+    first: dict[str, list[float]] = {n: [] for n in names}
+    cold: dict[str, list[float]] = {n: [] for n in names}
+    memory: dict[str, dict] = {}
+    for rep in range(args.reps):
+        # Both servers anew each round, the one started first alternating: of two processes of the same
+        # server started one after the other, the first decoded 4-7% slower for as long as it ran (this
+        # 2-core VM, Qwen2.5-1.5B, three such pairs), which a single start would count against one side.
+        procs: dict[str, subprocess.Popen] = {}
+        try:
+            urls = {}
+            for n in (names if rep % 2 == 0 else names[::-1]):
+                procs[n], urls[n] = starters[n](model, args)
+            ids = {n: loadtest.check_endpoint(u, None) for n, u in urls.items()}
 
-        def level(name: str, c: int, requests: int, tokens: int) -> loadtest.Level:
-            idle = [procs[n] for n in names if n != name] if args.pause_idle else []
-            for proc in idle:  # --pause-idle: the other server stopped (SIGSTOP) while this one is measured
-                proc.send_signal(signal.SIGSTOP)
-            try:
-                got = loadtest.run_level(urls[name], c, requests, prompt=prompt, max_tokens=tokens, api_key=None, model=ids[name])
-            finally:
-                for proc in idle:
-                    proc.send_signal(signal.SIGCONT)
-            failed = [o.error for o in got.outcomes if not o.ok]
-            if failed:
-                raise SystemExit(f"{name}: {len(failed)} requests failed: {failed[0]}")
-            return got
-
-        # TTFT of the very first request after start, then of fresh prompts (no prefix held by any slot) once
-        # warm: the same prompt evaluated whole each time, so that the ratio shows only what warming up costs.
-        first = {n: fresh_ttft(urls[n], ids[n], "first") for n in names}
-        for n in names:
-            level(n, SLOTS, SLOTS, 16)  # warm-up: every slot once
-        cold = {n: statistics.median(fresh_ttft(urls[n], ids[n], f"again {i}") for i in range(5)) for n in names}
-        speed: dict[str, dict[int, list[float]]] = {n: {c: [] for c in streams} for n in names}
-        ttft: dict[str, dict[int, list[float]]] = {n: {c: [] for c in streams} for n in names}
-        tpot: dict[str, list[float]] = {n: [] for n in names}
-        for rep in range(args.reps):
+            level = Level(procs, urls, ids, prompt, args.pause_idle)
+            # TTFT of the very first request after start, then of fresh prompts (no prefix held by any slot)
+            # once warm: the same prompt evaluated whole each time, so that the ratio shows only what warming
+            # up costs.
+            for n in names:
+                first[n].append(fresh_ttft(urls[n], ids[n], f"first {rep}"))
+            for n in names:
+                level(n, SLOTS, SLOTS, 16)  # warm-up: every slot once
+            for n in names:
+                cold[n].append(statistics.median(fresh_ttft(urls[n], ids[n], f"again {rep} {i}") for i in range(3)))
             for c in streams:
                 for n in (names if (rep + c) % 2 == 0 else names[::-1]):
                     got = level(n, c, 2 * c, args.tokens)
@@ -156,12 +177,16 @@ def compare_servers(model: Path, args, streams: list[int]) -> dict:
                     ttft[n][c] += [o.ttft_s for o in got.outcomes]
             for n in (names if rep % 2 == 0 else names[::-1]):
                 tpot[n].append(server_tpot_ms(n, urls[n], ids[n], prompt, args.tokens))
-            print(f"  {model.name} round {rep + 1}: " + "; ".join(
+            print(f"  {model.name} round {rep + 1} ({'localrun' if rep % 2 == 0 else 'llama-server'} started first): " + "; ".join(
                 f"{c}: {speed['localrun'][c][-1]:.1f} vs {speed['llama-server'][c][-1]:.1f} t/s" for c in streams), file=sys.stderr)
-        memory = {n: memory_of(procs[n].pid) for n in names}
-    finally:
-        for proc in procs.values():
-            stop(proc)
+            for n in names:  # the highest of the rounds
+                now = memory_of(procs[n].pid)
+                memory[n] = {k: max(filter(None, (v, memory.get(n, {}).get(k))), default=None) for k, v in now.items()}
+        finally:
+            for proc in procs.values():
+                stop(proc)
+    first_ttft = {n: statistics.median(v) for n, v in first.items()}
+    fresh = {n: statistics.median(v) for n, v in cold.items()}
     rows = []
     for c in streams:
         ours, ref = statistics.median(speed["localrun"][c]), statistics.median(speed["llama-server"][c])
@@ -178,9 +203,9 @@ def compare_servers(model: Path, args, streams: list[int]) -> dict:
     return {"model": model.name, "rows": rows,
             "server_ms_per_token": {n: round(statistics.median(tpot[n]), 3) for n in names},
             "server_ms_per_token_ratio": round(statistics.median(a / b for a, b in zip(tpot["localrun"], tpot["llama-server"])), 3),
-            "first_ttft_s": {n: round(first[n], 4) for n in names},
+            "first_ttft_s": {n: round(first_ttft[n], 4) for n in names},
             "memory_mib": memory,
-            "fresh_ttft_s": {n: round(cold[n], 4) for n in names}}
+            "fresh_ttft_s": {n: round(fresh[n], 4) for n in names}}
 
 
 def server_tpot_ms(name: str, url: str, model: str, prompt: str, tokens: int) -> float:
@@ -196,7 +221,7 @@ def server_tpot_ms(name: str, url: str, model: str, prompt: str, tokens: int) ->
 
 def memory_of(pid: int) -> dict[str, Optional[float]]:
     """A server's peak resident memory (VmHWM) and, on a GPU machine, its GPU memory as nvidia-smi reports
-    it per process, in MiB, after every round ran."""
+    it per process, in MiB, after a round ran (the highest of the rounds is reported)."""
     rss = None
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
