@@ -85,8 +85,10 @@ def test_same_seed_same_text_different_seed_differs(smollm2, cli):
     a = cli(*args, "--seed", "7", "Once upon a time")
     b = cli(*args, "--seed", "7", "Once upon a time")
     c = cli(*args, "--seed", "8", "Once upon a time")
-    assert a.returncode == b.returncode == c.returncode == 0
-    assert a.stdout == b.stdout
+    # llama.cpp's spelling of the temperature (--temp) is the same option
+    d = cli(*[("--temp" if x == "-t" else x) for x in args], "--seed", "7", "Once upon a time")
+    assert a.returncode == b.returncode == c.returncode == d.returncode == 0
+    assert a.stdout == b.stdout == d.stdout
     assert a.stdout != c.stdout
 
 
@@ -302,6 +304,9 @@ def test_gpu_layers_on_a_cpu_build_prints_one_notice_and_runs(smollm2, cli):
     if supports_gpu_offload():  # a GPU (llama.cpp's own llama_supports_gpu_offload also says yes for any RPC build)
         pytest.skip("this build has a GPU backend")
     r = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "4", "--gpu-layers", "99", "Hi")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("no GPU backend") == 1
+    r = cli("run", str(smollm2), "--raw", "-t", "0", "-ngl", "99", "-n", "4", "Hi")  # llama.cpp's spelling
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("no GPU backend") == 1
 

@@ -29,7 +29,7 @@ def _context_size(value: Optional[int]) -> Optional[int]:
 
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context window (tokens, per slot on a server; at least 16); default from models.yaml",
                                                rich_help_panel=_M, callback=_context_size)]
-GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", help="layers to offload to the GPU: N, auto (all, on a GPU build) or 0", rich_help_panel=_M)]
+GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", "-ngl", help="layers to offload to the GPU: N, auto (all, on a GPU build) or 0", rich_help_panel=_M)]
 FlashAttnOpt = Annotated[Optional[bool], typer.Option("--flash-attn/--no-flash-attn", help="default: llama.cpp decides", rich_help_panel=_M)]
 KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache type: f16, q8_0 or q4_0", rich_help_panel=_M)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)", rich_help_panel=_M)]

@@ -55,7 +55,7 @@ def check_context(n_ctx: int) -> None:
 
 # Defaults follow llama.cpp's own (common/common.h).
 SAMPLING: tuple[Option, ...] = (
-    Option("temperature", float, 0.8, "0 means greedy (always the most likely token)", ge=0.0, le=5.0, short=("-t",), help="0 = greedy"),
+    Option("temperature", float, 0.8, "0 means greedy (always the most likely token)", ge=0.0, le=5.0, short=("-t", "--temp"), help="0 = greedy"),
     Option("top_k", int, 40, "keep the k most likely tokens; 0 disables", ge=0, le=1_000_000),
     Option("top_p", float, 0.95, "nucleus sampling; 1.0 disables", gt=0.0, le=1.0),
     Option("min_p", float, 0.05, "drop tokens below min_p x the best probability; 0 disables", ge=0.0, le=1.0),
