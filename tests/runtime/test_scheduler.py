@@ -98,9 +98,9 @@ def test_an_image_prompt_is_prefilled_in_the_shared_batch(smollm2, image_files):
 
 def test_a_request_takes_a_free_slot_beside_the_busy_ones(smollm2):
     """Each slot is a KV stream of its own and llama.cpp batches only consecutive sequence ids in one pass
-    over the weights, so a request with no useful prefix takes the free slot beside the busy ones, not the
-    least recently used one (concurrent requests scattered over slots 0, 2, 5, 7 decoded at half speed);
-    a slot holding a useful prefix still comes first."""
+    over the weights, so a request takes the free slot beside the busy ones, not the least recently used one
+    (concurrent requests scattered over slots 0, 2, 5, 7 decoded at half speed), and not even the one holding
+    its prefix: that prefix is copied into the slot beside, and not evaluated again."""
     loaded, scheduler = start(smollm2, parallel=4)
     try:
         slots = scheduler.slots
@@ -115,11 +115,14 @@ def test_a_request_takes_a_free_slot_beside_the_busy_ones(smollm2):
         with scheduler.hold() as seat:
             assert seat.slot.seq_id == 0  # beside the busy slot, the less recently used of the two
             prompt = scheduler.engine.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
-            list(seat.generate(prompt, merge_options(GREEDY)))
+            first = list(seat.generate(prompt, merge_options(GREEDY)))
         slots[1].leased = False
-        slots[2].leased = True  # now slot 3 is beside a busy slot, slot 0 holds the prompt's prefix
+        slots[2].leased = True  # now slots 1 and 3 are beside a busy slot (3 the less recently used), 0 holds the prompt
         with scheduler.hold(prompt) as seat:
-            assert seat.slot.seq_id == 0  # a useful prefix outweighs the neighbour
+            assert seat.slot.seq_id == 3  # the neighbour outweighs a prefix held elsewhere...
+            again = list(seat.generate(prompt, merge_options(GREEDY)))
+        assert again[-1].stats.cached_tokens == len(prompt) - 1  # ...which is copied from slot 0, not evaluated
+        assert [t for r in again for t in r.tokens] == [t for r in first for t in r.tokens]
         slots[2].leased = False  # (left leased, the stop waited SETTLE_S for that made-up request to give it back)
     finally:
         scheduler.stop()

@@ -369,14 +369,19 @@ class Scheduler:
         return False
 
     def _closest(self, free: list[Slot], tokens: Sequence[int]) -> Slot:
-        """The slot among `free` sharing the longest prefix with `tokens` (its last token never counts: it is
-        always evaluated, its logits sampled), else one beside the busy slots, else the least recently used
-        (an empty one first). A slot's prefix counts only where it is longer than what taking the slot throws
-        away: a prompt that shares only `<bos>` or a first word with a slot takes another, and the prefix held
-        there stays for its own next request. Beside the busy slots: each slot is a KV stream of its own, and
-        llama.cpp puts only consecutive sequence ids in one micro-batch, so busy slots 0-3 decode in one pass
-        over the weights and 0, 2, 5, 7 in four (scripts/bench_slot_order.py). Token lists are copied: called
-        from a request's thread, a running slot's list changes on the scheduler thread."""
+        """The slot among `free` beside the busy slots, then the one sharing the longest prefix with `tokens`
+        (its last token never counts: it is always evaluated, its logits sampled), then the least recently
+        used (an empty one first).
+
+        Beside the busy slots first: each slot is a KV stream of its own, and llama.cpp puts only consecutive
+        sequence ids in one micro-batch, so busy slots 0-3 decode in one pass over the weights and 0, 2, 5, 7
+        in four (scripts/bench_slot_order.py), at every step for as long as they run together; a prefix held
+        in another slot is copied from there as the job starts (engine.kv.reuse_from: a copy of one slot's
+        KV stream, milliseconds), so taking the slot beside costs no prompt evaluation. A slot's prefix counts
+        only where it is longer than what taking the slot throws away: a prompt that shares only `<bos>` or a
+        first word with a slot takes another, and the prefix held there stays for its own next request.
+        Token lists are copied: called from a request's thread, a running slot's list changes on the scheduler
+        thread."""
         kv, limit = self.engine.kv, max(0, len(tokens) - 1)
         busy = {s.seq_id for s in self.slots if not s.free}
 
@@ -384,7 +389,7 @@ class Scheduler:
             held = list(kv.tokens[slot.seq_id])
             shared = common_prefix(held, tokens)
             beside = (slot.seq_id - 1 in busy) + (slot.seq_id + 1 in busy)
-            return (min(shared, limit) if shared > len(held) - shared else 0), beside, -slot.last_used
+            return beside, (min(shared, limit) if shared > len(held) - shared else 0), -slot.last_used
 
         return max(free, key=key)
 
