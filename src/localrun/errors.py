@@ -48,6 +48,24 @@ class ModelNotFound(LocalrunError):
     """An alias or repository that does not resolve, or a model that is not pulled."""
 
 
+class UnknownModel(ModelNotFound):
+    """A name that is no catalogue alias, no model made here and no repository. `close`: the aliases it may
+    have meant. Worded for the command line; each front end may word its own remedy from `name` and `close`
+    (the server points at its model list, not at a command)."""
+
+    def __init__(self, name: str, close: list[str]):
+        self.name, self.close = name, close
+        super().__init__(f"unknown model '{name}': {self.guess}run `localrun list --available` to see aliases, "
+                         "or use owner/repo[:QUANT]")
+
+    @property
+    def guess(self) -> str:
+        """'did you mean A or B? ' (with its trailing space), or '' when nothing is close."""
+        if not self.close:
+            return ""
+        return f"did you mean {', '.join(self.close[:-1]) + ' or ' + self.close[-1] if len(self.close) > 1 else self.close[0]}? "
+
+
 class QuantNotFound(ModelNotFound):
     """The repository has no file for the asked quant."""
 

@@ -197,6 +197,9 @@ def test_a_model_that_fails_to_load_fails_only_its_request(server_factory, smoll
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     assert "no-such-model" in missing.json()["error"]["message"]
     assert missing.json()["error"]["message"].endswith(": GET /v1/models lists the models this server has")  # not a CLI hint
+    family = ask(srv, "llama3.2")  # Ollama's family name: the sizes the catalogue has, in the server's words
+    assert family.status_code == 404 and family.json()["error"]["message"] == (
+        "unknown model 'llama3.2': did you mean llama3.2-1b or llama3.2-3b? GET /v1/models lists the models this server has")
     unpulled = ask(srv, "smollm2")  # an alias this home has not pulled: the server does not pull on request
     assert unpulled.status_code == 404 and "localrun pull smollm2" in unpulled.json()["error"]["message"]
     # The server and its model go on; a request naming no model gets the command line's.

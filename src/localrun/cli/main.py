@@ -104,7 +104,7 @@ def show(
     if views:
         from ..runtime.report import model_card
 
-        card = model_card(model)
+        card = model_card(model, local)
         for name in views:
             text = card.get(name) or ""
             if name == "template" and text == "{{ .Prompt }}":  # no template: Ollama's placeholder is no text of ours

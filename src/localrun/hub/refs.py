@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional
 
-from ..errors import ModelNotFound, UsageError
+from ..errors import ModelNotFound, UnknownModel, UsageError
 from ..store import registry
 from .catalogue import ModelEntry, catalogue
 
@@ -127,11 +127,7 @@ def parse_ref(ref: str) -> ModelRef:
                 norm_quant = None
             return ModelRef(kind="local", name=made["name"], quant=norm_quant, revision=revision or None)
         # Ollama's family names (llama3.2, qwen2.5:0.5b) for the catalogue's sized aliases (llama3.2-1b, ...)
-        close = sorted(a for a in models if a.casefold().startswith(name.casefold() + "-"))
-        hint = f"did you mean {', '.join(close[:-1]) + ' or ' + close[-1] if len(close) > 1 else close[0]}? " if close else ""
-        raise ModelNotFound(
-            f"unknown model '{name}': {hint}run `localrun list --available` to see aliases, or use owner/repo[:QUANT]"
-        )
+        raise UnknownModel(name, sorted(a for a in models if a.casefold().startswith(name.casefold() + "-")))
     if norm_quant == "LATEST":  # Ollama's default tag: the alias's default quant
         norm_quant = None
     return ModelRef(kind="alias", name=alias, quant=norm_quant, revision=revision or None, entry=models[alias])

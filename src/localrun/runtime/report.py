@@ -185,14 +185,14 @@ def file_entry(name: str, path, info=None) -> dict[str, Any]:
             "digest": file_digest(path) or "", "details": model_details(info or read_info(path))}
 
 
-def model_card(ref: str) -> dict[str, Any]:
+def model_card(ref: str, local=None) -> dict[str, Any]:
     """What Ollama's /api/show answers for a pulled model (or a .gguf path): details, the GGUF metadata as
     model_info (arrays the size of a vocabulary left out, as Ollama does), the chat template, the catalogue's
-    sampling defaults as parameters. Raises ModelNotFound."""
+    sampling defaults as parameters. `local`: `ref` already resolved (hub.resolve_local). Raises ModelNotFound."""
     from ..engine.gguf_info import read_info
     from ..hub import defaults_for, resolve_local
 
-    local = resolve_local(ref)
+    local = local or resolve_local(ref)
     info = read_info(local.path)
     model_info: dict[str, Any] = {}
     for key, value in info.metadata.items():

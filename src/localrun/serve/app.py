@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..errors import ContextOverflow, LocalrunError, ModelNotFound, UsageError
+from ..errors import ContextOverflow, LocalrunError, ModelNotFound, UnknownModel, UsageError
 from ..runtime import Loaded, Response
 from ..runtime.options import LoadSpec
 from ..runtime.pool import FOREVER, ROOM_WAIT_S, ModelPool, Resident, model_key, parse_keep_alive
@@ -243,9 +243,8 @@ def build_app(service: Service, on_started=None):
             return resident, keep_alive, (time.perf_counter() - t0) if fresh else 0.0
         except LocalrunError as exc:  # e.g. a file that would not load: this request fails, the server goes on
             status, message, code = native.load_failure(exc, ref)
-            if code == "model_not_found" and message.startswith("unknown model"):  # worded for an HTTP client
-                head = message.split("run `localrun list", 1)[0].rstrip(": ")
-                message = head + (" " if head.endswith("?") else ": ") + "GET /v1/models lists the models this server has"
+            if isinstance(exc, UnknownModel):  # worded for an HTTP client, not the command line
+                message = f"unknown model '{exc.name}': {exc.guess}GET /v1/models lists the models this server has"
             raise ApiError(status, message, param="options" if code == "invalid_options" else "model", code=code,
                            type_="server_error" if status >= 500 else "invalid_request_error") from None
 
