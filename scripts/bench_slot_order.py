@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Why `serve` at 4 streams trails llama-server with Qwen in scripts/bench_serve.py: the decode step of 4
-slots costs about twice as much when the slots' sequence ids are not consecutive. With one KV stream per slot
-(localrun's layout, llama-server's --no-kv-unified), llama.cpp puts only consecutive sequences in one
-micro-batch, so slots 0, 2, 5, 7 decode as four micro-batches of one token (four passes over the weights),
-slots 0-3 as one. localrun's slot choice (runtime.scheduler.Scheduler._closest: the longest useful prefix,
-then the least recently used) scatters concurrent requests over the slots once all have been used, as
-bench_serve.py's warm-up leaves them.
+"""Why concurrent requests take slots side by side: the decode step of 4 slots costs about twice as much
+when the slots' sequence ids are not consecutive. With one KV stream per slot (localrun's layout,
+llama-server's --no-kv-unified), llama.cpp puts only consecutive sequences in one micro-batch, so slots
+0, 2, 5, 7 decode as four micro-batches of one token (four passes over the weights), slots 0-3 as one.
+localrun's slot choice (runtime.scheduler.Scheduler._closest) takes the free slot beside the busy ones
+first, and copies a prefix held elsewhere into it; when the longest useful prefix came first, requests
+were scattered over the slots once all had been used (bench_serve.py's 4 streams on slots 0, 1, 3, 4).
 
 Runs the server's scheduler in this process: 4 greedy requests of --tokens on 8 slots, placed on slots 0-3,
 then on 0, 2, 5, 7 (the others leased meanwhile), --reps times, and prints the median time of a 4-token step.
