@@ -38,12 +38,19 @@ class SessionInUse(SessionError):
 
     def __init__(self, name: str, pid: int, holder: str):
         if holder == CHAT:
-            message = (f"session {name!r} is open in another chat (pid {pid}): end that chat first, "
-                       f"or use another session name")
+            message = f"session {name!r} is open in {_other(CHAT, pid)}: end that chat first, or use another session name"
         else:
-            message = f"session {name!r} is being written by another localrun process (pid {pid}): try again when it finishes"
+            message = f"session {name!r} is being written by {_other(RUN, pid)}: try again when it finishes"
         super().__init__(message)
         self.name, self.pid, self.holder = name, pid, holder
+
+
+def _other(holder: str, pid: int) -> str:
+    """Who holds a session, for a message: a process by its pid, or, where the holder is this very process (the
+    background server answering two requests of one session), the other request through it."""
+    if pid == os.getpid():
+        return f"another {holder} through the background server"
+    return f"another {holder} (pid {pid})" if holder == CHAT else f"another localrun process (pid {pid})"
 
 
 def default_locks() -> Path:
@@ -113,7 +120,8 @@ def hold_writer(name: str, holder: str, *, locks: Optional[Path] = None,
                 raise SessionInUse(name, pid, other or RUN)
             if other and not told and on_wait is not None:  # (no holder yet: it is writing its name now)
                 told = True
-                on_wait(f"session {name} is being answered by another run (pid {pid}): waiting for it")
+                by = _other(RUN, pid) if pid == os.getpid() else f"another run (pid {pid})"
+                on_wait(f"session {name} is being answered by {by}: waiting for it")
             time.sleep(POLL_S)
     except BaseException:
         os.close(fd)
