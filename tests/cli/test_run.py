@@ -289,8 +289,9 @@ def test_truncate_with_the_chat_template_cuts_the_message_not_the_template(smoll
         engine.close()
 
 
-def test_reaching_the_context_limit_reports_length(smollm2, cli):
-    r = cli("run", str(smollm2), "--raw", "-t", "0", "--ctx", "32", "-n", "-1", "--min-tokens", "100", "--json", "Once upon a time")
+@pytest.mark.parametrize("limit", ["-1", "-2"])  # -2: llama.cpp's "until the context fills", read as -1 is
+def test_reaching_the_context_limit_reports_length(smollm2, cli, limit):
+    r = cli("run", str(smollm2), "--raw", "-t", "0", "--ctx", "32", "-n", limit, "--min-tokens", "100", "--json", "Once upon a time")
     assert r.returncode == 0, r.stderr
     stats = json_events(r.stdout)[-1]["stats"]
     assert stats["finish_reason"] == "length"

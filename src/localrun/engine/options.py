@@ -75,7 +75,7 @@ SAMPLING: tuple[Option, ...] = (
     Option("mirostat_tau", float, 5.0, "Mirostat target entropy", gt=0.0, le=20.0),
     Option("mirostat_eta", float, 0.1, "Mirostat learning rate", gt=0.0, le=1.0),
     Option("seed", Optional[int], None, "fixed seed: same seed, same output; -1 = random (as llama.cpp and Ollama take it)", ge=-1, le=2**32 - 2),
-    Option("max_tokens", int, 512, "most tokens to generate (default 512; -1: until the context is full)", ge=-1, le=10_000_000, short=("-n",)),
+    Option("max_tokens", int, 512, "most tokens to generate (default 512; -1 or -2: until the context is full)", ge=-2, le=10_000_000, short=("-n",)),
     Option("min_tokens", int, 0, "end-of-generation is suppressed until this many", ge=0, le=10_000_000,
            help="suppress end-of-text until this many"),
     Option("logit_bias", dict[int, float], {}, "token id -> added logit", pairs=True, help="TOKEN_ID=BIAS (repeatable)"),

@@ -45,6 +45,8 @@ class _Rules(BaseModel):
     @field_validator("max_tokens", check_fields=False)
     @classmethod
     def _a_length(cls, n: int) -> int:
+        if n == -2:  # llama.cpp's "until the context fills": what -1 does here (a full context ends any answer)
+            return -1
         if n != -1 and n < 1:
             raise ValueError("use 1 or more (or -1 for no limit)")
         return n
