@@ -289,7 +289,7 @@ def test_truncate_with_the_chat_template_cuts_the_message_not_the_template(smoll
         engine.close()
 
 
-@pytest.mark.parametrize("limit", ["-1", "-2"])  # -2: llama.cpp's "until the context fills", read as -1 is
+@pytest.mark.parametrize("limit", ["-1", "-2"])  # -2: llama.cpp's "until the context fills", read as -1
 def test_reaching_the_context_limit_reports_length(smollm2, cli, limit):
     r = cli("run", str(smollm2), "--raw", "-t", "0", "--ctx", "32", "-n", limit, "--min-tokens", "100", "--json", "Once upon a time")
     assert r.returncode == 0, r.stderr

@@ -98,7 +98,7 @@ def test_a_run_holding_a_session_is_waited_for(tmp_path):
         stop(holder)
 
 
-def test_a_holder_in_this_process_is_named_as_the_background_server_not_by_its_own_pid(tmp_path):
+def test_a_holder_in_this_process_is_named_as_the_server_not_by_its_own_pid(tmp_path):
     """Through the background server, every session's lock is held by the server's process: a second request
     for a held session heard "another run (pid <the server's own pid>)", a process the user never started."""
     locks = tmp_path / "locks"
@@ -107,11 +107,11 @@ def test_a_holder_in_this_process_is_named_as_the_background_server_not_by_its_o
             heard: list[str] = []
             with pytest.raises(SessionInUse) as caught:
                 hold_writer("s", RUN, locks=locks, on_wait=heard.append, cancelled=lambda: bool(heard))
-            assert str(os.getpid()) not in caught.value.message and "through the background server" in caught.value.message
+            assert str(os.getpid()) not in caught.value.message and "through the server" in caught.value.message
             if kind == RUN:
-                assert heard == ["session s is being answered by another run through the background server: waiting for it"]
+                assert heard == ["session s is being answered by another run through the server: waiting for it"]
             else:
-                assert caught.value.message.startswith("session 's' is open in another chat through the background server")
+                assert caught.value.message.startswith("session 's' is open in another chat through the server")
 
 
 # -- what a crashed save leaves ------------------------------------------------------------------------

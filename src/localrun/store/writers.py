@@ -46,11 +46,9 @@ class SessionInUse(SessionError):
 
 
 def _other(holder: str, pid: int) -> str:
-    """Who holds a session, for a message: a process by its pid, or, where the holder is this very process (the
-    background server answering two requests of one session), the other request through it."""
-    if pid == os.getpid():
-        return f"another {holder} through the background server"
-    return f"another {holder} (pid {pid})" if holder == CHAT else f"another localrun process (pid {pid})"
+    """Who holds a session, for a message: a process by its pid, or, where the holder is this very process (a
+    server answering two requests of one session), the other request through it."""
+    return f"another {holder} through the server" if pid == os.getpid() else f"another {holder} (pid {pid})"
 
 
 def default_locks() -> Path:
@@ -120,8 +118,7 @@ def hold_writer(name: str, holder: str, *, locks: Optional[Path] = None,
                 raise SessionInUse(name, pid, other or RUN)
             if other and not told and on_wait is not None:  # (no holder yet: it is writing its name now)
                 told = True
-                by = _other(RUN, pid) if pid == os.getpid() else f"another run (pid {pid})"
-                on_wait(f"session {name} is being answered by {by}: waiting for it")
+                on_wait(f"session {name} is being answered by {_other(RUN, pid)}: waiting for it")
             time.sleep(POLL_S)
     except BaseException:
         os.close(fd)
