@@ -205,13 +205,17 @@ class Conversation(Messages):
         on_save_failed: Callable[[str], None] = lambda message: None,
         on_thinking: Callable[[str], None] = lambda text: None,
         images: Sequence[Image] = (),
+        abandoned: Callable[[], bool] = lambda: False,
     ) -> tuple[str, Response]:
         """Generate the answer to `text` (and `images`, which stay with it in the conversation), calling on_piece
         with each piece of it, and record the exchange. Returns the answer and the last response (finish reason
         'interrupted' once `cancelled` said so; an answer stopped before its first word is dropped together with
         its question). `on_dropped` hears how many old turns made room, first. `save_as`: then save the conversation as that session (a failure
         to save is reported to `on_save_failed`, the answer stands). A reasoning model's thinking goes to
-        `on_thinking` and stays out of the conversation (its template leaves it out of earlier turns)."""
+        `on_thinking` and stays out of the conversation (its template leaves it out of earlier turns).
+        `abandoned()` true once the answer was interrupted: whoever asked is gone (a chat's second Ctrl-C closed
+        its connection to the server, and its REPL says the message was dropped), so the exchange is dropped as
+        well, neither kept nor saved."""
         if save_as:
             self.hold_session(save_as)  # before answering: refused, the question is not lost in an answer never saved
         sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
@@ -224,10 +228,11 @@ class Conversation(Messages):
             self._forget_tokens()
             on_dropped(dropped)
         with self.place.hold(tokens, cancelled=cancelled) as seat:
-            return self._answer(seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed, on_thinking)
+            return self._answer(seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed,
+                                on_thinking, abandoned)
 
     def _answer(self, seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed,
-                on_thinking) -> tuple[str, Response]:
+                on_thinking, abandoned) -> tuple[str, Response]:
         shown: list[str] = []
         ids: list[int] = []
         final = None
@@ -255,7 +260,7 @@ class Conversation(Messages):
         finally:
             responses.close()
         answer = "".join(shown)
-        if final.finish_reason == "interrupted" and not answer:
+        if final.finish_reason == "interrupted" and (not answer or abandoned()):
             self._forget_tokens()
             return answer, final
         if not ids or self.engine.detokenize(ids) != answer:  # cut by a stop sequence

@@ -105,9 +105,11 @@ def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callabl
 
 
 def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[dict], None],
-             cancelled: Callable[[], bool]) -> None:
+             cancelled: Callable[[], bool], gone: Callable[[], bool] = lambda: False) -> None:
     """Do what a chat client asks of its conversation on `resident`, as the REPL in-process would: `put`
-    receives {"notice"}, {"warning"}, {"dropped": n}, {"text"} items and the op's result."""
+    receives {"notice"}, {"warning"}, {"dropped": n}, {"text"} items and the op's result. `cancelled`: the
+    client asked to stop the answer (its first Ctrl-C: what was shown stays); `gone`: the client closed the
+    connection (a second Ctrl-C: the REPL drops the message, and so does the conversation here and its session)."""
     from ..engine import merge_options
     from .conversation import Conversation, images_in, live, live_images, stored
 
@@ -142,7 +144,7 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             str(payload.get("text")), sampling, lambda piece: put({"text": piece}),
             cancelled=cancelled, on_dropped=lambda n: put({"dropped": n}),
             save_as=payload.get("session") or None, on_save_failed=lambda m: put({"warning": m}),
-            on_thinking=lambda t: put({"thinking": t}), images=images,
+            on_thinking=lambda t: put({"thinking": t}), images=images, abandoned=gone,
         )
         _settle(final, scheduler, cancelled, fresh)
         put_messages({"done": wire(final), "kv_tokens": conv.kv_tokens})

@@ -66,7 +66,7 @@ def routes(service) -> list:
         key = payload.get("conversation")
         cancels.discard(key)
         try:
-            converse(resident, payload, fresh=fresh, put=put, cancelled=lambda: gone.is_set() or key in cancels)
+            converse(resident, payload, fresh=fresh, put=put, cancelled=lambda: gone.is_set() or key in cancels, gone=gone.is_set)
         finally:
             cancels.discard(key)
 
