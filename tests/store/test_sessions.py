@@ -270,7 +270,9 @@ def test_damaged_state_is_reported_and_removed_and_the_messages_kept(damage, smo
     assert len(said) == 1 and re.search(r"session 'fragile': its saved KV cache was damaged \(.+\) and is removed", said[0])
     assert not state.exists() and [s.name for s in store.list()] == ["fragile"]
     assert smol.kv.tokens[0] == before  # nothing restored
-    assert store.load("fragile", smol) == messages  # again, without a state
+    said.clear()
+    assert store.load("fragile", smol, on_notice=said.append) == messages and said == []  # again: said once, not each time
+    assert [s.tokens for s in store.list() if s.name == "fragile"] == [0]
     store.save("fragile", smol, messages, model_ref="smollm2")  # the next answer's save: whole again
     assert store.load("fragile", smol) == messages and smol.kv.tokens[0] == before
 

@@ -398,13 +398,17 @@ class SessionStore:
         with self._locked(name, f"session {name!r}"):
             row = self._usable_row(name, ident, n_ctx)
             tokens = unpack_tokens(row["tokens"])
-            if held is not None and held(tokens):
+            if (held is not None and held(tokens)) or not tokens:  # (no tokens: its state was removed, as said then)
                 self._touch(row["id"])
                 return json.loads(row["messages"])
             try:
                 data = self._read_state(row)
             except CorruptState as exc:
                 self._unlink(row["state_file"])
+                if not self.read_only:  # the entry holds no state from now on: the next load says nothing again
+                    with self._transaction():
+                        self.db.execute("UPDATE entries SET n_tokens = 0, tokens = ?, head_hash = ?, state_size = 0 WHERE id = ?",
+                                        (pack_tokens([]), head_hash([]), row["id"]))
                 messages = json.loads(row["messages"])
                 if on_notice is not None:
                     on_notice(f"session {name!r}: its saved KV cache was damaged ({exc}) and is removed; its "
