@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from localrun.store.sessions import Identity, SessionStore
+from localrun.store.sessions import INDEX, Identity, SessionStore
 from localrun.store.writers import CHAT, RUN, SessionInUse, hold_writer, holder_of
 
 HERE = Path(__file__).resolve()
@@ -123,9 +124,21 @@ def files_and_rows(root: Path) -> tuple[list[str], list[str]]:
         return sorted(p.name for p in store.states.iterdir()), rows
 
 
+def unnamed_files(root: Path) -> set[str]:
+    """The state files no index row names, read without opening the store (which deletes them)."""
+    db = sqlite3.connect(f"file:{root / INDEX}?mode=ro", uri=True)
+    try:
+        named = {row[0] for row in db.execute("SELECT state_file FROM entries")}
+    finally:
+        db.close()
+    return {p.name for p in (root / "states").iterdir()} - named
+
+
 def test_kill9_during_saves_leaves_no_file_the_index_does_not_name(tmp_path):
     """Saves killed at random moments left .kv.tmp files and .kv files no row named; the next opening of the
-    store deletes them (the saves' files are flocked until committed), and total_bytes counts the disk."""
+    store deletes them (the saves' files are flocked until committed), and total_bytes counts the disk.
+    Each kill comes a random while after the child's first save began writing: on a loaded machine a save
+    outlasted the whole random wait, and counted from "ready" twelve kills could all land before any file."""
     root = tmp_path / "store"
     rng = random.Random(7)
     left_behind = 0
@@ -133,12 +146,15 @@ def test_kill9_during_saves_leaves_no_file_the_index_does_not_name(tmp_path):
         proc = child("save-forever", str(root))
         try:
             assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+            from conftest import wait_until
+
+            wait_until(lambda: any(p.name.endswith(".kv.tmp") for p in (root / "states").iterdir()),
+                       what="the child's first save to start writing")
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        stray = [p for p in (root / "states").iterdir()]
-        left_behind += len(stray) > 1
+        left_behind += bool(unnamed_files(root))
         files, rows = files_and_rows(root)
         assert files == rows
     assert left_behind, "no kill left a stray file: the test proved nothing"
