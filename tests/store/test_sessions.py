@@ -120,7 +120,7 @@ def test_migrations_are_recorded_once_by_name(tmp_path):
     SessionStore.open(tmp_path / "s").close()
     with SessionStore.open(tmp_path / "s") as again:
         names = [row[0] for row in again.db.execute("SELECT name FROM _migrations")]
-    assert names == ["m001_initial"]
+    assert names == ["m001_initial", "m002_prefix_chunks"]
 
 
 # -- fidelity --------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ def test_prefix_reuse_evaluates_only_the_new_question(which, entries, request, s
 
     engine.reset()
     assert store.lookup_prefix(engine, second) == shared
-    assert engine.kv.tokens[0] == held
+    assert engine.kv.tokens[0] == held[:shared]  # the chunks' tokens up to where the prompts part, no more
     if which == "gem":  # the sliding-window layers came back whole, not just their last window
         assert llama_cpp_module().llama_memory_seq_pos_min(engine.kv.memory, 0) == 0
     warm = run_all(engine, second)
@@ -391,14 +391,15 @@ def test_prune_and_the_cache_cap_keep_named_sessions(smol, store, monkeypatch):
     assert store.total_bytes() == named_size + sum(sizes)
 
     def held() -> list[list[int]]:
-        """The tokens of the prefix entries still stored, most recently used first."""
-        rows = store.db.execute("SELECT tokens FROM entries WHERE kind = 'prefix' ORDER BY last_used DESC, id DESC")
+        """The tokens of the prefix entries still stored, most recently used first (each is one chunk here:
+        the prompts are shorter than PREFIX_CHUNK_TOKENS)."""
+        rows = store.db.execute("SELECT tokens FROM prefix_chunks ORDER BY last_used DESC, end_pos DESC")
         return [unpack_tokens(row[0]) for row in rows]
 
     assert held() == [prompts[2], prompts[1], prompts[0]]
     # Using the oldest entry makes it the most recently used: least recently used is not oldest created.
     smol.reset()
-    assert store.lookup_prefix(smol, prompts[0]) == len(prompts[0])
+    assert store.lookup_prefix(smol, prompts[0]) == len(prompts[0]) - 1  # (its last token is evaluated again)
     assert held() == [prompts[0], prompts[2], prompts[1]]
     time.sleep(0.01)
 
@@ -422,7 +423,7 @@ def test_prune_and_the_cache_cap_keep_named_sessions(smol, store, monkeypatch):
 
     removed = store.prune(0, named=True)
     assert [r.name for r in removed] == ["keep-me"]
-    assert store.list(prefixes=True) == [] and list(store.states.iterdir()) == []
+    assert store.list(prefixes=True) == [] and list(store.states.iterdir()) == list(store.prefix.iterdir()) == []
 
 
 @pytest.mark.slow

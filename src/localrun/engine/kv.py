@@ -131,6 +131,14 @@ class KVCache:
     def held(self) -> int:
         return sum(len(t) for t in self.tokens)
 
+    @property
+    def whole_states_only(self) -> bool:
+        """A recurrent or hybrid model's memory: its state sums up every token before, and cannot be cut into
+        token ranges (StateLayout) nor cut back to a shorter prefix."""
+        ll = self._ll
+        model = ll.llama_get_model(self.ctx)
+        return bool(ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model))
+
     # -- state save and restore ------------------------------------------------------------------
     #
     # Saved states are in one format whatever context made them: llama.cpp's state of one sequence in a
@@ -286,3 +294,281 @@ def _skip_cells(view: memoryview, at: int, cells: int) -> int:
         if at > len(view):
             raise ValueError("a torn KV state")
     return at
+
+
+# -- a state cut into token ranges, and ranges put back together ------------------------------------
+#
+# The prefix cache keeps a prompt's KV in chunks of consecutive tokens (runtime.sessions), so that prompts
+# sharing their first tokens share those chunks on disk. A chunk is itself a state in the saved format (one
+# KV stream) holding only the cells of its tokens: llama.cpp's state is, per cache (two for a model with
+# sliding-window layers), the cells' metadata (position, sequence ids, and for some models a 2-D position and
+# token), then per layer every cell's K row, then every cell's V row or, with V transposed (no flash
+# attention), per embedding dimension a row of every cell's value (src/llama-kv-cache.cpp, state_write_data).
+# A cell's rows depend only on its own token and those before it, so the cells of positions a..b-1 with their
+# rows are the KV of those tokens, and chunks holding 0..a-1 and a..b-1 put together are the state of 0..b-1.
+
+
+class _Section:
+    """One KV cache's cells in a one-stream state: where their metadata, K rows and V rows lie."""
+
+    __slots__ = ("cells", "base", "meta", "cell_size", "order", "head", "k", "v", "v_trans", "end")
+
+    def __init__(self, cells, base, meta, cell_size, order, head, k, v, v_trans, end):
+        self.cells = cells  # how many (all of one sequence, positions base..base+cells-1)
+        self.base = base
+        self.meta = meta  # offset of the first cell's metadata
+        self.cell_size = cell_size  # bytes of one cell's metadata
+        self.order = order  # the cells in position order (numpy indices), None when written in that order
+        self.head = head  # offset of v_trans and n_layer
+        self.k = k  # per layer: (offset of its 12-byte header, offset of its rows, bytes per row)
+        self.v = v  # per layer: (header offset, rows offset, bytes per row) or transposed (…, element size, width)
+        self.v_trans = v_trans
+        self.end = end
+
+    def shape(self, view) -> tuple:
+        """What two chunks of one state share: the headers of every layer, the metadata's size."""
+        heads = b"".join(bytes(view[h : h + 12]) for h, *_ in (*self.k, *self.v))
+        return self.cell_size, self.v_trans, len(self.k), heads
+
+
+class StateLayout:
+    """Where everything lies in a one-sequence state in the saved format (KVCache.state_bytes): the cells of
+    each cache, in position order, positions `base`..`base + cells - 1`. ValueError for a state that cannot
+    be cut into token ranges: a recurrent model's, one whose cells are not one per position (an image with
+    2-D positions), a layout this does not know."""
+
+    def __init__(self, data):
+        import struct
+
+        view = memoryview(data)
+        if len(view) < 8 or struct.unpack_from("<I", view, 0)[0] != _STATE_MAGIC:
+            raise ValueError("not a KV state")
+        self.sections: list[_Section] = []
+        at = 8
+        try:
+            while at < len(view):
+                (streams,) = struct.unpack_from("<I", view, at)
+                if streams != 1:
+                    raise ValueError(f"a state of {streams} KV streams")
+                (cells,) = struct.unpack_from("<I", view, at + 4)
+                if not cells:
+                    raise ValueError("a cache with no cells")
+                section = _section(view, at + 8, cells)
+                self.sections.append(section)
+                at = section.end
+        except struct.error:
+            raise ValueError("a torn KV state") from None
+        if not self.sections or at != len(view):
+            raise ValueError("a torn KV state")
+        first = self.sections[0]
+        if any(s.cells != first.cells or s.base != first.base for s in self.sections):
+            raise ValueError("caches holding different cells")
+        self.cells, self.base = first.cells, first.base
+
+    def shape(self, view) -> tuple:
+        return tuple(s.shape(view) for s in self.sections)
+
+
+def _section(view: memoryview, meta: int, cells: int) -> _Section:
+    """The cache section whose `cells` cells' metadata starts at `meta`: each cell is one position of one
+    sequence (a position, the sequence count 1, maybe a 12-byte extension, the sequence id). The extension's
+    presence is not written down: the reading that parses to the end of the section is the one."""
+    import struct
+
+    failure = None
+    for cell_size in (12, 24):
+        try:
+            return _section_of(view, meta, cells, cell_size)
+        except (ValueError, struct.error) as exc:
+            failure = failure or exc
+    raise ValueError(f"not a KV cache section ({failure})")
+
+
+def _section_of(view: memoryview, meta: int, cells: int, cell_size: int) -> _Section:
+    import struct
+
+    import numpy as np
+
+    size = cells * cell_size
+    if meta + size + 8 > len(view):
+        raise ValueError("a torn KV state")
+    fields = np.frombuffer(view, dtype="<i4", count=size // 4, offset=meta).reshape(cells, cell_size // 4)
+    if not (fields[:, 1] == 1).all():
+        raise ValueError("cells shared by several sequences")
+    positions = fields[:, 0]
+    order = np.argsort(positions, kind="stable")
+    base = int(positions[order[0]])
+    if base < 0 or not np.array_equal(positions[order], np.arange(base, base + cells, dtype=positions.dtype)):
+        raise ValueError("cells that are not one per position")
+    if np.array_equal(order, np.arange(cells)):
+        order = None
+    at = meta + size
+    v_trans, n_layer = struct.unpack_from("<II", view, at)
+    if v_trans > 1 or not 0 < n_layer <= 4096:
+        raise ValueError("not a KV cache section")
+    head = at
+    at += 8
+    k = []
+    for _ in range(n_layer):
+        kind, row = struct.unpack_from("<iQ", view, at)
+        if not 0 <= kind < 1024 or not 0 < row < 1 << 32:
+            raise ValueError("not a K row header")
+        k.append((at, at + 12, row))
+        at += 12 + cells * row
+    v = []
+    for _ in range(n_layer):
+        if v_trans:
+            kind, element, width = struct.unpack_from("<iII", view, at)
+            if not 0 <= kind < 1024 or not 0 < element <= 64 or not 0 < width < 1 << 24:
+                raise ValueError("not a V header")
+            v.append((at, at + 12, element, width))
+            at += 12 + width * cells * element
+        else:
+            kind, row = struct.unpack_from("<iQ", view, at)
+            if not 0 <= kind < 1024 or not 0 < row < 1 << 32:
+                raise ValueError("not a V row header")
+            v.append((at, at + 12, row))
+            at += 12 + cells * row
+        if at > len(view):
+            raise ValueError("a torn KV state")
+    return _Section(cells, base, meta, cell_size, order, head, k, v, bool(v_trans), at)
+
+
+def cut_state(data, layout: StateLayout, start: int, end: int) -> bytearray:
+    """The state of the cells at positions `start`..`end - 1` of `data` (laid out as `layout` says): a chunk,
+    in the saved format, that join_states puts back beside its neighbours."""
+    import struct
+
+    import numpy as np
+
+    if not layout.base <= start < end <= layout.base + layout.cells:
+        raise ValueError(f"positions {start}..{end} are not in this state")
+    view = memoryview(data)
+    out = bytearray(view[:8])
+    n = end - start
+    for s in layout.sections:
+        a, b = start - s.base, end - s.base
+        pick = s.order[a:b] if s.order is not None else None
+
+        def rows(offset: int, row: int):
+            if pick is None:
+                return view[offset + a * row : offset + b * row]
+            return np.frombuffer(view, np.uint8, s.cells * row, offset).reshape(s.cells, row)[pick].tobytes()
+
+        out += struct.pack("<II", 1, n)
+        out += rows(s.meta, s.cell_size)
+        out += view[s.head : s.head + 8]
+        for header, offset, row in s.k:
+            out += view[header : header + 12]
+            out += rows(offset, row)
+        for header, offset, *size in s.v:
+            out += view[header : header + 12]
+            if not s.v_trans:
+                out += rows(offset, size[0])
+                continue
+            element, width = size
+            values = np.frombuffer(view, np.uint8, width * s.cells * element, offset).reshape(width, s.cells, element)
+            out += (values[:, a:b] if pick is None else values[:, pick]).tobytes()
+    return out
+
+
+class StateJoiner:
+    """Chunks of one state (cut_state), added in position order from position 0, put together into the state
+    of all their cells: the buffer is made once, at its full size, and each chunk copied into place (a long
+    prompt's state is hundreds of megabytes: no second copy of it)."""
+
+    def __init__(self, first, cells: int):
+        self.layout = StateLayout(first)
+        view = memoryview(first)
+        self.shape = self.layout.shape(view)
+        self.cells, self.filled = cells, 0
+        size = 8
+        self.places = []  # per section: (offset of its metadata, [per K layer rows offset], [per V layer ...])
+        for s in self.layout.sections:
+            meta = size + 8
+            size = meta + cells * s.cell_size + 8
+            k = []
+            for _, _, row in s.k:
+                k.append(size + 12)
+                size += 12 + cells * row
+            v = []
+            for _, _, *rest in s.v:
+                v.append(size + 12)
+                size += 12 + (rest[1] * cells * rest[0] if s.v_trans else cells * rest[0])
+            self.places.append((meta, k, v))
+        self.out = bytearray(size)
+        self.out[:8] = view[:8]
+        import struct
+
+        for s, (meta, k, v) in zip(self.layout.sections, self.places):
+            struct.pack_into("<II", self.out, meta - 8, 1, cells)
+            self.out[meta + cells * s.cell_size : meta + cells * s.cell_size + 8] = view[s.head : s.head + 8]
+            for (header, _, _), at in zip(s.k, k):
+                self.out[at - 12 : at] = view[header : header + 12]
+            for (header, *_), at in zip(s.v, v):
+                self.out[at - 12 : at] = view[header : header + 12]
+
+    def add(self, data, take: Optional[int] = None) -> None:
+        """Put the first `take` cells (all by default) of chunk `data` next. ValueError for a chunk that does not
+        continue this state: another layout, or cells that do not start where the last chunk ended."""
+        import numpy as np
+
+        layout = StateLayout(data)
+        view = memoryview(data)
+        take = layout.cells if take is None else take
+        if layout.shape(view) != self.shape:
+            raise ValueError("a chunk of another layout")
+        if layout.base != self.filled or not 0 < take <= layout.cells or self.filled + take > self.cells:
+            raise ValueError(f"a chunk of positions {layout.base}.. where {self.filled} comes next")
+        at, out = self.filled, self.out
+        for s, (meta, k, v) in zip(layout.sections, self.places):
+            pick = s.order[:take] if s.order is not None else None
+
+            def put(dst: int, src: int, row: int) -> None:
+                if pick is None:
+                    out[dst + at * row : dst + (at + take) * row] = view[src : src + take * row]
+                else:
+                    rows = np.frombuffer(view, np.uint8, s.cells * row, src).reshape(s.cells, row)
+                    out[dst + at * row : dst + (at + take) * row] = rows[pick].tobytes()
+
+            put(meta, s.meta, s.cell_size)
+            for (_, src, row), dst in zip(s.k, k):
+                put(dst, src, row)
+            for (_, src, *size), dst in zip(s.v, v):
+                if not s.v_trans:
+                    put(dst, src, size[0])
+                    continue
+                element, width = size
+                values = np.frombuffer(view, np.uint8, width * s.cells * element, src).reshape(width, s.cells, element)
+                target = np.frombuffer(out, np.uint8, width * self.cells * element, dst).reshape(width, self.cells, element)
+                target[:, at : at + take] = values[:, :take] if pick is None else values[:, pick]
+        self.filled += take
+
+    def result(self) -> bytearray:
+        """The state of the cells added: all that were announced, or (a chunk found damaged on the way) those
+        added before it, copied into a state of their own size."""
+        if self.filled == self.cells:
+            return self.out
+        if not self.filled:
+            raise ValueError("no cells were given")
+        import struct
+
+        import numpy as np
+
+        n, total, out = self.filled, self.cells, self.out
+        part = bytearray(out[:8])
+        for s, (meta, k, v) in zip(self.layout.sections, self.places):
+            part += struct.pack("<II", 1, n)
+            part += out[meta : meta + n * s.cell_size]
+            head = meta + total * s.cell_size
+            part += out[head : head + 8]
+            for (_, _, row), at in zip(s.k, k):
+                part += out[at - 12 : at + n * row]
+            for (_, _, *size), at in zip(s.v, v):
+                if not s.v_trans:
+                    part += out[at - 12 : at + n * size[0]]
+                    continue
+                element, width = size
+                part += out[at - 12 : at]
+                part += np.frombuffer(out, np.uint8, width * total * element, at).reshape(width, total, element)[:, :n].tobytes()
+        return part

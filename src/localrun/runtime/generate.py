@@ -13,7 +13,7 @@ from ..engine import Response, generate as engine_generate
 from ..errors import SessionError
 from .loader import Loaded
 from .request import Prompt, Request, prompt_for, with_stops, with_system
-from .sessions import EngineSeat, Sessions
+from .sessions import EngineSeat, Sessions, cache_skipped
 
 
 class InProcess(EngineSeat):
@@ -130,11 +130,17 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
 
                 sessions.save(request.session, engine, stored(messages), model_ref=loaded.ref, seat=seat)
                 return
+            # Only what must be read from the seat while it is held: which chunks the cache lacks (the index),
+            # and the KV state when it lacks any.
             snapshot = optional_cache(lambda: sessions.prefix_snapshot(engine, seat), on_notice)
         # The seat is given back first: a server's next request (an agent's next turn) takes the slot while
-        # this answer's state is written to disk.
+        # this answer's chunks are cut and written. In a server they are written on a thread of their own, so
+        # that the request is over now; in this process (a run that exits next) before it returns.
         if snapshot is not None:
-            optional_cache(lambda: sessions.store_prefix(engine, snapshot), on_notice)
+            if isinstance(place, InProcess):
+                optional_cache(lambda: sessions.store_prefix(engine, snapshot), on_notice)
+            else:
+                optional_cache(lambda: sessions.store_prefix_later(engine, snapshot, on_notice), on_notice)
     finally:
         if sessions is not None:
             sessions.close()
@@ -152,10 +158,11 @@ def _history(sessions: Sessions, name: str, engine, n_ctx: int) -> list[dict]:
 
 
 def optional_cache(action, on_notice):
-    """The prefix cache only saves time: when its index is damaged, say so once and answer without it."""
+    """The prefix cache only saves time: when its index is damaged or its disk full, say so once and answer
+    without it. (A model file removed during the answer is no failure: its cache is skipped quietly.)"""
     try:
         return action()
-    except (SessionError, sqlite3.DatabaseError, OSError) as exc:  # OSError: e.g. the model's file deleted under it
+    except (SessionError, sqlite3.DatabaseError, OSError) as exc:
         if on_notice:
-            on_notice(f"prefix cache skipped: {getattr(exc, 'message', None) or exc}")
+            on_notice(cache_skipped(exc))
         return None

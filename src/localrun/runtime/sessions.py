@@ -1,9 +1,19 @@
 """Named sessions and the prefix cache for a loaded engine: the store keeps bytes, tokens and identities on
-disk; this takes them from the engine's KV cache and gives them back, and picks the longest stored prefix
-of a prompt (engine.kv's common_prefix, the one prefix comparison)."""
+disk; this takes them from the engine's KV cache and gives them back, cuts a prompt's state into the prefix
+cache's chunks and puts the chunks of its longest stored prefix back together (engine.kv: StateLayout,
+cut_state, StateJoiner; common_prefix, the one prefix comparison).
+
+Saving a prompt's chunks is done in two parts: while the request still holds its seat, only what must be read
+from there (which chunks the cache lacks, from the index; the seat's KV state, from llama.cpp, when some are
+missing); once the seat is given back, the rest (cutting the state, writing, fsyncing, evicting). In a server
+that rest runs on a thread of its own (PrefixWriter), so that the request is over when its answer is."""
 
 from __future__ import annotations
 
+import atexit
+import collections
+import sqlite3
+import threading
 import weakref
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
@@ -11,12 +21,16 @@ from pathlib import Path
 from typing import Optional
 
 from ..engine import Engine
-from ..engine.kv import common_prefix
+from ..engine.kv import StateJoiner, StateLayout, common_prefix, cut_state
 from ..engine.llama import build_id, build_system_info
-from ..store.sessions import MIN_PREFIX_TOKENS, CorruptState, Identity, SessionInfo, SessionStore, cache_max_bytes
+from ..errors import SessionError
+from ..store.sessions import (
+    MIN_PREFIX_TOKENS, CorruptState, Identity, PrefixPlan, SessionInfo, SessionStore, cache_max_bytes, prefix_root,
+)
 from ..store.writers import RUN
 
 _identities: "weakref.WeakKeyDictionary[Engine, Identity]" = weakref.WeakKeyDictionary()
+_uncut: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # engines whose states were found not to cut into chunks
 
 
 def identity(store: SessionStore, engine: Engine) -> Identity:
@@ -38,6 +52,17 @@ def identity(store: SessionStore, engine: Engine) -> Identity:
     return ident
 
 
+def _cache_identity(store: SessionStore, engine: Engine) -> Optional[Identity]:
+    """identity(), or None when the model's file is gone (`localrun rm` while it answered): there is nothing
+    to key its cache by, and nothing will ask for it again. Said nowhere: the user removed it."""
+    try:
+        return identity(store, engine)
+    except FileNotFoundError:
+        if all(Path(p).exists() for p in list(engine.info.shards) or [engine.path]):
+            raise
+        return None
+
+
 def prefix_cache_applies(engine: Engine) -> bool:
     # A sliding-window model's state must keep its whole history to be cut back to a shorter common
     # prefix, which is what prefix reuse does: so with swa_full, and from a single-sequence context only
@@ -48,6 +73,12 @@ def prefix_cache_applies(engine: Engine) -> bool:
     if options.n_seq_max > 1 and options.kv_unified:
         return False  # beam search's hypotheses: no one sequence to store
     return not sliding or (options.swa_full and options.n_seq_max == 1)
+
+
+def _whole_states(engine: Engine) -> bool:
+    """Whether this engine's states are kept whole (one chunk of all their tokens): a recurrent or hybrid
+    model's, or a layout StateLayout does not know (found on its first save)."""
+    return engine in _uncut or engine.kv.whole_states_only
 
 
 class EngineSeat:
@@ -82,11 +113,49 @@ class EngineSeat:
 
 @dataclass
 class PrefixSnapshot:
-    """A seat's tokens and KV state, read to be stored as a prefix entry once the seat is given back."""
+    """What a seat held, read for the prefix cache before the seat is given back: its tokens, the chunks the
+    cache lacks (`plan`) and, when it lacks any, the seat's KV state. `cut()` turns the state into those
+    chunks (then the state itself is let go: only the new chunks wait to be written)."""
 
     tokens: list[int]
-    data: bytearray
+    plan: PrefixPlan
+    ident: Identity
+    model_ref: str
     n_ctx: int
+    data: Optional[bytearray] = None
+    pieces: Optional[dict[int, bytes]] = None
+
+    def cut(self, engine: Engine) -> None:
+        """The missing chunks out of the state. A state StateLayout cannot read is kept whole, as one chunk of
+        all its tokens (the engine's later saves too); the plan is made again for that when it is written."""
+        if self.data is None or self.pieces is not None:
+            return
+        if self.plan.whole:
+            self.pieces = {0: self.data}
+        else:
+            try:
+                layout = StateLayout(self.data)
+                if layout.base != 0 or layout.cells != len(self.tokens):
+                    raise ValueError(f"a state of {layout.cells} cells from {layout.base} for {len(self.tokens)} tokens")
+            except ValueError:
+                _uncut.add(engine)
+                return  # written whole (write())
+            self.pieces = {i: cut_state(self.data, layout, *self.plan.spans[i]) for i in self.plan.missing}
+        self.data = None
+
+    def write(self, store: SessionStore, cap: int) -> Optional[SessionInfo]:
+        """Store the chunks (cut() first), touch those it passes through. Returns the chain it ends, or None."""
+        if self.pieces is None and self.data is None:
+            store.touch_chunks(self.plan.path)
+            return None
+        plan, pieces = self.plan, self.pieces
+        if pieces is None:  # a state not cut: one chunk of it all
+            plan = store.prefix_plan(plan.root, self.tokens, whole=True)
+            if not plan.missing:
+                store.touch_chunks(plan.path)
+                return None
+            pieces = {0: self.data}
+        return store.add_prefix_chunks(self.ident, plan, pieces, model_ref=self.model_ref, n_ctx=self.n_ctx, cap=cap)
 
 
 class Sessions:
@@ -156,83 +225,182 @@ class Sessions:
 
     def lookup_prefix(self, engine: Engine, tokens: Sequence[int], *, on_notice: Optional[Callable[[str], None]] = None,
                       seat=None) -> int:
-        """Restore the stored state sharing the longest prefix with `tokens` (same model and settings) into
-        the engine, when that prefix is at least MIN_PREFIX_TOKENS long and longer than what the engine
+        """Restore the longest stored prefix of `tokens` (same model and settings) into the engine, from the
+        chunks holding it, when that prefix is at least MIN_PREFIX_TOKENS long and longer than what the engine
         already holds of `tokens`. Returns how many leading tokens of `tokens` the engine now holds (0: nothing
-        restored, the engine untouched). A damaged entry is removed and reported through `on_notice`. `seat`:
-        the engine's sequence to restore into (its own single one by default)."""
+        restored, the engine untouched). A damaged chunk is removed and reported through `on_notice` (once: it
+        is gone), and the chunks before it restored. `seat`: the engine's sequence to restore into (its own
+        single one by default)."""
         seat = seat or EngineSeat(engine)
         if len(tokens) < MIN_PREFIX_TOKENS or not prefix_cache_applies(engine) or cache_max_bytes() <= 0:
             return 0  # LOCALRUN_CACHE_MAX=0 turns the cache off: no lookups either
         # The engine re-evaluates a prompt's last token whatever it holds, so that one never counts.
         # What another slot of a server holds is copied into this one as the request starts: no disk read for that.
-        have = min(seat.shared(tokens), len(tokens) - 1)
-        store, ident = self.store, identity(self.store, engine)
-        with store.prefix_locked():
-            best, best_len = None, 0
-            for entry in store.prefix_entries(ident, tokens):
-                if len(entry.tokens) >= seat.n_ctx:
-                    continue
-                n = common_prefix(entry.tokens, tokens)
-                if n > best_len:
-                    best, best_len = entry, n
-            if best is None or best_len < MIN_PREFIX_TOKENS or min(best_len, len(tokens) - 1) <= have:
-                return 0
+        limit = len(tokens) - 1
+        have = min(seat.shared(tokens), limit)
+        store, ident = self.store, _cache_identity(self.store, engine)
+        if ident is None:
+            return 0
+        chain = store.prefix_chain(prefix_root(ident), tokens, limit)
+        if sum(n for _, n in chain) < MIN_PREFIX_TOKENS or sum(n for _, n in chain) <= have:
+            return 0
+        data, used = self._read_chain(chain, on_notice)
+        if used < MIN_PREFIX_TOKENS or used <= have:
+            return 0
+        if not seat.restore(data, list(tokens[:used])):
+            last = next(chunk for chunk, _ in reversed(chain) if chunk.start < used)
+            store.drop_chunks([last])
+            if on_notice:
+                on_notice("llama.cpp could not restore the prefix cache's chunks of this prompt; the last one has been removed")
+            return 0
+        store.touch_chunks([chunk.key for chunk, _ in chain if chunk.start < used])
+        return used
+
+    def _read_chain(self, chain, on_notice) -> tuple[Optional[bytearray], int]:
+        """The state of a chain's tokens put together from its chunks, and how many tokens it holds: all the
+        chain's, or those before a chunk found damaged (removed, and said)."""
+        store = self.store
+        total = sum(n for _, n in chain)
+        joiner, used = None, 0
+        for chunk, n in chain:
             try:
-                data = store.read_state(best)
-            except CorruptState as exc:
-                store.drop(best)
+                data = store.read_chunk(chunk)
+                if chunk.whole:
+                    return data, n  # (a whole state is its chain's one chunk)
+                if joiner is None:
+                    joiner = StateJoiner(data, total)
+                joiner.add(data, n)
+            except (CorruptState, ValueError) as exc:
+                if isinstance(exc, CorruptState) and not store.chunk_stored(chunk):
+                    break  # evicted by another process since the chain was looked up: not damage
+                store.drop_chunks([chunk])
                 if on_notice:
-                    on_notice(f"a prefix-cache entry was corrupt ({exc}) and has been removed")
-                return 0
-            if not seat.restore(data, best.tokens):
-                store.drop(best)
-                if on_notice:
-                    on_notice("llama.cpp could not restore a prefix-cache entry; it has been removed")
-                return 0
-            store.touch(best)
-        return best_len
+                    on_notice(f"a prefix-cache chunk was damaged ({exc}) and has been removed")
+                break
+            used += n
+        if joiner is None or not used:
+            return None, 0
+        return joiner.result(), used
 
     def save_prefix(self, engine: Engine, seat=None) -> Optional[SessionInfo]:
-        """Store the engine's KV cache (`seat`: that sequence of it) as a prefix entry, unless it is shorter than MIN_PREFIX_TOKENS or an
-        entry already covers it; entries it extends are replaced. Keeps the prefix cache under
-        $LOCALRUN_CACHE_MAX by evicting least-recently-used entries. Returns the new entry, or None."""
+        """Store the chunks of what the engine's KV cache holds (`seat`: that sequence of it) that the prefix
+        cache lacks, unless it holds fewer than MIN_PREFIX_TOKENS tokens; chunks it passes through are marked
+        used. Keeps the cache under $LOCALRUN_CACHE_MAX by evicting least-recently-used chunks. Returns the
+        chain it ends, or None when nothing new was stored."""
         snapshot = self.prefix_snapshot(engine, seat)
         return None if snapshot is None else self.store_prefix(engine, snapshot)
 
-    def prefix_snapshot(self, engine: Engine, seat=None) -> Optional["PrefixSnapshot"]:
-        """What save_prefix would store, read from the seat (its tokens and KV state), or None when nothing would
-        be: the seat can then take another request while `store_prefix` writes it to disk."""
+    def prefix_snapshot(self, engine: Engine, seat=None) -> Optional[PrefixSnapshot]:
+        """What save_prefix would store, read from the seat while it is held: its tokens, which chunks the cache
+        lacks (the index, read without waiting for any lock) and, when it lacks some, the seat's KV state. None
+        when nothing would be stored. `store_prefix` (or `store_prefix_later`) writes it once the seat is
+        given back."""
         cap = cache_max_bytes()
         store = self.store
         if cap <= 0:
-            store.trim_prefixes(0)  # off means off: entries stored under a larger cap go too
+            store.trim_prefixes(0)  # off means off: chunks stored under a larger cap go too
             return None
         seat = seat or EngineSeat(engine)
         tokens = list(seat.tokens)
         if len(tokens) < MIN_PREFIX_TOKENS or not prefix_cache_applies(engine):
             return None
-        ident = identity(store, engine)
-        with store.prefix_locked():
-            for entry in store.prefix_entries(ident, tokens):
-                if common_prefix(entry.tokens, tokens) == len(tokens):
-                    store.touch(entry)  # already stored, maybe with more after it
-                    return None
-        return PrefixSnapshot(tokens, seat.state_bytes(), seat.n_ctx)
+        ident = _cache_identity(store, engine)
+        if ident is None:
+            return None
+        plan = store.prefix_plan(prefix_root(ident), tokens, whole=_whole_states(engine))
+        snapshot = PrefixSnapshot(tokens, plan, ident, engine.path.name, seat.n_ctx)
+        if plan.missing:
+            snapshot.data = seat.state_bytes()
+        return snapshot
 
-    def store_prefix(self, engine: Engine, snapshot: "PrefixSnapshot") -> Optional[SessionInfo]:
-        """Write a prefix_snapshot to the cache (see save_prefix)."""
-        cap = cache_max_bytes()
-        store, tokens = self.store, snapshot.tokens
-        ident = identity(store, engine)
-        with store.prefix_locked():
-            superseded = []
-            for entry in store.prefix_entries(ident, tokens):
-                n = common_prefix(entry.tokens, tokens)
-                if n == len(tokens):
-                    store.touch(entry)  # stored meanwhile (another request's answer)
-                    return None
-                if n == len(entry.tokens):
-                    superseded.append(entry)
-            return store.add_prefix(ident, tokens, snapshot.data, replaces=superseded,
-                                    model_file=engine.path.name, n_ctx=snapshot.n_ctx, cap=cap)
+    def store_prefix(self, engine: Engine, snapshot: PrefixSnapshot) -> Optional[SessionInfo]:
+        """Write a prefix_snapshot to the cache, here and now (see save_prefix)."""
+        snapshot.cut(engine)
+        return snapshot.write(self.store, cache_max_bytes())
+
+    def store_prefix_later(self, engine: Engine, snapshot: PrefixSnapshot,
+                           on_notice: Optional[Callable[[str], None]] = None) -> None:
+        """Write a prefix_snapshot on the process's PrefixWriter thread: the state is cut into the chunks to
+        write here (and let go), the writing and fsyncing happen there. What goes wrong there is said to
+        `on_notice` (the request may be over by then: a notice it cannot take is dropped)."""
+        snapshot.cut(engine)
+        WRITER.submit(self.store.root, snapshot, cache_max_bytes(), on_notice)
+
+
+def cache_skipped(exc: BaseException) -> str:
+    """How a prefix-cache failure is said: the cache only saves time, so the answer goes on without it."""
+    return f"prefix cache skipped: {getattr(exc, 'message', None) or exc}"
+
+
+class PrefixWriter:
+    """One thread per process that writes prefix-cache chunks after their requests are over (a server's: its
+    next request never waits for them). At most MAX_WAITING snapshots wait (their chunks in memory): an older
+    one still waiting is dropped for a new one, as the cache only saves time. The process waits for what is
+    under way and waiting when it exits (`wait`, at exit)."""
+
+    MAX_WAITING = 2
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.waiting: collections.deque = collections.deque()
+        self.writing = 0
+        self.thread: Optional[threading.Thread] = None
+        self.dropped = 0
+
+    def submit(self, root: Path, snapshot: PrefixSnapshot, cap: int, on_notice: Optional[Callable[[str], None]]) -> None:
+        with self.cond:
+            while len(self.waiting) >= self.MAX_WAITING:
+                self.waiting.popleft()
+                self.dropped += 1
+            self.waiting.append((root, snapshot, cap, on_notice))
+            if self.thread is None or not self.thread.is_alive():
+                if self.thread is None:
+                    atexit.register(self._at_exit)
+                self.thread = threading.Thread(target=self._run, name="localrun-prefix-writer", daemon=True)
+                self.thread.start()
+            self.cond.notify_all()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every snapshot handed over is written (or dropped); False when `timeout` came first."""
+        with self.cond:
+            return self.cond.wait_for(lambda: not self.waiting and not self.writing, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.waiting:
+                    self.cond.wait()
+                root, snapshot, cap, on_notice = self.waiting.popleft()
+                self.writing += 1
+            try:
+                with SessionStore.open(root) as store:
+                    snapshot.write(store, cap)
+            except (SessionError, sqlite3.DatabaseError, OSError) as exc:
+                if on_notice is not None:
+                    try:
+                        on_notice(cache_skipped(exc))
+                    except Exception:  # noqa: BLE001 - the request's stream is closed: nobody to tell
+                        pass
+            except Exception:  # noqa: BLE001 - a writer that dies would leave every later save waiting
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                with self.cond:
+                    self.writing -= 1
+                    self.cond.notify_all()
+
+    def _at_exit(self) -> None:
+        try:
+            self.wait(60.0)
+        except KeyboardInterrupt:  # a second Ctrl-C at exit: leave (what was being written is swept next time)
+            pass
+
+
+WRITER = PrefixWriter()
+
+
+def wait_for_saves(timeout: Optional[float] = None) -> bool:
+    """Wait until the prefix-cache chunks this process handed to its writer are on disk (a server stopping,
+    a test reading the cache); False when `timeout` came first."""
+    return WRITER.wait(timeout)

@@ -4,26 +4,37 @@ Restoring a 2,000-token KV state takes milliseconds; evaluating those tokens aga
 
 Layout under the root (default `<home>/sessions`):
 
-    index.sqlite      one row per entry: what made the state (model file sha256, quant, kv type,
-                      swa_full, flash attention, llama.cpp build), its tokens, messages, checksum, times
-    states/<id>.kv    the llama.cpp KV state of one entry, written once, never modified
-    locks/*.lock      cross-process locks: one per session name, one for the prefix cache
+    index.sqlite      one row per session: what made the state (model file sha256, quant, kv type,
+                      swa_full, flash attention, llama.cpp build), its tokens, messages, checksum, times;
+                      one row per prefix-cache chunk (prefix_chunks) and per identity its chunks hang from
+    states/<id>.kv    the llama.cpp KV state of one session, written once, never modified
+    prefix/<id>.kv    one prefix-cache chunk: the KV state of PREFIX_CHUNK_TOKENS consecutive tokens
+    locks/*.lock      cross-process locks: one per session name, one for the prefix cache's eviction
     locks/*.writer    a session's writer lock, held by the run or chat writing it (store/writers.py)
 
 Two kinds of entry:
   * a session has a name, is saved and loaded on request, and is never evicted unless asked
     (`remove`, or `prune(..., named=True)`);
-  * a prefix entry has no name; `add_prefix` stores a state, `prefix_entries` offers those sharing a
-    prompt's first tokens (the runtime restores the longest prefix). They are evicted least-recently-used first, to keep
-    their total under $LOCALRUN_CACHE_MAX (default 2 GB), and before any session in `prune`.
+  * the prefix cache keeps prompts' KV in chunks keyed by the token prefix they extend (as vLLM's and
+    SGLang's block hashes): a chunk of tokens a..b is keyed by a hash of the identity of what made it and of
+    every token 0..b, so prompts sharing their first 18,000 tokens share those chunks and store them once,
+    and a chunk made under other settings is never found. `prefix_chain` gives the chunks of a prompt's
+    longest stored prefix (the runtime puts them together), `add_prefix_chunks` stores the ones a prompt
+    adds. The chunks' bytes on disk are kept under $LOCALRUN_CACHE_MAX (default 2 GB): the least recently
+    used chains lose their last chunks first, so the prefixes used last stay whole; `prune` evicts them
+    before any session. (A model whose state cannot be cut, a recurrent one's, keeps whole states: one
+    chunk of all its tokens, used only whole.)
 
-Crash safety: a state goes to a temporary file that is fsynced and renamed into place, then one SQLite
-transaction points the entry at it, then the previous file is deleted. A process killed at any moment
+Crash safety: a state (or chunk) goes to a temporary file that is fsynced and renamed into place, then one
+SQLite transaction points the entry at it, then the previous file is deleted. A process killed at any moment
 leaves the old entry or the new one, and at worst a file no entry names (a `.kv.tmp`, or a `.kv` written but
 not committed). The writer holds an flock on its new file until its entry is committed, so whoever opens
 the store next can tell a file still being saved (locked) from one a dead process left (unlocked) and
 deletes the latter: nothing is left on disk that the index does not name, and `total_bytes` counts what is
 on disk. A state file whose size or CRC-32 does not match its row is reported, and its entry removed.
+Processes share the prefix cache without waiting for one another's writes: a chunk's file is written before
+its row is committed and deleted after its row is, and a reader that finds a file gone checks whether its
+row went too (evicted meanwhile: not damage).
 
 Full and read-only disks: a write that fails for want of space raises StoreFull ("nothing saved before was
 lost": SQLite's transaction and the rename leave every saved session whole), never "the index is damaged".
@@ -60,7 +71,12 @@ from .files import StoreFull, StoreReadOnly, disk_problem, fsync_dir, read_only,
 from .names import DEFAULT_CACHE_MAX, cache_max_bytes, check_name  # noqa: F401 - part of this module's API
 
 MIN_PREFIX_TOKENS = 64  # restoring fewer tokens than this saves too little to be worth a disk read
+# Tokens per prefix-cache chunk: what two prompts that part mid-chunk both store of their shared tokens, and
+# the files a long prompt takes (74 for 18,858 tokens, 7.3 MB each on Qwen2.5-1.5B). Part of every chunk's
+# key: chunks of another size are never found.
+PREFIX_CHUNK_TOKENS = 256
 LOCK_TIMEOUT_S = 30.0
+TOUCH_WAIT_MS = 200  # the LRU order is a hint: a touch waits this long for the index, then is skipped
 
 
 
@@ -145,6 +161,50 @@ def m001_initial(db: sqlite3.Connection) -> None:
         )
         """
     )
+
+
+@migration
+def m002_prefix_chunks(db: sqlite3.Connection) -> None:
+    """The prefix cache in chunks shared between prompts; the whole-state prefix entries before them go (their
+    files, no longer named, are deleted as abandoned when the store opens)."""
+    db.execute(
+        """
+        CREATE TABLE prefix_roots (
+            root TEXT PRIMARY KEY,            -- hash of what made the chunks (Identity): every chain starts here
+            model_ref TEXT NOT NULL,
+            model_file TEXT NOT NULL,
+            model_sha256 TEXT NOT NULL,
+            quant TEXT NOT NULL,
+            n_ctx INTEGER NOT NULL,           -- the context of the last save (shown, not checked)
+            kv_type TEXT NOT NULL,
+            swa_full INTEGER NOT NULL,
+            flash_attn TEXT NOT NULL,
+            build TEXT NOT NULL,
+            system_info TEXT NOT NULL
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE prefix_chunks (
+            key TEXT PRIMARY KEY,             -- hash of the parent's key and this chunk's tokens
+            parent TEXT NOT NULL,             -- the chunk before it, or the root for tokens from 0
+            root TEXT NOT NULL,
+            start_pos INTEGER NOT NULL,       -- its tokens' positions: start_pos .. end_pos - 1
+            end_pos INTEGER NOT NULL,
+            whole INTEGER NOT NULL,           -- 1: a state that cannot be cut (a recurrent model's), used only whole
+            tokens BLOB NOT NULL,             -- its own tokens, int32 little-endian
+            file TEXT NOT NULL UNIQUE,        -- under prefix/
+            size INTEGER NOT NULL,
+            checksum TEXT NOT NULL,
+            created REAL NOT NULL,
+            last_used REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX prefix_chunks_parent ON prefix_chunks (parent)")
+    db.execute("CREATE INDEX prefix_chunks_lru ON prefix_chunks (last_used, end_pos)")
+    db.execute("DELETE FROM entries WHERE kind = 'prefix'")
 
 
 def migrate(db: sqlite3.Connection) -> None:
@@ -237,18 +297,60 @@ class Identity:
 
 
 @dataclass(frozen=True)
-class StoredState:
-    """A stored KV state: its entry, the tokens it holds, and where its bytes are."""
+class PrefixChunk:
+    """One stored prefix-cache chunk: the KV of `tokens` at positions start..end-1, after its parent's."""
 
-    id: int
+    key: str
+    parent: str
+    start: int
+    end: int
+    whole: bool
     tokens: list[int]
-    state_file: str
-    state_size: int
+    file: str
+    size: int
     checksum: str
 
 
-def _stored(row: sqlite3.Row) -> StoredState:
-    return StoredState(row["id"], unpack_tokens(row["tokens"]), row["state_file"], row["state_size"], row["checksum"])
+def _chunk(row: sqlite3.Row) -> PrefixChunk:
+    return PrefixChunk(row["key"], row["parent"], row["start_pos"], row["end_pos"], bool(row["whole"]),
+                       unpack_tokens(row["tokens"]), row["file"], row["size"], row["checksum"])
+
+
+def prefix_root(ident: Identity) -> str:
+    """The key every chain of chunks made with this identity starts from: a chunk made with another model
+    file, quant, KV type, swa_full, flash attention, llama.cpp build or chunk size hashes to other keys."""
+    what = ["localrun prefix chunks 1", PREFIX_CHUNK_TOKENS, ident.model_sha256, ident.quant, ident.kv_type,
+            bool(ident.swa_full), ident.flash_attn, ident.build]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
+
+
+def _chunk_key(parent: str, tokens: Sequence[int], whole: bool) -> str:
+    return hashlib.blake2b(parent.encode() + (b"W" if whole else b"C") + pack_tokens(tokens), digest_size=16).hexdigest()
+
+
+@dataclass
+class PrefixPlan:
+    """A prompt's chunks (`spans` of its tokens and their `keys`) and which of them the cache lacks."""
+
+    root: str
+    tokens: list[int]
+    whole: bool
+    spans: list[tuple[int, int]]
+    keys: list[str]
+    missing: list[int]  # indices into spans: the chunks to write
+    path: list[str]  # the chunks stored already that hold its tokens (touched when it is saved)
+
+    def parent(self, i: int) -> str:
+        return self.keys[i - 1] if i else self.root
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 # -- the store ---------------------------------------------------------------------------------
@@ -261,6 +363,7 @@ class SessionStore:
     def __init__(self, root: Path, db: sqlite3.Connection, *, unwritable: Optional[SessionError] = None):
         self.root = root
         self.states = root / "states"
+        self.prefix = root / "prefix"
         self.locks = root / "locks"
         self.db = db
         self.unwritable = unwritable  # why this store was opened for reading only (StoreReadOnly, StoreFull)
@@ -278,7 +381,7 @@ class SessionStore:
         if read_only(root):
             return cls._open_read_only(root, StoreReadOnly(root))
         try:
-            for folder in (root, root / "states", root / "locks"):
+            for folder in (root, root / "states", root / "prefix", root / "locks"):
                 folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise store_write_error(exc, root) from None
@@ -423,10 +526,13 @@ class SessionStore:
             return json.loads(row["messages"])
 
     def list(self, *, prefixes: bool = False) -> list[SessionInfo]:
-        """Named sessions (and prefix entries too when `prefixes`), most recently used first."""
-        where = "" if prefixes else "WHERE kind = 'session'"
-        rows = self.db.execute(f"SELECT * FROM entries {where} ORDER BY last_used DESC, id DESC").fetchall()
-        return [_info(row) for row in rows]
+        """Named sessions (and the prefix cache's chains too when `prefixes`: prefix_chains), most recently used
+        first."""
+        rows = self.db.execute("SELECT * FROM entries WHERE kind = 'session' ORDER BY last_used DESC, id DESC").fetchall()
+        found = [_info(row) for row in rows]
+        if prefixes:
+            found = sorted(found + self.prefix_chains(), key=lambda e: e.last_used, reverse=True)
+        return found
 
     def messages(self, name: str, ident: Identity, n_ctx: int) -> list[dict]:
         """Session `name`'s messages, without its state; refused as `load` refuses (SessionError, also when
@@ -467,8 +573,9 @@ class SessionStore:
         return _info(row)
 
     def total_bytes(self, kind: Optional[str] = None) -> int:
-        """Bytes the state files take on disk (every file under states/, named by the index or still being
-        saved); `kind` ("session" or "prefix"): what the index records for the entries of that kind."""
+        """Bytes the state and chunk files take on disk (every file under states/ and prefix/, named by the
+        index or still being saved); `kind` ("session" or "prefix"): what the index records for the sessions,
+        or for the prefix cache's chunks (each counted once, however many prompts share it)."""
         if kind is None:
             total = 0
             for path in self._state_dir_entries():
@@ -477,32 +584,33 @@ class SessionStore:
                 except FileNotFoundError:
                     pass
             return total
+        if kind == "prefix":
+            return self.db.execute("SELECT COALESCE(SUM(size), 0) FROM prefix_chunks").fetchone()[0]
         return self.db.execute("SELECT COALESCE(SUM(state_size), 0) FROM entries WHERE kind = ?", (kind,)).fetchone()[0]
 
     def prune(self, max_bytes: int, *, named: bool = False) -> list[SessionInfo]:
         """Evict least-recently-used entries until all states together take at most `max_bytes`.
-        Prefix entries go first; named sessions only when `named` is True (one that another process
-        holds is skipped). Also deletes state files no entry refers to that no save is writing.
-        Returns what was removed."""
+        The prefix cache's chunks go first (prefix chains, from their ends); named sessions only when `named`
+        is True (one that another process holds is skipped). Also deletes state files no entry refers to that
+        no save is writing. Returns what was removed: the chains that lost their last chunk, then sessions."""
         if max_bytes < 0:
             raise UsageError(f"invalid size {max_bytes}: use 0 or more bytes")
         self._writable()
         self._sweep_orphans()
-        removed: list[SessionInfo] = []
         with self._locked(".prefix-cache", "the prefix cache"):
+            chains = self._prefix_chains()
+            outside = self.total_bytes() - self.total_bytes("prefix")  # sessions' files and any still being saved
+            gone = self._evict_prefixes(max(0, max_bytes - outside))
+            removed = sorted((c for key, c in chains if key in gone), key=lambda c: (c.last_used, -c.tokens))
             total = self.total_bytes()
-            rows = self.db.execute(
-                "SELECT * FROM entries ORDER BY kind = 'session', last_used, id"
-            ).fetchall()
-            for row in rows:
+            if total <= max_bytes or not named:
+                return removed
+            for row in self.db.execute("SELECT * FROM entries ORDER BY kind = 'session', last_used, id").fetchall():
                 if total <= max_bytes:
                     break
-                if row["kind"] == "session":
-                    if not named:
-                        break
-                    if not self._remove_if_free(row):
-                        continue
-                else:
+                if row["kind"] == "session" and not self._remove_if_free(row):
+                    continue
+                if row["kind"] != "session":  # (a whole-state prefix entry an older localrun added since)
                     self._delete_rows([row])
                 total -= row["state_size"]
                 removed.append(_info(row))
@@ -510,54 +618,194 @@ class SessionStore:
 
     # -- the prefix cache ----------------------------------------------------------------------
 
-    @contextmanager
-    def prefix_locked(self) -> Iterator[None]:
-        """Hold the prefix cache's cross-process lock (a lookup and a save are each one critical section)."""
-        with self._locked(".prefix-cache", "the prefix cache"):
-            yield
+    def prefix_plan(self, root: str, tokens: Sequence[int], whole: bool = False) -> PrefixPlan:
+        """The chunks of `tokens` (PREFIX_CHUNK_TOKENS each from position 0, the last maybe shorter; `whole`:
+        one of them all) and which of them the cache lacks. A last chunk that a longer one beside it holds
+        whole (the same tokens, then more) is not lacking. Read without a lock: a save checks again."""
+        tokens = list(tokens)
+        n, size = len(tokens), PREFIX_CHUNK_TOKENS
+        spans = [(0, n)] if whole else [(a, min(a + size, n)) for a in range(0, n, size)]
+        keys, parent = [], root
+        for a, b in spans:
+            parent = _chunk_key(parent, tokens[a:b], whole)
+            keys.append(parent)
+        stored = self._stored_keys(keys)
+        missing = [i for i, key in enumerate(keys) if key not in stored]
+        path = [key for key in keys if key in stored]
+        if not whole and missing == [len(keys) - 1]:
+            a, b = spans[-1]
+            for row in self.db.execute("SELECT key, tokens FROM prefix_chunks WHERE parent = ? AND whole = 0",
+                                       (keys[-2] if len(keys) > 1 else root,)):
+                held = unpack_tokens(row["tokens"])
+                if len(held) > b - a and held[: b - a] == tokens[a:b]:
+                    missing, path = [], path + [row["key"]]
+                    break
+        return PrefixPlan(root, tokens, whole, spans, keys, missing, path)
 
-    def prefix_entries(self, ident: Identity, tokens: Sequence[int]) -> list[StoredState]:
-        """The prefix entries made with this identity whose first tokens are those of `tokens` (none when it is
-        shorter than MIN_PREFIX_TOKENS)."""
-        return [_stored(row) for row in self._prefix_rows(ident, head_hash(tokens))]
+    def prefix_chain(self, root: str, tokens: Sequence[int], limit: int) -> list[tuple[PrefixChunk, int]]:
+        """The chunks holding the longest stored prefix of `tokens[:limit]`, in order, each with how many of its
+        tokens belong to it (all, but for the last, which may be cut where the prompt parts from it; a whole
+        state only whole). Read without a lock: a chunk evicted meanwhile is missing when read."""
+        tokens = list(tokens[:limit])
+        size = PREFIX_CHUNK_TOKENS
+        keys, parent = [], root
+        for a in range(0, len(tokens) - size + 1, size):
+            parent = _chunk_key(parent, tokens[a : a + size], False)
+            keys.append(parent)
+        stored = self._stored_keys(keys)
+        run = 0
+        while run < len(keys) and keys[run] in stored:
+            run += 1
+        chain: list[tuple[PrefixChunk, int]] = []
+        if run:
+            rows = {row["key"]: _chunk(row) for row in self._rows_of(keys[:run])}
+            for key in keys[:run]:
+                chunk = rows.get(key)
+                if chunk is None or chunk.tokens != tokens[chunk.start : chunk.end]:
+                    break  # (evicted since, or a hash that lied)
+                chain.append((chunk, chunk.end - chunk.start))
+        at = chain[-1][0].end if chain else 0
+        best, best_n = None, 0
+        for row in self.db.execute("SELECT * FROM prefix_chunks WHERE parent = ?", (chain[-1][0].key if chain else root,)):
+            chunk = _chunk(row)
+            n = _shared(chunk.tokens, tokens[at:])
+            if chunk.whole and (at or n < len(chunk.tokens)):
+                continue  # a whole state holds only all its tokens
+            if n > best_n:
+                best, best_n = chunk, n
+        if best is not None:
+            chain.append((best, best_n))
+        return chain
 
-    def read_state(self, entry: StoredState) -> bytearray:
-        """An entry's state bytes; CorruptState when its file is missing, torn or damaged."""
-        return self._read_state(entry)
+    def read_chunk(self, chunk: PrefixChunk) -> bytearray:
+        """A chunk's bytes; CorruptState when its file is missing, torn or damaged (chunk_stored says whether it
+        was evicted meanwhile instead)."""
+        return self._read_file(self.prefix / chunk.file, chunk.size, chunk.checksum, "chunk file")
 
-    def drop(self, entry: StoredState) -> None:
-        self._delete_rows([entry])
+    def chunk_stored(self, chunk: PrefixChunk) -> bool:
+        return bool(self._stored_keys([chunk.key]))
 
-    def touch(self, entry: StoredState) -> None:
-        self._touch(entry.id)
-
-    def add_prefix(self, ident: Identity, tokens: Sequence[int], data: bytearray, *, replaces: Sequence[StoredState],
-                   model_file: str, n_ctx: int, cap: int) -> Optional[SessionInfo]:
-        """Store a prefix entry (under prefix_locked), replacing the entries it extends, then evict least
-        recently used entries down to `cap` bytes. None when the state alone is over the cap."""
+    def drop_chunks(self, chunks: Sequence[PrefixChunk]) -> None:
+        """Remove these chunks (found damaged) and the chunks after them, which nothing reaches any more."""
         self._writable()
-        if len(data) > cap:  # this one can never fit; the cap still holds for what is stored
+        with self._transaction():
+            for chunk in chunks:
+                self.db.execute("DELETE FROM prefix_chunks WHERE key = ?", (chunk.key,))
+            files = [chunk.file for chunk in chunks] + list(self._drop_unreachable().values())
+        for name in files:
+            self._unlink_chunk(name)
+
+    def touch_chunks(self, keys: Sequence[str]) -> None:
+        """Mark these chunks used now (a chain: its first chunks are then never older than its last). Only the
+        LRU order rides on this: skipped when the index is busy for long, and not fsynced."""
+        if self.read_only or not keys:
+            return
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(f"PRAGMA busy_timeout={TOUCH_WAIT_MS}")
+        try:
+            with self._transaction():
+                self._mark_used(keys, self._now())
+        except SessionError:
+            pass  # the index was busy: the order stays as it was
+        finally:
+            self.db.execute(f"PRAGMA busy_timeout={int(LOCK_TIMEOUT_S * 1000)}")
+            self.db.execute("PRAGMA synchronous=FULL")
+
+    def add_prefix_chunks(self, ident: Identity, plan: PrefixPlan, pieces: dict[int, bytes | bytearray], *,
+                          model_ref: str, n_ctx: int, cap: int) -> Optional[SessionInfo]:
+        """Store the chunks `plan` lacks (`pieces`: their bytes, by index into plan.spans), as many as fit under
+        `cap` with the chunks before them, then evict least recently used chunks down to `cap`. The chunks it
+        passes through are marked used; a shorter last chunk beside its new last one (the same tokens, fewer)
+        is replaced. Returns the chain it ends (prefix_chains' entry), or None when nothing was stored.
+
+        The files are written and fsynced before the index is touched, without any lock: a reader or another
+        save never waits for them. Each stays flocked until its row is committed (see _sweep_orphans)."""
+        self._writable()
+        if cap <= 0:
+            self._evict_prefixes(0)
+            return None
+        stored = sum(row["size"] for row in self._rows_of(plan.path))
+        writing = []
+        for i in sorted(pieces):  # the chain's first chunks first: a chunk after one that is not stored is unreachable
+            if i not in plan.missing or stored + len(pieces[i]) > cap:
+                break
+            writing.append(i)
+            stored += len(pieces[i])
+        if not writing:
+            self.touch_chunks(plan.path)
             self._evict_prefixes(cap)
             return None
-        with self._new_state(data) as (state_file, checksum):
-            now = time.time()
+        unused, replaced = [], []
+        with self._new_files(self.prefix, [pieces[i] for i in writing]) as files:
             with self._transaction():
-                for entry in replaces:
-                    self.db.execute("DELETE FROM entries WHERE id = ?", (entry.id,))
-                new_id = self._insert(None, "prefix", model_file, ident, n_ctx, tokens, pack_tokens(tokens), "[]",
-                                      state_file, len(data), checksum, created=now, now=now)
-        for entry in replaces:
-            self._unlink(entry.state_file)
+                now = self._now()
+                self.db.execute(
+                    "INSERT OR REPLACE INTO prefix_roots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (plan.root, model_ref, ident.model_file, ident.model_sha256, ident.quant, n_ctx, ident.kv_type,
+                     int(ident.swa_full), ident.flash_attn, ident.build, ident.system_info),
+                )
+                used = list(plan.path)
+                for n, (i, (name, checksum)) in enumerate(zip(writing, files)):
+                    parent, key = plan.parent(i), plan.keys[i]
+                    if parent != plan.root and not self._stored_keys([parent]):
+                        unused += [name for name, _ in files[n:]]  # evicted meanwhile: nothing after it is reachable
+                        break
+                    a, b = plan.spans[i]
+                    cur = self.db.execute(
+                        "INSERT OR IGNORE INTO prefix_chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (key, parent, plan.root, a, b, int(plan.whole), pack_tokens(plan.tokens[a:b]), name,
+                         len(pieces[i]), checksum, now, now),
+                    )
+                    if not cur.rowcount:
+                        unused.append(name)  # another save stored it meanwhile
+                    used.append(key)
+                    for row in self.db.execute("SELECT * FROM prefix_chunks WHERE parent = ? AND key != ?", (parent, key)):
+                        held = unpack_tokens(row["tokens"])
+                        if len(held) < b - a and held == plan.tokens[a : a + len(held)] and bool(row["whole"]) == plan.whole:
+                            replaced.append(row["file"])  # the same tokens, fewer: this chunk holds them all
+                            self.db.execute("DELETE FROM prefix_chunks WHERE key = ?", (row["key"],))
+                self._mark_used(used, now)
+                replaced += list(self._drop_unreachable().values())
+        for name in unused + replaced:
+            self._unlink_chunk(name)
         self._evict_prefixes(cap)
-        row = self.db.execute("SELECT * FROM entries WHERE id = ?", (new_id,)).fetchone()
-        self._sweep_orphans()
-        return _info(row) if row is not None else None
+        end = plan.keys[writing[-1]]
+        return next((info for key, info in self._prefix_chains() if key == end), None)
+
+    def prefix_chains(self) -> list[SessionInfo]:
+        """The prefix cache as entries: one per chain of chunks that ends (no chunk after its last), most
+        recently used first. Its tokens are those of its whole chain; its size is what its chunks take that
+        no chain used after it shares (the sizes add up to the cache's bytes on disk)."""
+        return [info for _, info in self._prefix_chains()]
+
+    def _prefix_chains(self) -> list[tuple[str, SessionInfo]]:
+        rows = {row["key"]: row for row in self.db.execute(
+            "SELECT c.*, r.model_ref, r.model_file, r.model_sha256, r.quant, r.n_ctx, r.kv_type, r.swa_full,"
+            " r.flash_attn, r.build FROM prefix_chunks c LEFT JOIN prefix_roots r ON c.root = r.root")}
+        parents = {row["parent"] for row in rows.values()}
+        ends = sorted((row for key, row in rows.items() if key not in parents),
+                      key=lambda row: (row["last_used"], row["end_pos"]), reverse=True)
+        counted: set[str] = set()
+        chains = []
+        for end in ends:
+            size, key = 0, end["key"]
+            while key in rows and key not in counted:
+                counted.add(key)
+                size += rows[key]["size"]
+                key = rows[key]["parent"]
+            chains.append((end["key"], SessionInfo(
+                name=None, kind="prefix", model=end["model_ref"] or "", model_file=end["model_file"] or "",
+                model_sha256=end["model_sha256"] or "", quant=end["quant"] or "", n_ctx=end["n_ctx"] or 0,
+                kv_type=end["kv_type"] or "", swa_full=bool(end["swa_full"]), flash_attn=end["flash_attn"] or "",
+                build=end["build"] or "", tokens=end["end_pos"], size=size, checksum=end["checksum"],
+                created=end["created"], last_used=end["last_used"],
+            )))
+        return chains
 
     def trim_prefixes(self, cap: int) -> None:
-        """Evict least-recently-used prefix entries until they use at most `cap` bytes."""
+        """Evict least-recently-used prefix chunks until they use at most `cap` bytes."""
         self._writable()
-        with self._locked(".prefix-cache", "the prefix cache"):
-            self._evict_prefixes(cap)
+        self._evict_prefixes(cap)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -647,18 +895,6 @@ class SessionStore:
         )
         return cur.lastrowid
 
-    def _prefix_rows(self, ident: Identity, head: Optional[str]) -> list[sqlite3.Row]:
-        if head is None:
-            return []
-        return self.db.execute(
-            """
-            SELECT * FROM entries
-            WHERE kind = 'prefix' AND model_sha256 = ? AND head_hash = ? AND quant = ? AND kv_type = ?
-                AND swa_full = ? AND flash_attn = ? AND build = ?
-            """,
-            (ident.model_sha256, head, ident.quant, ident.kv_type, int(ident.swa_full), ident.flash_attn, ident.build),
-        ).fetchall()
-
     def _touch(self, entry_id: int) -> None:
         # Only the LRU order rides on this: losing it to a power cut is harmless, so skip the fsync.
         if self.read_only:
@@ -670,53 +906,70 @@ class SessionStore:
         finally:
             self.db.execute("PRAGMA synchronous=FULL")
 
+    def _create_locked(self, folder: Path) -> tuple[str, int]:
+        """A new file `<name>.tmp` in `folder`, open for writing and flocked: (name, descriptor)."""
+        while True:
+            name = f"{uuid.uuid4().hex}.kv"
+            tmp = folder / f"{name}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise store_write_error(exc, folder) from None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                    return name, fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # swept between its creation and the lock (it looked abandoned): take another name
+
     @contextmanager
     def _new_state(self, data: bytearray) -> Iterator[tuple[str, str]]:
         """Write a new state file (temp name, fsync, rename, fsync the folder) and yield (file name, checksum)
         while its entry is committed; the file is deleted if that fails. It stays flocked until then, so
         that `_sweep_orphans` in another process leaves it alone."""
-        while True:
-            name = f"{uuid.uuid4().hex}.kv"
-            tmp = self.states / f"{name}.tmp"
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise store_write_error(exc, self.states) from None
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
-                    break
-            except FileNotFoundError:
-                pass
-            os.close(fd)  # swept between its creation and the lock (it looked abandoned): take another name
+        with self._new_files(self.states, [data]) as files:
+            yield files[0]
+
+    @contextmanager
+    def _new_files(self, folder: Path, datas: Sequence) -> Iterator[list[tuple[str, str]]]:
+        """Write new files in `folder`, one per buffer of `datas` (each to a temp name, fsynced, renamed; the
+        folder fsynced once), and yield their (file name, checksum) while their rows are committed; they are
+        deleted if that fails. They stay flocked until then (see _sweep_orphans)."""
+        made: list[tuple[str, int]] = []
         try:
             try:
-                with open(fd, "wb", buffering=0, closefd=False) as f:
-                    view = memoryview(data)
-                    while view:
-                        view = view[f.write(view):]
-                    os.fsync(fd)
-                os.replace(tmp, self.states / name)
-                fsync_dir(self.states)
+                for data in datas:
+                    name, fd = self._create_locked(folder)
+                    made.append((name, fd))
+                    with open(fd, "wb", buffering=0, closefd=False) as f:
+                        view = memoryview(data)
+                        while view:
+                            view = view[f.write(view):]
+                        os.fsync(fd)
+                    os.replace(folder / f"{name}.tmp", folder / name)
+                fsync_dir(folder)
             except BaseException as exc:
-                self._unlink(tmp.name)
-                self._unlink(name)  # (renamed already, when the folder's fsync failed)
+                for name, _ in made:
+                    self._unlink_in(folder, f"{name}.tmp")
+                    self._unlink_in(folder, name)  # (renamed already)
                 if isinstance(exc, OSError):
-                    raise store_write_error(exc, self.states) from None
+                    raise store_write_error(exc, folder) from None
                 raise
             try:
-                yield name, _checksum(data)
+                yield [(name, _checksum(data)) for (name, _), data in zip(made, datas)]
             except BaseException:
-                self._unlink(name)
+                for name, _ in made:
+                    self._unlink_in(folder, name)
                 raise
         finally:
-            os.close(fd)
+            for _, fd in made:
+                os.close(fd)
 
-    def _read_state(self, row) -> bytearray:
-        """`row`: an index row or a StoredState."""
-        get = row.__getitem__ if isinstance(row, sqlite3.Row) else lambda key: getattr(row, key)
-        path = self.states / get("state_file")
-        size = get("state_size")
+    def _read_state(self, row: sqlite3.Row) -> bytearray:
+        return self._read_file(self.states / row["state_file"], row["state_size"], row["checksum"])
+
+    def _read_file(self, path: Path, size: int, checksum: str, what: str = "state file") -> bytearray:
         data = bytearray(size)
         try:
             with open(path, "rb", buffering=0) as f:
@@ -727,25 +980,24 @@ class SessionStore:
                         break
                     got += n
                 extra = f.read(1)
+                view.release()
         except FileNotFoundError:
-            raise CorruptState(f"its state file {path.name} is missing") from None
+            raise CorruptState(f"its {what} {path.name} is missing") from None
         if got < size:
-            raise CorruptState(f"the state file is truncated: {got} of {size} bytes")
+            raise CorruptState(f"the {what} is truncated: {got} of {size} bytes")
         if extra:
-            raise CorruptState(f"the state file is longer than the {size} bytes recorded")
-        checksum = _checksum(data)
-        if checksum != get("checksum"):
-            raise CorruptState(f"the state file fails its checksum: {checksum}, expected {get('checksum')}")
+            raise CorruptState(f"the {what} is longer than the {size} bytes recorded")
+        found = _checksum(data)
+        if found != checksum:
+            raise CorruptState(f"the {what} fails its checksum: {found}, expected {checksum}")
         return data
 
-    def _delete_rows(self, rows: Sequence) -> None:
-        """`rows`: index rows or StoredStates."""
-        pairs = [(r["id"], r["state_file"]) if isinstance(r, sqlite3.Row) else (r.id, r.state_file) for r in rows]
+    def _delete_rows(self, rows: Sequence[sqlite3.Row]) -> None:
         with self._transaction():
-            for entry_id, _ in pairs:
-                self.db.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
-        for _, state_file in pairs:
-            self._unlink(state_file)
+            for row in rows:
+                self.db.execute("DELETE FROM entries WHERE id = ?", (row["id"],))
+        for row in rows:
+            self._unlink(row["state_file"])
 
     def _remove_if_free(self, row: sqlite3.Row) -> bool:
         from .writers import holder_of
@@ -765,61 +1017,133 @@ class SessionStore:
         finally:
             lock.release()
 
-    def _evict_prefixes(self, cap: int) -> None:
-        """Evict least-recently-used prefix entries until they total at most `cap` bytes (prefix lock held)."""
-        total = self.total_bytes("prefix")
-        if total <= cap:
-            return
-        victims = []
-        for row in self.db.execute("SELECT * FROM entries WHERE kind = 'prefix' ORDER BY last_used, id"):
-            if total <= cap:
-                break
-            victims.append(row)
-            total -= row["state_size"]
-        self._delete_rows(victims)
+    # -- the prefix cache's index ----------------------------------------------------------------
+
+    def _stored_keys(self, keys: Sequence[str]) -> set[str]:
+        return {row["key"] for row in self._rows_of(keys, "key")}
+
+    def _rows_of(self, keys: Sequence[str], columns: str = "*") -> list[sqlite3.Row]:
+        rows = []
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            marks = ",".join("?" * len(part))
+            rows += self.db.execute(f"SELECT {columns} FROM prefix_chunks WHERE key IN ({marks})", part).fetchall()
+        return rows
+
+    def _now(self) -> float:
+        """Now, never before a time already recorded (a chain touched after another is never older)."""
+        (latest,) = self.db.execute("SELECT COALESCE(MAX(last_used), 0) FROM prefix_chunks").fetchone()
+        return max(time.time(), latest)
+
+    def _mark_used(self, keys: Sequence[str], now: float) -> None:
+        for i in range(0, len(keys), 500):
+            part = list(keys[i : i + 500])
+            marks = ",".join("?" * len(part))
+            self.db.execute(f"UPDATE prefix_chunks SET last_used = ? WHERE key IN ({marks})", [now, *part])
+
+    def _drop_unreachable(self) -> dict[str, str]:
+        """Delete the chunks whose parent is gone (inside a transaction): {key: file name}, the files to delete
+        once it is committed."""
+        gone = {}
+        while True:
+            rows = self.db.execute(
+                "SELECT key, file FROM prefix_chunks c WHERE c.parent != c.root"
+                " AND NOT EXISTS (SELECT 1 FROM prefix_chunks p WHERE p.key = c.parent)").fetchall()
+            if not rows:
+                return gone
+            for row in rows:
+                self.db.execute("DELETE FROM prefix_chunks WHERE key = ?", (row["key"],))
+                gone[row["key"]] = row["file"]
+
+    def _evict_prefixes(self, cap: int) -> set[str]:
+        """Evict least-recently-used prefix chunks until they total at most `cap` bytes: the chains used least
+        recently lose their last chunks first (a chain's first chunks are never older than its last, being
+        marked used with it). Returns the keys of the chunks removed."""
+        if self.read_only:
+            return set()
+        over = self.db.execute("SELECT COALESCE(SUM(size), 0) > ? FROM prefix_chunks", (cap,)).fetchone()[0]
+        legacy = self.db.execute("SELECT 1 FROM entries WHERE kind = 'prefix' LIMIT 1").fetchone()
+        if not over and legacy is None:
+            return set()
+        gone: dict[str, str] = {}
+        with self._transaction():
+            old = self.db.execute("SELECT state_file FROM entries WHERE kind = 'prefix'").fetchall()
+            self.db.execute("DELETE FROM entries WHERE kind = 'prefix'")  # whole states an older localrun stored
+            (total,) = self.db.execute("SELECT COALESCE(SUM(size), 0) FROM prefix_chunks").fetchone()
+            for row in self.db.execute("SELECT key, file, size FROM prefix_chunks ORDER BY last_used, end_pos DESC").fetchall():
+                if total <= cap:
+                    break
+                self.db.execute("DELETE FROM prefix_chunks WHERE key = ?", (row["key"],))
+                gone[row["key"]] = row["file"]
+                total -= row["size"]
+            if gone:
+                gone.update(self._drop_unreachable())
+        for row in old:
+            self._unlink(row["state_file"])
+        for name in gone.values():
+            self._unlink_chunk(name)
+        return set(gone)
 
     def _state_dir_entries(self) -> list[Path]:
-        try:
-            return [p for p in self.states.iterdir() if p.name.endswith((".kv", ".kv.tmp"))]
-        except FileNotFoundError:
-            return []
+        """The state and chunk files on disk, and those being written."""
+        found = []
+        for folder in (self.states, self.prefix):
+            try:
+                found += [p for p in folder.iterdir() if p.name.endswith((".kv", ".kv.tmp"))]
+            except FileNotFoundError:
+                pass
+        return found
 
     def _sweep_orphans(self) -> None:
-        """Delete state files no entry refers to that no save is writing: left by a process killed between
-        write and commit (a `.kv.tmp`, or a `.kv` not yet named by the index), or between commit and delete.
-        A save holds an flock on its file until its entry is committed: a file this takes the lock of is
+        """Delete state and chunk files no entry refers to that no save is writing: left by a process killed
+        between write and commit (a `.kv.tmp`, or a `.kv` not yet named by the index), or between commit and
+        delete. A save holds an flock on its file until its entry is committed: a file this takes the lock of is
         abandoned, once the index (read again under the lock) does not name it."""
         if self.read_only:
             return
-        known = {row[0] for row in self.db.execute("SELECT state_file FROM entries")}
-        for path in self._state_dir_entries():
-            if path.name in known:
-                continue
+        for folder, named in ((self.states, "SELECT 1 FROM entries WHERE state_file = ?"),
+                              (self.prefix, "SELECT 1 FROM prefix_chunks WHERE file = ?")):
+            table, column = ("entries", "state_file") if folder == self.states else ("prefix_chunks", "file")
+            known = {row[0] for row in self.db.execute(f"SELECT {column} FROM {table}")}
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                paths = [p for p in folder.iterdir() if p.name.endswith((".kv", ".kv.tmp"))]
             except FileNotFoundError:
                 continue
-            try:
+            for path in paths:
+                if path.name in known:
+                    continue
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        continue  # a save is writing it, or committing it right now
-                    raise
-                if self.db.execute("SELECT 1 FROM entries WHERE state_file = ?", (path.name,)).fetchone():
-                    continue  # committed since `known` was read
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                    path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError:
-                return  # (a file system that will not delete: it stays, counted by total_bytes)
-            finally:
-                os.close(fd)
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
+                try:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError as exc:
+                        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                            continue  # a save is writing it, or committing it right now
+                        raise
+                    if self.db.execute(named, (path.name,)).fetchone():
+                        continue  # committed since `known` was read
+                    if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                        path.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    return  # (a file system that will not delete: it stays, counted by total_bytes)
+                finally:
+                    os.close(fd)
 
     def _unlink(self, file_name: str) -> None:
+        self._unlink_in(self.states, file_name)
+
+    def _unlink_chunk(self, file_name: str) -> None:
+        self._unlink_in(self.prefix, file_name)
+
+    @staticmethod
+    def _unlink_in(folder: Path, file_name: str) -> None:
         try:
-            (self.states / file_name).unlink()
+            (folder / file_name).unlink()
         except FileNotFoundError:
             pass
 
