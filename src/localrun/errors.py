@@ -97,3 +97,19 @@ class EngineError(LocalrunError):
 
 class SessionError(LocalrunError):
     """A saved session that cannot be used (wrong model, corrupt state, locked)."""
+
+
+class TemplateError(UsageError):
+    """A chat template that refuses the messages (its own raise_exception) or fails on them, or one that is not
+    valid Jinja. `reason`: the template's own message (or Jinja's, for a template that fails or does not
+    compile); `line`: the template's line where known; `compiling`: the template itself is broken (not these
+    messages). A bad request at the HTTP edge (400), never a server error."""
+
+    def __init__(self, reason: str, line: "int | None" = None, compiling: bool = False):
+        self.reason, self.line, self.compiling = reason, line, compiling
+        where = f"line {line}: " if line else ""
+        if compiling:
+            message = f"the chat template is not valid Jinja ({where}{reason})"
+        else:
+            message = f"the model's chat template refuses these messages: {where}{reason}"
+        super().__init__(message)

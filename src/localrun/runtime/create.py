@@ -133,10 +133,11 @@ def _template(text: str, say) -> Optional[str]:
         say("ignoring TEMPLATE: it is an Ollama (Go) template, which localrun cannot render; the model's own chat "
             "template (Jinja, from its GGUF) is used")
         return None
-    import jinja2
+    from ..engine.prompt import compile_template
+    from ..errors import TemplateError
 
-    try:
-        jinja2.Environment().parse(text)
-    except jinja2.TemplateSyntaxError as exc:
-        raise UsageError(f"TEMPLATE is not a valid Jinja chat template (line {exc.lineno}: {exc.message})") from None
+    try:  # in the environment every prompt renders in: loop controls ({% break %}), {% do %}, {% generation %}
+        compile_template(text)
+    except TemplateError as exc:
+        raise UsageError(f"TEMPLATE is not a valid Jinja chat template (line {exc.line}: {exc.reason})") from None
     return text
