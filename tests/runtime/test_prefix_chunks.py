@@ -119,6 +119,33 @@ def test_states_that_cannot_be_cut_are_refused():
         joiner.add(cut_state(whole, StateLayout(whole), 16, 32))
 
 
+def test_the_old_caches_whole_states_are_dropped_and_never_read_as_chunks(tmp_path):
+    """A store of the whole-state prefix cache (one state file per prompt): its prefix entries go with the
+    migration, their files with them; its sessions stay."""
+    import time
+
+    from localrun.store.sessions import SessionStore, m001_initial, pack_tokens
+
+    root = tmp_path / "store"
+    (root / "states").mkdir(parents=True)
+    db = sqlite3.connect(root / "index.sqlite", isolation_level=None)
+    db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied REAL NOT NULL)")
+    m001_initial(db)
+    db.execute("INSERT INTO _migrations VALUES ('m001_initial', ?)", (time.time(),))
+    for name, kind in (("chat", "session"), (None, "prefix")):
+        state = made_state(100)
+        (root / "states" / f"{kind}.kv").write_bytes(state)
+        db.execute("INSERT INTO entries (name, kind, model_ref, model_file, model_sha256, quant, n_ctx, kv_type, swa_full,"
+                   " flash_attn, build, system_info, n_tokens, tokens, head_hash, messages, state_file, state_size, checksum,"
+                   " created, last_used) VALUES (?, ?, 'm', 'm.gguf', 'abc', 'Q4_1', 1024, 'f16', 0, 'auto', 'b', 's', 100, ?,"
+                   " NULL, '[]', ?, ?, 'crc32:0', 1, 1)", (name, kind, pack_tokens(range(100)), f"{kind}.kv", len(state)))
+    db.close()
+    with SessionStore.open(root) as store:
+        assert [(e.name, e.kind) for e in store.list(prefixes=True)] == [("chat", "session")]
+        assert sorted(p.name for p in store.states.iterdir()) == ["session.kv"] and list(store.prefix.iterdir()) == []
+        assert store.total_bytes("prefix") == 0
+
+
 # -- on a real model ------------------------------------------------------------------------------------
 
 
@@ -143,7 +170,8 @@ def answer(engine: Engine, tokens: list[int]):
     return [t for r in responses for t in r.tokens], responses[-1].stats
 
 
-def test_prompts_sharing_a_long_prefix_store_it_once(smol, store):
+def test_prompts_sharing_a_long_prefix_store_it_once(smol, store, monkeypatch):
+    monkeypatch.setattr("localrun.store.sessions.WRITE_BATCH", 3)  # (the first save commits its chunks in two batches)
     doc = smol.tokenize(TEXT[:4000])
     assert len(doc) > 3 * CHUNK
     first = doc + smol.tokenize("\nWho is the story about?", add_special=False)

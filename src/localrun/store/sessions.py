@@ -77,6 +77,7 @@ MIN_PREFIX_TOKENS = 64  # restoring fewer tokens than this saves too little to b
 PREFIX_CHUNK_TOKENS = 256
 LOCK_TIMEOUT_S = 30.0
 TOUCH_WAIT_MS = 200  # the LRU order is a hint: a touch waits this long for the index, then is skipped
+WRITE_BATCH = 32  # chunk files written, then committed, at a time (each is held open and flocked until then)
 
 
 
@@ -735,41 +736,47 @@ class SessionStore:
             self.touch_chunks(plan.path)
             self._evict_prefixes(cap)
             return None
-        unused, replaced = [], []
-        with self._new_files(self.prefix, [pieces[i] for i in writing]) as files:
-            with self._transaction():
-                now = self._now()
-                self.db.execute(
-                    "INSERT OR REPLACE INTO prefix_roots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (plan.root, model_ref, ident.model_file, ident.model_sha256, ident.quant, n_ctx, ident.kv_type,
-                     int(ident.swa_full), ident.flash_attn, ident.build, ident.system_info),
-                )
-                used = list(plan.path)
-                for n, (i, (name, checksum)) in enumerate(zip(writing, files)):
-                    parent, key = plan.parent(i), plan.keys[i]
-                    if parent != plan.root and not self._stored_keys([parent]):
-                        unused += [name for name, _ in files[n:]]  # evicted meanwhile: nothing after it is reachable
-                        break
-                    a, b = plan.spans[i]
-                    cur = self.db.execute(
-                        "INSERT OR IGNORE INTO prefix_chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (key, parent, plan.root, a, b, int(plan.whole), pack_tokens(plan.tokens[a:b]), name,
-                         len(pieces[i]), checksum, now, now),
+        used, stored_to = list(plan.path), len(writing)
+        for at in range(0, len(writing), WRITE_BATCH):  # a batch's files stay open (flocked) until they are committed
+            batch, unused, replaced = writing[at : at + WRITE_BATCH], [], []
+            with self._new_files(self.prefix, [pieces[i] for i in batch]) as files:
+                with self._transaction():
+                    now = self._now()
+                    self.db.execute(
+                        "INSERT OR REPLACE INTO prefix_roots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (plan.root, model_ref, ident.model_file, ident.model_sha256, ident.quant, n_ctx, ident.kv_type,
+                         int(ident.swa_full), ident.flash_attn, ident.build, ident.system_info),
                     )
-                    if not cur.rowcount:
-                        unused.append(name)  # another save stored it meanwhile
-                    used.append(key)
-                    for row in self.db.execute("SELECT * FROM prefix_chunks WHERE parent = ? AND key != ?", (parent, key)):
-                        held = unpack_tokens(row["tokens"])
-                        if len(held) < b - a and held == plan.tokens[a : a + len(held)] and bool(row["whole"]) == plan.whole:
-                            replaced.append(row["file"])  # the same tokens, fewer: this chunk holds them all
-                            self.db.execute("DELETE FROM prefix_chunks WHERE key = ?", (row["key"],))
-                self._mark_used(used, now)
-                replaced += list(self._drop_unreachable().values())
-        for name in unused + replaced:
-            self._unlink_chunk(name)
+                    for n, (i, (name, checksum)) in enumerate(zip(batch, files)):
+                        parent, key = plan.parent(i), plan.keys[i]
+                        if parent != plan.root and not self._stored_keys([parent]):
+                            unused += [name for name, _ in files[n:]]  # evicted meanwhile: nothing after it is reachable
+                            stored_to = at + n
+                            break
+                        a, b = plan.spans[i]
+                        cur = self.db.execute(
+                            "INSERT OR IGNORE INTO prefix_chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (key, parent, plan.root, a, b, int(plan.whole), pack_tokens(plan.tokens[a:b]), name,
+                             len(pieces[i]), checksum, now, now),
+                        )
+                        if not cur.rowcount:
+                            unused.append(name)  # another save stored it meanwhile
+                        used.append(key)
+                        for row in self.db.execute("SELECT * FROM prefix_chunks WHERE parent = ? AND key != ?", (parent, key)):
+                            held = unpack_tokens(row["tokens"])
+                            if len(held) < b - a and held == plan.tokens[a : a + len(held)] and bool(row["whole"]) == plan.whole:
+                                replaced.append(row["file"])  # the same tokens, fewer: this chunk holds them all
+                                self.db.execute("DELETE FROM prefix_chunks WHERE key = ?", (row["key"],))
+                    self._mark_used(used, now)
+                    replaced += list(self._drop_unreachable().values())
+            for name in unused + replaced:
+                self._unlink_chunk(name)
+            if stored_to < len(writing):
+                break
         self._evict_prefixes(cap)
-        end = plan.keys[writing[-1]]
+        if not stored_to:
+            return None
+        end = plan.keys[writing[stored_to - 1]]
         return next((info for key, info in self._prefix_chains() if key == end), None)
 
     def prefix_chains(self) -> list[SessionInfo]:
