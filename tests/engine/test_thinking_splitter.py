@@ -1,12 +1,12 @@
-"""The thinking splitter (engine/thinking.py): whatever the token boundaries, the thinking and the answer
-come back exactly as written, markers left out; a template's markers and an opened block are recognised."""
+"""The thinking splitter (engine/thinking.py): whatever the token boundaries, the thinking (trimmed) and the
+answer come back as written, markers left out; a template's markers and an opened block are recognised."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localrun.engine.thinking import GPT_OSS, THINK, ThinkingSplitter, has_switch, markers_for, opened_in_prompt
+from localrun.engine.thinking import GPT_OSS, THINK, Markers, ThinkingSplitter, has_switch, markers_for, opened_in_prompt
 
 # Text that holds no marker (nor a piece of one that could join the next): letters, spaces, '<', '/', '>', newlines.
 plain = st.text(alphabet=st.sampled_from(list("abc <>/\nthink|")), max_size=40).filter(
@@ -26,13 +26,29 @@ def split(text: str, cuts: list[int], splitter: ThinkingSplitter) -> tuple[str, 
 @settings(max_examples=300, deadline=None)
 @given(thought=plain, answer=answers, gap=st.sampled_from(["", "\n", "\n\n", " "]), cuts=st.lists(st.integers(0, 200), max_size=12))
 def test_thinking_and_answer_come_back_exactly(thought, answer, gap, cuts):
-    assert split(f"<think>{thought}</think>{gap}{answer}", cuts, ThinkingSplitter(THINK)) == (thought, answer)
+    # the thinking without the blanks at its ends (as llama.cpp's reasoning_content: templates write "<think>\n")
+    assert split(f"<think>{thought}</think>{gap}{answer}", cuts, ThinkingSplitter(THINK)) == (thought.strip(), answer)
     # The prompt opened the block: the answer starts inside it.
-    assert split(f"{thought}</think>{gap}{answer}", cuts, ThinkingSplitter(THINK, inside=True)) == (thought, answer)
+    assert split(f"{thought}</think>{gap}{answer}", cuts, ThinkingSplitter(THINK, inside=True)) == (thought.strip(), answer)
     # No thinking at all: everything is the answer.
     assert split(answer, cuts, ThinkingSplitter(THINK)) == ("", answer)
     # Cut inside the thinking (max tokens): what was thought, no answer.
-    assert split(f"<think>{thought}", cuts, ThinkingSplitter(THINK)) == (thought, "")
+    assert split(f"<think>{thought}", cuts, ThinkingSplitter(THINK)) == (thought.strip(), "")
+
+
+@given(cuts=st.lists(st.integers(0, 200), max_size=12))
+def test_a_call_marker_ends_an_unclosed_thinking_and_stays_in_the_answer(cuts):
+    """Kimi K2 and Qwen3.5 may go from thinking straight to a call, without the close marker (llama.cpp's
+    thinking_end_tags): the marker ends the thinking and begins the answer."""
+    markers = Markers("<think>", "</think>", ends=("<tool_call>",))
+    text = "Weighing it.\n<tool_call>\n{}</tool_call>"
+    assert split(text, cuts, ThinkingSplitter(markers, inside=True)) == ("Weighing it.", "<tool_call>\n{}</tool_call>")
+
+
+def test_without_markers_everything_is_answer_and_the_family_markers_are_shown():
+    splitter = ThinkingSplitter(None, preserved=("<|tool_call_begin|>",))
+    assert split("<think>x</think>y", [3], splitter) == ("", "<think>x</think>y")
+    assert splitter.marks("<|tool_call_begin|>") and not splitter.marks("<|im_end|>")
 
 
 @given(cuts=st.lists(st.integers(0, 200), max_size=12))
@@ -46,7 +62,9 @@ def test_markers_in_the_answer_are_text_once_it_began():
 
 
 def test_markers_from_templates():
-    assert markers_for("{{ '<think>\\n' }}") == THINK and markers_for("...<|channel|>analysis...") == GPT_OSS
+    assert markers_for("{{ '<think>\\n' }}") == THINK and markers_for("...<|channel|>analysis...").open == GPT_OSS.open
+    assert markers_for("[SYSTEM_PROMPT] [TOOL_CALLS] [ARGS] [THINK]") == Markers("[THINK]", "[/THINK]")
+    assert markers_for("<seed:tool_call> <seed:think>").open == "<seed:think>"
     assert markers_for("{{ messages }}") is None and markers_for(None) is None
     assert opened_in_prompt("<|im_start|>assistant\n<think>\n", THINK)
     assert not opened_in_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n", THINK)

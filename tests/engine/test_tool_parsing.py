@@ -1,7 +1,7 @@
-"""Tool-call parsing (engine/tools.py): what a model writes, in its family's format or in the forms real
-models slip into (a fenced block, a bare object, doubled braces, several calls with text around them),
-comes back as the same calls, whole or streamed in any pieces; text that is not a call stays text, and
-streams out as it was written."""
+"""Tool-call reading (engine/formats, its lenient reader): what a model writes, in its family's format or in the
+forms real models slip into (a fenced block, a bare object, doubled braces, several calls with text around
+them), comes back as the same calls, whole or streamed in any pieces; text that is not a call stays text, and
+streams out as it was written. Read as a Hermes-family model's answer (Qwen2.5's <tool_call>)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localrun.engine.tools import CallStream, call_schema, parse_tool_calls, supports_tools, template_family
+from localrun.engine.formats import AnswerStream, Message, ToolCall, family_for, parser_for, supports_tools
+from localrun.engine.tools import call_schema
+
+HERMES = "{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>"
+
+
+def _parser(offered):
+    return parser_for(HERMES, tools=[{"type": "function", "function": {"name": n}} for n in sorted(offered or ())])
+
+
+def parse_tool_calls(text: str, offered) -> tuple[str, list[dict]]:
+    m = _parser(offered).read(text)
+    return m.content, [{"name": c.name, "arguments": json.loads(c.arguments)} for c in m.calls]
 
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True)
 values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
@@ -46,14 +58,28 @@ def written(form: str, cs: list[dict]) -> str:
     return json.dumps(cs if len(cs) > 1 else cs[0])
 
 
-def streamed(text: str, cuts: list[int], offered) -> tuple[str, str, list[dict]]:
-    """(what went out as content while streaming, the content at the end, the calls) for `text` fed in pieces."""
-    stream, out, last = CallStream(offered), [], 0
-    for cut in sorted(set(c % (len(text) + 1) for c in cuts)) + [len(text)]:
-        out.append(stream.feed(text[last:cut]))
-        last = cut
-    rest, found = stream.finish()
-    return "".join(out), rest, found
+def streamed(text: str, cuts: list[int], offered) -> tuple[str, list[dict]]:
+    """(the content a client assembles from the stream's deltas, the calls it assembles) for `text` fed in
+    pieces; the calls' arguments grow as they are written and must add up to the whole call's."""
+    stream, content, calls, last = AnswerStream(_parser(offered)), "", [], 0
+    pieces = [stream.feed(text[last:cut]) for cut, last in zip(*_bounds(text, cuts))] + [stream.finish()]
+    for deltas in pieces:
+        for d in deltas:
+            content += d.content
+            if d.call_index is not None:
+                while len(calls) <= d.call_index:
+                    calls.append(ToolCall(""))
+                calls[d.call_index].name = d.name or calls[d.call_index].name
+                calls[d.call_index].arguments += d.arguments
+    whole = stream.last
+    if whole.calls or not calls:  # (a call that breaks after it began streaming was already announced: see below)
+        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole.calls]
+    return content, [{"name": c.name, "arguments": json.loads(c.arguments)} for c in whole.calls]
+
+
+def _bounds(text: str, cuts: list[int]) -> tuple[list[int], list[int]]:
+    ends = sorted(set(c % (len(text) + 1) for c in cuts)) + [len(text)]
+    return ends, [0, *ends[:-1]]
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,26 +89,25 @@ def test_calls_come_back_as_written_whole_and_streamed(form, cs, before, after, 
     around = form not in ("llama3", "mistral", "mistral-args")  # those markers run to the end of the answer
     text = (before + "\n" + written(form, expected) + "\n" + after) if around else written(form, expected)
     offered = {c["name"] for c in expected}
-    content, parsed = parse_tool_calls(text, "hermes", offered)
+    content, parsed = parse_tool_calls(text, offered)
     assert parsed == expected
-    if around:
-        assert content == "\n".join(p for p in (before.strip(), after.strip()) if p)
-    sent, rest, found = streamed(text, cuts, offered)
+    if around:  # the text around the calls, trimmed (the answer's own first blanks kept: they went out as it streamed)
+        assert content == "\n".join(p for p in (before.rstrip(), after.strip()) if p.strip())
+    sent, found = streamed(text, cuts, offered)
     assert found == expected
     if around:
-        assert (sent + rest).split() == (before + "\n" + after).split()
-        assert sent.strip().startswith(before.strip())  # text before a call is not held back
+        assert sent.split() == (before + "\n" + after).split()
     else:
-        assert (sent + rest).strip() == ""
+        assert sent.strip() == ""
 
 
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(max_size=60), cuts=st.lists(st.integers(0, 10_000), max_size=8))
 def test_text_that_is_no_call_stays_text_and_streams_whole(text, cuts):
-    assert parse_tool_calls(text, "hermes", {"get_weather"})[1] == [] or "get_weather" in text
+    assert parse_tool_calls(text, {"get_weather"})[1] == [] or "get_weather" in text
     if "get_weather" not in text and "<tool_call>" not in text and "[TOOL_CALLS]" not in text and "<|python_tag|>" not in text:
-        sent, rest, found = streamed(text, cuts, {"get_weather"})
-        assert found == [] and sent + rest == text
+        sent, found = streamed(text, cuts, {"get_weather"})
+        assert found == [] and sent == text
 
 
 def test_json_that_names_no_offered_tool_and_code_stay_text():
@@ -91,30 +116,31 @@ def test_json_that_names_no_offered_tool_and_code_stay_text():
     # {"name": "get_weather", "age": 25} come back as a call with no arguments)
     for text in ['{"name": "Bob", "arguments": {}}', '{"answer": 4}', 'Use {"name": "x"} here', '{"name": "get_weather", "age": 25}',
                  '```python\nd = {"name": "get_weather", "arguments": {}}\n```', "The answer is {x} and [1].", "[1, 2]"]:
-        assert parse_tool_calls(text, "hermes", offered) == (text, []), text
-        sent, rest, found = streamed(text, [3, 9, 17], offered)
-        assert found == [] and sent + rest == text
+        assert parse_tool_calls(text, offered) == (text, []), text
+        sent, found = streamed(text, [3, 9, 17], offered)
+        assert found == [] and sent == text
     # code around a call is kept as content
-    content, found = parse_tool_calls('Here:\n```json\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n```\nDone.', "generic", offered)
+    content, found = parse_tool_calls('Here:\n```json\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n```\nDone.', offered)
     assert found == [{"name": "get_weather", "arguments": {"city": "Rome"}}] and content == "Here:\nDone."
 
 
 def test_broken_calls_after_a_marker_stay_text():
     broken = '<tool_call>\n{"name": "f", "arguments": {"x": 1}\n</tool_call>'
-    assert parse_tool_calls(broken, "hermes") == (broken, [])
-    assert parse_tool_calls("Sure [TOOL_CALLS] not json", "mistral")[1] == []
-    assert parse_tool_calls('{"name": "f", "arguments": "{\\"x\\": 2}"}', "generic") == ("", [{"name": "f", "arguments": {"x": 2}}])
-    assert parse_tool_calls('{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}', "generic") == (
+    assert parse_tool_calls(broken, {"f"}) == (broken, [])
+    assert parse_tool_calls("Sure [TOOL_CALLS] not json", {"f"})[1] == []
+    assert parse_tool_calls('{"name": "f", "arguments": "{\\"x\\": 2}"}', {"f"}) == ("", [{"name": "f", "arguments": {"x": 2}}])
+    assert parse_tool_calls('{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}', {"f"}) == (
         "", [{"name": "f", "arguments": {"x": 1}}])
-    sent, rest, found = streamed(broken, [5, 20], None)
-    assert found == [] and sent + rest == broken
+    # streamed, the call went out once its name was known; when it breaks, its text still comes as content
+    sent, found = streamed(broken, [5, 20], {"f"})
+    assert found == [] and sent == broken
 
 
 def test_families_and_support_from_the_template():
-    assert template_family("{% if tools %}<tool_call>{% endif %}") == "hermes"
-    assert template_family("[TOOL_CALLS] {{ tools }}") == "mistral"
-    assert template_family("<|python_tag|>{{ tools }}") == "llama3"
-    assert template_family("{{ messages }}") == "generic" and template_family(None) == "generic"
+    assert family_for("{% if tools %}<tool_call>{% endif %}").name == "hermes"
+    assert family_for("[TOOL_CALLS] {{ tools }}").name == "mistral"
+    assert family_for("<|python_tag|>{{ tools }}").name == "llama-3"
+    assert family_for("{{ messages }}").name == "plain" and family_for(None).name == "plain"
     assert supports_tools("{% if tools %}x{% endif %}") and not supports_tools("{{ messages }}") and not supports_tools(None)
 
 
@@ -140,21 +166,21 @@ def test_unevenly_doubled_braces_are_read_by_the_calls_shape():
     """Qwen2.5-Coder copies its template's {{"name": ...}} example and sometimes closes the braces unevenly."""
     text = '{{"name": "get_weather", "arguments": {"city": "Paris"}}\n{{"name": "get_weather", "arguments": {"city": "Rome"}}}}'
     expected = [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]
-    assert parse_tool_calls(text, "hermes", {"get_weather"}) == ("", expected)
-    assert streamed(text, [7, 30, 61], {"get_weather"}) == ("", "", expected)
+    assert parse_tool_calls(text, {"get_weather"}) == ("", expected)
+    assert streamed(text, [7, 30, 61], {"get_weather"}) == ("", expected)
     # one call, its brace doubled at the start only: no stray "{" before it as text (found by a helper), whole or streamed
     one = '{{"name": "get_weather", "arguments": {"city": "Paris"}}'
-    assert parse_tool_calls(one, "hermes", {"get_weather"}) == ("", expected[:1])
-    assert streamed(one, [1, 2, 9], {"get_weather"}) == ("", "", expected[:1])
-    assert parse_tool_calls("Here: " + one, "hermes", {"get_weather"}) == ("Here:", expected[:1])
+    assert parse_tool_calls(one, {"get_weather"}) == ("", expected[:1])
+    assert streamed(one, [1, 2, 9], {"get_weather"}) == ("", expected[:1])
+    assert parse_tool_calls("Here: " + one, {"get_weather"}) == ("Here:", expected[:1])
 
 
 def test_a_list_of_calls_cut_short_keeps_the_calls_written_whole():
     """A forced list of calls (required, parallel) that max_tokens cuts: the whole calls come back."""
     text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Ro'
-    assert parse_tool_calls(text, "generic", {"get_weather"}) == ("", [{"name": "get_weather", "arguments": {"city": "Paris"}}])
-    assert streamed(text, [10, 40], {"get_weather"})[2] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
-    assert parse_tool_calls("[1, 2", "generic", {"get_weather"}) == ("[1, 2", [])
+    assert parse_tool_calls(text, {"get_weather"}) == ("", [{"name": "get_weather", "arguments": {"city": "Paris"}}])
+    assert streamed(text, [10, 40], {"get_weather"})[1] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert parse_tool_calls("[1, 2", {"get_weather"}) == ("[1, 2", [])
 
 
 @pytest.mark.parametrize("text", [
@@ -169,10 +195,10 @@ def test_a_closing_brace_too_many_after_a_call_is_the_calls(text):
     still comes back, with no stray '}' as content (which Claude Code would print), and the tagged form is not
     taken for broken (it came back as its raw text, the call lost)."""
     call = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
-    assert parse_tool_calls(text, "hermes", {"get_weather"}) == ("", call)
-    assert streamed(text, [9, 30, 55], {"get_weather"}) == ("", "", call)
+    assert parse_tool_calls(text, {"get_weather"}) == ("", call)
+    assert streamed(text, [9, 30, 55], {"get_weather"}) == ("", call)
     # the text around it stays
-    assert parse_tool_calls("Checking. " + text + "\nDone.", "hermes", {"get_weather"}) == ("Checking.\nDone.", call)
+    assert parse_tool_calls("Checking. " + text + "\nDone.", {"get_weather"}) == ("Checking.\nDone.", call)
 
 
 def test_a_forced_call_keeps_the_references_of_its_parameters():

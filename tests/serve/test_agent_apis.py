@@ -101,7 +101,9 @@ def test_anthropic_tools_round_trip(server, model):
     with claude(server).messages.stream(model=model.name, max_tokens=60, extra_body=GREEDY, tools=tools, messages=ask,
                                         tool_choice={"type": "any"}) as stream:
         streamed = stream.get_final_message()
-    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [(use.name, use.input)]
+    # any, with parallel calls allowed: one or more, the first the named one's (a later one cut by max_tokens stays
+    # as it streamed, as Anthropic's own stream leaves a tool_use cut short)
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"][0] == (use.name, use.input)
     second = claude(server).messages.create(model=model.name, max_tokens=30, extra_body=GREEDY, tools=tools, messages=[
         *ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C"}]}])
@@ -158,7 +160,10 @@ def test_responses_stream_function_call_round_trip_and_previous_response(server,
         streamed = stream.get_final_response()
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
     assert "response.function_call_arguments.done" in kinds
-    assert [(o.name, o.arguments) for o in streamed.output if o.type == "function_call"] == [(call.name, call.arguments)]
+    # the arguments streamed as they were written (response.function_call_arguments.delta, several), each call's
+    # pieces adding up to its arguments; required with parallel calls: one or more, the first the named one's
+    assert kinds.count("response.function_call_arguments.delta") > 2
+    assert [(o.name, o.arguments) for o in streamed.output if o.type == "function_call"][0] == (call.name, call.arguments)
     second = oai(server).responses.create(model=model.name, temperature=0, max_output_tokens=30, tools=tools, input=[
         {"role": "user", "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]},
         {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},

@@ -147,6 +147,7 @@ class Plain(Prefill):
         super().__init__(engine, seq.prompt, seq_id=seq.seq_id, chunk=chunk, reused=reused)
         self.seq = seq
         self.sampler = sampler
+        seq.force = sampler.force  # (a thinking budget spent: its end marker)
         seq.stats.cached_tokens = self.cached
         self.next_token: Optional[int] = None  # sampled, to be decoded at the next step
         self.prefiltered = prefilter
@@ -169,6 +170,7 @@ class Plain(Prefill):
                 self.engine.kv.truncate(self.seq_id, len(self.engine.kv.tokens[self.seq_id]) - 1)
                 self.n_done -= 1
                 return []
+        self.seq.before_sample()
         token = self.sampler.sample(self.engine.ctx, len(self.seq.generated), self.row, self.prefiltered)
         logprob = None if self.seq.top_logprobs is None else token_logprob(self.engine.logits(self.row), token, self.seq.top_logprobs)
         response = self.seq.push(token)

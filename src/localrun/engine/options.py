@@ -78,6 +78,9 @@ SAMPLING: tuple[Option, ...] = (
     Option("max_tokens", int, 512, "most tokens to generate (default 512; -1 or -2: until the context is full)", ge=-2, le=10_000_000, short=("-n",)),
     Option("min_tokens", int, 0, "end-of-generation is suppressed until this many", ge=0, le=10_000_000,
            help="suppress end-of-text until this many"),
+    Option("reasoning_budget", Optional[int], None, "most tokens a reasoning model thinks before its answer: then its own "
+           "end-of-thinking marker is written and the answer begins (llama.cpp's reasoning budget); -1 or unset: no limit, "
+           "0: no thinking", ge=-1, le=10_000_000, help="most tokens of thinking (-1: no limit)"),
     Option("logit_bias", dict[int, float], {}, "token id -> added logit", pairs=True, help="TOKEN_ID=BIAS (repeatable)"),
     Option("stop", list[str], [], "stop sequence (repeatable)", short=("-s",)),
     Option("grammar", Optional[str], None, "GBNF grammar text", file=True, help="GBNF grammar file"),

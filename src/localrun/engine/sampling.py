@@ -133,6 +133,7 @@ class Sampler:
     def __init__(self, engine, options: SamplingOptions):
         self._ll = llama_cpp_module()
         self.options = options
+        self._forced: list[int] = []  # force(): what comes next whatever the logits say
         self._penalties = []  # (sampler, tokens it looks back on): handles owned by the chains, fed the prompt too
         grammar = options.grammar
         self._from_schema = options.json_schema is not None
@@ -248,11 +249,25 @@ class Sampler:
             for t in tokens[-(last_n if last_n > 0 else len(tokens)) :]:
                 self._ll.llama_sampler_accept(pen, t)
 
+    def force(self, tokens) -> None:
+        """These tokens come next, whatever the logits say (a thinking budget's end marker): each is taken as
+        sampled (the grammar and the penalties see it)."""
+        self._forced.extend(tokens)
+
     def sample(self, ctx, n_generated: int, idx: int = -1, prefiltered: bool = False) -> int:
         """Pick the next token from the logits of batch position `idx` (-1: the last one). `prefiltered`: its
         sequence carries the engine's backend top-k (Engine.prefilter_for), so the row holds candidates,
         not logits."""
         ll = self._ll
+        if self._forced:
+            tok = self._forced.pop(0)
+            if self.grammar is not None and not self._allows(tok):
+                self._forced.clear()  # a grammar that cannot write it (llama.cpp would abort on it): sampled as usual
+            else:
+                for s in (self.grammar, self.chain, self.early):
+                    if s is not None:
+                        ll.llama_sampler_accept(s, tok)
+                return tok
         if self._argmax and not prefiltered:
             return self._greedy(self._engine.logits(idx), n_generated < self.options.min_tokens)
         if self.grammar is not None:
@@ -286,6 +301,13 @@ class Sampler:
         ll.llama_sampler_accept(self.grammar, tok)
         ll.llama_sampler_accept(self.chain, tok)
         return tok
+
+    def _allows(self, tok: int) -> bool:
+        """Whether the grammar, where it stands, lets `tok` come next."""
+        one = self._one
+        one.id, one.logit, one.p = tok, 0.0, 0.0
+        self._ll.llama_sampler_apply(self.grammar, ctypes.byref(self._ll.llama_token_data_array(ctypes.pointer(one), 1, -1, False)))
+        return one.logit != float("-inf")
 
     def _candidates(self, row):
         """llama.cpp's candidates array over `row` (every token, its logit), in the buffer kept for it."""

@@ -33,10 +33,21 @@ class SequenceState:
         self.context_full = False  # it ended because its context was full (before its token limit)
         self.top_logprobs: Optional[int] = None  # set: each response carries its tokens' log-probabilities
         self.thinking = None  # a thinking.ThinkingSplitter: a reasoning model's thinking kept apart from the answer
+        self.force = None  # the sampler's force(tokens): what comes next whatever the model would choose
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    def before_sample(self) -> None:
+        """Before the next token is chosen: a thinking whose budget (a request's reasoning_budget) is spent gets its
+        family's own end marker next, and the answer begins (0: the thinking ends before it began)."""
+        splitter = self.thinking
+        if splitter is None or splitter.budget is None or not splitter.inside or self.force is None:
+            return
+        if self.stats.thinking_tokens >= splitter.budget:
+            self.force(self.engine.tokenize(splitter.closing(), add_special=False, parse_special=True))
+            splitter.budget = None
 
     def sampled(self) -> None:
         """A token was sampled (text or end of text): the first one ends the time to first token."""
@@ -64,6 +75,7 @@ class SequenceState:
             thought, decoded = _split(self.thinking.feed(decoded))
             if was_inside or self.thinking.inside or thought:
                 self.stats.thinking_tokens += 1
+
         text = self.matcher.feed(decoded)
         if self.matcher.stopped is not None:
             return self.finish("stop", text, [token], thinking=thought)

@@ -228,10 +228,12 @@ class SpeculativeTask(Plain):
         if self.next_token is None:
             if not self.prompt_done():
                 return []
+            seq.before_sample()
             pending = [sampler.sample(ctx, 0, self.row)]  # sampled by the target, not yet emitted
         else:
             seq.stats.target_steps += 1
             pending, accepted = [], 0
+            seq.before_sample()  # (a spent thinking budget's end marker: the draft's tokens after it are not taken)
             for i, row in enumerate(self.rows):
                 tok = sampler.sample(ctx, len(seq.generated) + i, row)
                 pending.append(tok)

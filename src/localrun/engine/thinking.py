@@ -1,13 +1,15 @@
-"""Reasoning models' thinking, kept apart from the answer: which markers a chat template uses, whether the
-prompt already opened the block, and the splitter that turns streamed text into thinking and answer
-pieces (a marker split across tokens is still found; text that may be the start of one is held back, as
-the stop matcher holds back a possible stop).
+"""Reasoning models' thinking, kept apart from the answer: the markers a family writes it between, whether the
+prompt already opened the block, and the splitter that turns streamed text into thinking and answer pieces (a
+marker split across tokens is still found; text that may be the start of one is held back, as the stop matcher
+holds back a possible stop). Which family writes which markers is in engine.formats' table.
 
-Markers, from the template's text:
-  <think> ... </think>   DeepSeek-R1 distills, Qwen3, QwQ, Phi-4-reasoning, SmolLM3 and most others; a
-                          template may open the block itself at the end of the prompt ("<think>\\n")
+Examples of markers:
+  <think> ... </think>   DeepSeek-R1 distills, Qwen3, QwQ, GLM, Kimi K2 Thinking, MiniMax M2, SmolLM3 and most
+                          others; a template may open the block itself at the end of the prompt ("<think>\\n")
   gpt-oss                <|channel|>analysis<|message|> ... <|end|>, the answer after
                           <|start|>assistant<|channel|>final<|message|>
+  [THINK] ... [/THINK] (Ministral 3 Reasoning), <|START_THINKING|> ... <|END_THINKING|> (Command R7B),
+  <seed:think> ... </seed:think> (Seed-OSS), <|channel>thought ... <channel|> (Gemma 4)
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ class Markers:
     open: str
     close: str
     answer_prefix: str = ""  # text between the end of the thinking and the answer, dropped (gpt-oss)
+    closes: tuple[str, ...] = ()  # other texts that close it as `close` does (dropped)
+    ends: tuple[str, ...] = ()  # what the answer may begin with, ending an unclosed thinking (a tool call's marker: kept)
+    # stray markers a model writes before its thinking or answer begins (gpt-oss's "<|channel|>commentary
+    # to=assistant", Gemma 4's empty "<|channel>"): dropped there
+    strays: tuple[str, ...] = ()
 
 
 THINK = Markers("<think>", "</think>")
@@ -28,13 +35,10 @@ GPT_OSS = Markers("<|channel|>analysis<|message|>", "<|end|>", "<|start|>assista
 
 
 def markers_for(template: Optional[str]) -> Optional[Markers]:
-    """The thinking markers a chat template uses, or None (not a reasoning model's template)."""
-    text = template or ""
-    if "<|channel|>" in text and "analysis" in text:
-        return GPT_OSS
-    if "<think>" in text or "</think>" in text:
-        return THINK
-    return None
+    """The thinking markers a chat template's family uses, or None (not a reasoning model's template)."""
+    from .formats import family_for
+
+    return family_for(template).thinking
 
 
 def opened_in_prompt(prompt: str, markers: Markers) -> bool:
@@ -53,7 +57,7 @@ def opens_for(markers: Markers, opened: bool, sampling) -> bool:
     if getattr(sampling, "json_schema", None) is not None:
         return False
     grammar = getattr(sampling, "grammar", None)
-    return grammar is None or markers.close in grammar
+    return grammar is None or any(m in grammar for m in (markers.close, *markers.closes, *markers.ends) if m)
 
 
 def thinking_in(template: Optional[str], prompt: str) -> Optional[tuple[Markers, bool]]:
@@ -62,12 +66,25 @@ def thinking_in(template: Optional[str], prompt: str) -> Optional[tuple[Markers,
     return None if markers is None else (markers, opened_in_prompt(prompt, markers))
 
 
-def splitter_for(thinking: Optional[tuple[Markers, bool]], sampling=None) -> Optional["ThinkingSplitter"]:
-    """A fresh splitter for the answer to a prompt whose thinking_in() is `thinking`, sampled with `sampling`."""
+def splitter_for(thinking: Optional[tuple], sampling=None) -> Optional["ThinkingSplitter"]:
+    """A fresh splitter for the answer to a prompt whose thinking is `thinking`: (markers or None, whether the
+    prompt opened the block[, the special tokens the output must show]), sampled with `sampling`."""
     if thinking is None:
         return None
-    markers, opened = thinking
-    return ThinkingSplitter(markers, inside=opens_for(markers, opened, sampling))
+    markers, opened, *rest = thinking
+    preserved = rest[0] if rest else ()
+    if markers is None and not preserved:
+        return None
+    splitter = ThinkingSplitter(markers, preserved=preserved)
+    if isinstance(opened, str):  # the prompt's tail (formats.prompt_tail): the splitter goes on from there
+        if markers is None or opens_for(markers, True, sampling):
+            splitter.feed(opened)
+    elif markers is not None:
+        splitter.inside = splitter.thought = opens_for(markers, opened, sampling) or markers.open == ""
+    budget = getattr(sampling, "reasoning_budget", None)
+    if markers is not None and budget is not None and budget >= 0:
+        splitter.budget = budget
+    return splitter
 
 
 def has_switch(template: Optional[str]) -> bool:
@@ -77,30 +94,43 @@ def has_switch(template: Optional[str]) -> bool:
 
 class ThinkingSplitter:
     """Feed decoded text; get back [(kind, text)] with kind "thinking" or "answer". Markers never appear in
-    the output; whitespace right after the thinking (before the answer) is dropped."""
+    the output; blanks at the thinking's start and end, and right after it (before the answer), are dropped.
+    Without markers (a family that does not think, or thinking asked inline) all is answer: the splitter then
+    only says which special tokens the output must show (`preserved`: a family's tool-call markers)."""
 
-    def __init__(self, markers: Markers, *, inside: bool = False):
+    def __init__(self, markers: Optional[Markers], *, inside: bool = False, preserved: tuple[str, ...] = ()):
         self.markers = markers
-        self.inside = inside  # in the thinking now
-        self.thought = inside  # a thinking block has been seen
+        self.preserved = frozenset(preserved)
+        # in the thinking now (a family whose thinking has no open marker thinks from the turn's start: Apriel)
+        self.inside = markers is not None and (inside or markers.open == "")
+        self.budget: Optional[int] = None  # most tokens of thinking (a request's reasoning_budget): then it is closed
+        self.thought = self.inside  # a thinking block has been seen
         self._pending = ""
+        self._blank = ""  # blanks inside the thinking, held until more thinking follows them
+        self._started = False  # the thinking has had a non-blank character
         self._after_close = False  # just left the thinking: drop the blank (and the answer prefix) before the answer
         self._answered = False
+        if markers is not None:
+            self._closes = (markers.close, *markers.closes)
+            self._ends = markers.ends
 
     def feed(self, text: str) -> list[tuple[str, str]]:
+        if self.markers is None:
+            return [("answer", text)] if text else []
         out: list[tuple[str, str]] = []
         buf = self._pending + text
         self._pending = ""
         while buf:
             if self.inside:
-                i = buf.find(self.markers.close)
-                if i >= 0:
-                    out.append(("thinking", buf[:i]))
-                    buf = buf[i + len(self.markers.close):]
-                    self.inside, self._after_close = False, True
+                at, marker, kept = self._end_of_thinking(buf)
+                if at >= 0:
+                    self._think(out, buf[:at])
+                    buf = buf[at:] if kept else buf[at + len(marker):]
+                    self.inside, self._after_close = False, not kept
+                    self._blank = ""
                     continue
-                keep = _partial_suffix(buf, self.markers.close)
-                out.append(("thinking", buf[: len(buf) - keep]))
+                keep = max((_partial_suffix(buf, m) for m in (*self._closes, *self._ends)), default=0)
+                self._think(out, buf[: len(buf) - keep])
                 self._pending = buf[len(buf) - keep:]
                 break
             if self._after_close:
@@ -111,21 +141,60 @@ class ThinkingSplitter:
                 continue
             if not self._answered:  # a block may open only before the answer has begun
                 stripped = buf.lstrip()
-                if stripped.startswith(self.markers.open):
+                if self.markers.open and stripped.startswith(self.markers.open):
                     buf = stripped[len(self.markers.open):]
                     self.inside = self.thought = True
                     continue
-                if self.markers.open.startswith(stripped):  # may still become the open marker
-                    self._pending = buf
+                if self.markers.open and self.markers.open.startswith(stripped):
+                    self._pending = buf  # may still become the open marker
+                    break
+                # a close with no open (the template closed an empty block: thinking off), or a stray marker: dropped
+                gone = next((m for m in (*self._closes, *self.markers.strays) if m and stripped.startswith(m)), None)
+                if gone is not None:
+                    buf = stripped[len(gone):]
+                    self._after_close = gone in self._closes
+                    continue
+                if any(m.startswith(stripped) for m in (self.markers.open, *self._closes, *self.markers.strays) if m):
+                    self._pending = buf  # may still become a marker
                     break
             out.append(("answer", buf))
             self._answered = self._answered or bool(buf.strip())
             break
         return [(kind, t) for kind, t in out if t]
 
+    def _end_of_thinking(self, buf: str) -> tuple[int, str, bool]:
+        """Where the thinking ends in buf: (index, the marker, whether the marker is the answer's own: kept)."""
+        best = (-1, "", False)
+        for marker, kept in [*((m, False) for m in self._closes), *((m, True) for m in self._ends)]:
+            i = buf.find(marker)
+            if i >= 0 and (best[0] < 0 or i < best[0]):
+                best = (i, marker, kept)
+        return best
+
+    def _think(self, out: list, text: str) -> None:
+        """Thinking text, without its leading blanks; trailing blanks held until more thinking follows."""
+        if not self._started:
+            text = text.lstrip()
+            if not text:
+                return
+            self._started = True
+        body = text.rstrip()
+        if body:
+            out.append(("thinking", self._blank + body))
+            self._blank = text[len(body):]
+        else:
+            self._blank += text
+
+    def closing(self) -> str:
+        """The text that closes the thinking when its budget is spent (the family's own end marker)."""
+        return self.markers.close
+
     def marks(self, piece: str) -> bool:
         """Whether a special token's text is part of a marker (so that it must be printed to be seen)."""
-        return any(piece in m for m in (self.markers.open, self.markers.close, self.markers.answer_prefix) if m)
+        if piece in self.preserved:
+            return True
+        m = self.markers
+        return m is not None and any(piece in x for x in (m.open, *self._closes, *m.ends, m.answer_prefix) if x)
 
     def _skip_gap(self, buf: str) -> tuple[str, bool]:
         """After the close marker: drop blanks and the answer prefix. (rest, whether the gap is over)."""
@@ -147,7 +216,9 @@ class ThinkingSplitter:
         if not rest:
             return []
         if self.inside:
-            return [("thinking", rest)]
+            out: list = []
+            self._think(out, rest)
+            return out
         if self._after_close:
             rest = rest.lstrip()
             return [("answer", rest)] if rest else []

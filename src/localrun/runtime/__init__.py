@@ -8,8 +8,9 @@ _WHERE = {
     "DecodeOptions": "..engine", "OptionError": "..engine", "Response": "..engine", "SamplingOptions": "..engine",
     "Stats": "..engine", "merge_options": "..engine", "Loaded": ".loader", "load": ".loader", "Request": ".request",
     # tool calls and thinking in a model's own format, for the HTTP dialects
-    "call_schema": "..engine.tools", "CallStream": "..engine.tools", "parse_tool_calls": "..engine.tools",
-    "supports_tools": "..engine.tools", "template_family": "..engine.tools", "markers_for": "..engine.thinking",
+    "call_schema": "..engine.tools", "supports_tools": "..engine.formats", "parser_for": "..engine.formats",
+    "family_for": "..engine.formats", "AnswerStream": "..engine.formats", "forced_grammar": "..engine.formats.grammar",
+    "markers_for": "..engine.thinking",
     "file_digest": "..store.digests", "save_response": "..store.responses", "load_response": "..store.responses",
     "delete_response": "..store.responses", "record_ref": "..hub", "item_index": "..store.responses", "response_item": "..store.responses",
     "response_items": "..store.responses",

@@ -29,6 +29,7 @@ class Request:
     use_cache: bool = True  # look up and fill the automatic prefix cache
     tools: Optional[list[dict]] = None
     think: Optional[bool] = None  # a reasoning model: thinking on or off where its template has a switch
+    template_kwargs: dict = field(default_factory=dict)  # more for the template: reasoning_effort, chat_template_kwargs
     reasoning: str = "auto"  # auto: a reasoning model's thinking apart from the answer; none: left inline
     top_logprobs: Optional[int] = None  # each token's log-probability and that many alternatives' (server slots)
     # At most this many tokens drafted a step by prompt lookup where the model drafts (a server's slots); 0: this
@@ -43,7 +44,8 @@ class Prompt:
     tokens: list[int]
     stops: list[str]  # what the prompt's format needs on top of the request's (a transcript's next "User:")
     templated: bool
-    # A reasoning model's template: its thinking markers, and whether the prompt opened the block already.
+    # A chat template's family (engine.formats): its thinking markers (or None), the prompt's tail after the assistant's
+    # header (where the answer's splitter starts: an opened thinking block), and the special tokens its answer shows
     thinking: Optional[tuple] = None
     dropped: int = 0  # the oldest messages left out so that the conversation fits (Request.drop_oldest)
 
@@ -64,7 +66,7 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
         return Prompt(_fit(engine, list(request.tokens), request.truncate, request.sampling.max_tokens, n_ctx), [], False)
     if any(m.get("images") for m in request.messages):
         return _prompt_with_images(engine, request, n_ctx)
-    rendered = render(engine, request.messages, raw=request.raw, tools=request.tools, think=request.think)
+    rendered = render(engine, request.messages, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs)
     thinking = _thinking(engine, rendered, request)
     if request.context:  # after the earlier exchange, which began the text (its BOS, where the model has one)
         tokens = [*request.context, *engine.tokenize(rendered.text, add_special=False, parse_special=True)]
@@ -75,7 +77,7 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
         fitted = _drop_oldest(engine, request, n_ctx)
         if fitted is not None:
             kept, tokens = fitted
-            rendered = render(engine, kept, raw=request.raw, tools=request.tools, think=request.think)
+            rendered = render(engine, kept, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs)
             return Prompt(tokens, rendered.stops, rendered.templated, _thinking(engine, rendered, request),
                           dropped=len(request.messages) - len(kept))
     if not (request.truncate and rendered.templated) or len(tokens) < n_ctx or not request.messages:
@@ -87,7 +89,7 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
     excess = len(tokens) - keep + 8  # a few tokens' margin: text re-tokenizes a little differently at the cut
     if excess < len(body):
         shortened = [*request.messages[:-1], {**last, "content": engine.detokenize(body[excess:])}]
-        cut = engine.tokenize(render(engine, shortened, tools=request.tools, think=request.think).text, add_special=True, parse_special=True)
+        cut = engine.tokenize(render(engine, shortened, tools=request.tools, think=request.think, kwargs=request.template_kwargs).text, add_special=True, parse_special=True)
         if len(cut) <= keep:
             return Prompt(cut, rendered.stops, True, thinking)
     # The template and earlier turns alone overflow: keep the end, as for plain text.
@@ -107,7 +109,7 @@ def _prompt_with_images(engine: Engine, request: Request, n_ctx: int) -> Prompt:
         raise NoProjector(engine.path.name, images[0].name)
     messages = [{k: v for k, v in m.items() if k != "images"} | {"content": MARKER * len(m["images"]) + (m.get("content") or "")}
                 if m.get("images") else m for m in request.messages]
-    rendered = render(engine, messages, raw=request.raw, tools=request.tools, think=request.think)
+    rendered = render(engine, messages, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs)
     tokens = engine.vision.tokenize(rendered.text, images)
     return Prompt(_fit(engine, tokens, False, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated,
                   _thinking(engine, rendered, request))
@@ -124,7 +126,7 @@ def _drop_oldest(engine: Engine, request: Request, n_ctx: int) -> Optional[tuple
     best = None
     for start in dict.fromkeys(starts):  # the fewest dropped first
         kept = [m for m in messages[:start] if m["role"] == "system"] + messages[start:]
-        text = render(engine, kept, raw=request.raw, tools=request.tools, think=request.think).text
+        text = render(engine, kept, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs).text
         tokens = engine.tokenize(text, add_special=True, parse_special=True)
         if len(tokens) <= keep:
             return kept, tokens
@@ -134,12 +136,20 @@ def _drop_oldest(engine: Engine, request: Request, n_ctx: int) -> Optional[tuple
 
 
 def _thinking(engine: Engine, rendered, request: Request) -> Optional[tuple]:
-    """(markers, opened in the prompt) when the answer may hold a reasoning model's thinking to keep apart."""
-    from ..engine.thinking import thinking_in
+    """(thinking markers or None, whether the prompt opened the block, the special tokens the answer must show)
+    for a templated prompt whose family thinks apart from its answer or writes markers in special tokens
+    (engine.formats); None for plain text."""
+    from ..engine.formats import family_for, prompt_tail
 
-    if not rendered.templated or request.reasoning == "none":
+    if not rendered.templated:
         return None
-    return thinking_in(engine.chat_template, rendered.text)
+    family = family_for(engine.chat_template)
+    markers = family.thinking if request.reasoning != "none" else None
+    if markers is None and not family.preserved:
+        return None
+    # the prompt's text after the assistant's header (an opened thinking block, a prefilled answer): the answer's
+    # splitter goes on from there
+    return markers, prompt_tail(engine.chat_template, rendered.text, family) if markers is not None else "", family.preserved
 
 
 def _fit(engine: Engine, tokens: list[int], truncate: bool, max_tokens: int, n_ctx: int) -> list[int]:

@@ -147,18 +147,20 @@ def _messages(data: dict, names: list[str]) -> list[dict]:
         where = f"messages.{i}"
         need(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system"), f"{where}.role must be user or assistant", where)
         content = m.get("content")
-        if m["role"] == "system":  # Claude Code sends one inside messages: it joins the system prompt
-            system = "\n\n".join(p for p in (system, _text_of(content, where + ".content")) if p)
+        if m["role"] == "system":  # Claude Code sends them inside messages: each stays where it was put (the template places
+            out.append({"role": "system", "content": _text_of(content, where + ".content")})  # it), so the prompt only grows
             continue
         if isinstance(content, str) or content is None:
             out.append({"role": m["role"], "content": content or ""})
             continue
         need(isinstance(content, list), f"{where}.content must be a string or a list of blocks", where)
-        texts, calls, results, images = [], [], [], []
+        texts, calls, results, images, thoughts = [], [], [], [], []
         for j, block in enumerate(content):
             need(isinstance(block, dict), f"{where}.content.{j} must be a block", where)
             kind = block.get("type")
-            if kind == "tool_use" and m["role"] == "assistant":
+            if kind == "thinking" and m["role"] == "assistant" and isinstance(block.get("thinking"), str):
+                thoughts.append(block["thinking"])  # the template writes it back where its model was trained to read it
+            elif kind == "tool_use" and m["role"] == "assistant":
                 need(isinstance(block.get("id"), str) and isinstance(block.get("name"), str), f"{where}.content.{j}: tool_use needs id and name", where)
                 used.add(block["id"])
                 calls.append({"id": block["id"], "type": "function",
@@ -177,7 +179,8 @@ def _messages(data: dict, names: list[str]) -> list[dict]:
                 texts.append(_text_of([block], f"{where}.content"))
         text = "\n".join(t for t in texts if t)
         if m["role"] == "assistant":
-            out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+            out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {}),
+                        **({"reasoning_content": "\n".join(thoughts)} if thoughts else {})})
         else:
             out += results
             if images:
@@ -201,9 +204,12 @@ def chat_body(data: Any) -> ChatBody:
     max_tokens = data.get("max_tokens", DEFAULT_MAX_TOKENS)
     need(type(max_tokens) is int and max_tokens >= 1, "max_tokens must be a positive integer", "max_tokens")
     thinking = data.get("thinking")
-    think = None
+    think, budget = None, None
     if isinstance(thinking, dict):
         think = {"enabled": True, "disabled": False}.get(thinking.get("type"))  # adaptive: the model's default
+        if think and thinking.get("budget_tokens") is not None:  # past it, the family's end marker closes the thinking
+            budget = thinking["budget_tokens"]
+            need(type(budget) is int and budget >= 0, "thinking.budget_tokens must be a whole number, 0 or more", "thinking.budget_tokens")
     names: list[str] = []
     openai_body: dict[str, Any] = {
         "model": data.get("model"), "messages": _messages(data, names), "max_tokens": max_tokens, "stream": data.get("stream", False),
@@ -225,6 +231,8 @@ def chat_body(data: Any) -> ChatBody:
             openai_body["parallel_tool_calls"] = parallel
     if think is not None:
         openai_body["chat_template_kwargs"] = {"enable_thinking": think}
+    if budget is not None:
+        openai_body["reasoning_budget"] = budget
     try:
         body = ChatBody.model_validate(openai_body)
     except ValidationError as exc:
@@ -250,7 +258,15 @@ def usage(stats) -> dict:
 
 
 def _tool_use(call: dict) -> dict:
-    return {"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": call["name"], "input": call["arguments"]}
+    return {"type": "tool_use", "id": tool_use_id(call.get("id")), "name": call["name"], "input": call["arguments"]}
+
+
+def tool_use_id(given: Optional[str]) -> str:
+    """A call's id as Anthropic's clients know them (toolu_...); an id a template demands (Mistral's nine
+    letters and digits) kept as it is."""
+    if not given:
+        return "toolu_" + uuid.uuid4().hex[:24]
+    return "toolu_" + given.removeprefix("call_") if given.startswith("call_") else given
 
 
 def message(model: str, text: str, thinking: str, calls: list, final, stops: list[str]) -> dict:
@@ -303,15 +319,19 @@ async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, s
                             else {"type": "text", "text": ""})
             delta = {"type": "thinking_delta", "thinking": event.text} if event.kind == "thinking" else {"type": "text_delta", "text": event.text}
             yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-        elif event.kind == "tool_calls":
+        elif event.kind == "call":  # a tool_use block begins; its input streams as the model writes it
             if open_kind is not None:
                 yield stop()
-            for call in event.calls:
-                block = _tool_use(call)
-                calls.append(block)
-                yield start("tool_use", {**block, "input": {}})
+            calls.append(event.id)
+            yield start("tool_use", {"type": "tool_use", "id": tool_use_id(event.id), "name": event.name, "input": {}})
+            if event.text:
                 yield sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                  "delta": {"type": "input_json_delta", "partial_json": json.dumps(call["arguments"], ensure_ascii=False)}})
+                                                  "delta": {"type": "input_json_delta", "partial_json": event.text}})
+        elif event.kind == "call_args":
+            yield sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                              "delta": {"type": "input_json_delta", "partial_json": event.text}})
+        elif event.kind == "tool_calls":
+            if open_kind is not None:
                 yield stop()
         elif event.kind == "failed":
             yield sse("error", {"type": "error", "error": {"type": "api_error", "message": event.text}})

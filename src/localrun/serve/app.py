@@ -348,7 +348,7 @@ def build_app(service: Service, on_started=None):
             return error_response(exc, endpoint)
         metrics.requests.labels(endpoint, "200").inc()
         logprobs = openai.logprobs_of(resident.engine, chat, final.logprobs) if top_logprobs is not None else None
-        return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, answer.tools))
+        return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, answer.read_whole))
 
     kept_responses = responses.Kept()
 
@@ -399,7 +399,7 @@ def build_app(service: Service, on_started=None):
                     text, final = await whole(request, answer)
                 except ApiError as exc:
                     return fail(exc)
-                content, calls = answer.tools.calls_in(text) if answer.tools is not None else (text, [])
+                content, calls = answer.read_whole(text)
                 metrics.requests.labels(endpoint, "200").inc()
                 if dialect == "anthropic":
                     return JSONResponse(anthropic.message(model, content or "", final.thinking, calls, final, stops))
@@ -518,7 +518,7 @@ def build_app(service: Service, on_started=None):
         metrics.requests.labels(endpoint, "200").inc()
         replies = [openai.completion("", chat, body.model or answer.resident.name, text, final,
                                      openai.logprobs_of(answer.resident.engine, chat, final.logprobs)
-                                     if answer.request.top_logprobs is not None else None, answer.tools)
+                                     if answer.request.top_logprobs is not None else None, answer.read_whole)
                    for answer, text, final in results]
         return JSONResponse(openai.merged(replies, openai.new_id(chat)))
 
@@ -625,8 +625,8 @@ def build_app(service: Service, on_started=None):
             logprobs = ollama.logprobs_of(resident.engine, final.logprobs) if wants_logprobs else None
             reply = ollama.final(model_id, chat, text, final, started=started, load_s=load_s, logprobs=logprobs,
                                  thinking=final.thinking, context=context_of(text))
-            if answer.tools is not None:
-                reply["message"] = ollama.with_tool_calls(reply["message"], *answer.tools.calls_in(text))
+            if chat:
+                reply["message"] = ollama.with_tool_calls(reply["message"], *answer.read_whole(text))
             return JSONResponse(reply)
         wire = ollama.lines(tracked(request, answer, endpoint), model_id, chat, started=started, load_s=load_s,
                             engine=resident.engine, logprobs=wants_logprobs, context=context_of if "context" in extra else None)
@@ -918,7 +918,7 @@ def build_app(service: Service, on_started=None):
         service.loop = asyncio.get_running_loop()
         # What the first request would import (anyio's worker threads, tool calls, thinking): imported now.
         await run_in_threadpool(lambda: None)
-        from ..runtime import CallStream, markers_for  # noqa: F401
+        from ..runtime import AnswerStream, markers_for, parser_for  # noqa: F401
         await run_in_threadpool(_warm_request_path)
         service.activity(0)  # the idle clock starts when requests can arrive
         if on_started:  # only now: uvicorn handles Ctrl-C from here on, so "Ctrl-C stops" is true once printed

@@ -32,7 +32,9 @@ _SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k":
              "min_p": "min_p", "typical_p": "typical_p", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop",
              "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta",
-             "draft_max": "draft_max"}  # localrun's own: a cap on this request's lookup drafts (0: none)
+             # localrun's own: a cap on this request's lookup drafts (0: none), a GBNF grammar the answer follows, the most
+             # tokens a reasoning model thinks (llama.cpp's reasoning budget)
+             "draft_max": "draft_max", "grammar": "grammar", "reasoning_budget": "reasoning_budget"}
 _LOAD = tuple(OLLAMA_LOAD)
 _IGNORED = OLLAMA_IGNORED  # older clients send these
 _REFUSED = {"template": "template (the model's own chat template is used)"}
@@ -124,6 +126,11 @@ def body_for(data: Any, chat: bool) -> tuple[Any, dict]:
     extra = {"stream": data.get("stream", True) is not False, "empty": False, "think": think}
     if isinstance(think, bool):  # the template's switch (Qwen3's enable_thinking), where it has one
         fields["chat_template_kwargs"] = {"enable_thinking": think}
+    elif isinstance(think, str):  # a level (gpt-oss's low, medium, high): thinking on, at that effort
+        if think not in ("low", "medium", "high"):
+            raise error(400, f"invalid think {think!r}: true, false, or a level: low, medium, high")
+        fields["chat_template_kwargs"] = {"enable_thinking": True}
+        fields["reasoning_effort"] = think
     if data.get("logprobs"):  # as OpenAI's chat takes them; a raw completion below takes the count itself
         fields["logprobs"], fields["top_logprobs"] = True, data.get("top_logprobs") or 0
     elif data.get("top_logprobs"):
@@ -204,6 +211,8 @@ def _message(m: dict, where: str, names: list[str]) -> dict:
         out["tool_calls"] = [{"type": "function", "function": c.get("function") if isinstance(c, dict) else c} for c in m["tool_calls"]]
     if m.get("role") == "tool" and m.get("tool_name"):
         out["name"] = m["tool_name"]
+    if m.get("role") == "assistant" and isinstance(m.get("thinking"), str) and m["thinking"]:
+        out["reasoning_content"] = m["thinking"]  # an earlier answer's thinking, for the template to write back
     return out
 
 
@@ -211,7 +220,7 @@ def with_tool_calls(message: dict, content: str, calls: list[dict]) -> dict:
     """The answer's message, with Ollama's tool_calls ({"function": {"name", "arguments": object}}) when the
     model called tools."""
     if not calls:
-        return message
+        return {**message, "content": content}
     return {**message, "content": content, "tool_calls": [{"function": {"name": c["name"], "arguments": c["arguments"]}}
                                                           for c in calls]}
 
@@ -349,7 +358,9 @@ async def lines(events, model: str, chat: bool, *, started: float, load_s: float
     generate's `context`: `context(text)` of the whole answer) or {"error"} when the answer failed."""
     said: list[str] = []
     async for e in events:
-        if e.kind == "thinking":
+        if e.kind == "ping":  # an empty piece: Ollama's stream has no comment lines, and a client waiting stays
+            yield line(piece(model, chat, ""))
+        elif e.kind == "thinking":
             yield line(piece(model, chat, "", thinking=e.text))
         elif e.kind == "text":
             said.append(e.text)

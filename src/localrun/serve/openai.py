@@ -22,6 +22,7 @@ from ..runtime.request import prompt_for
 from ..runtime.options import DRAFT_MAX, KV_TYPES, OLLAMA_IGNORED, OLLAMA_LOAD
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 PING_S = float(os.environ.get("LOCALRUN_PING_S") or 10.0)  # a stream silent this long (a prompt still evaluated) gets a keep-alive
 
 
@@ -51,7 +52,8 @@ _FOREIGN_IGNORED = frozenset({
     "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "return_progress", "response_fields",
     "speculative.n_min", "speculative.p_min"})
 _FOREIGN_DRAFT = frozenset({"speculative.n_max"})  # llama-server's per-request cap on a draft: our draft_max
-_FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED | _FOREIGN_DRAFT
+_FOREIGN_BUDGET = frozenset({"reasoning_budget_tokens", "thinking_budget_tokens"})  # llama-server's: our reasoning_budget
+_FOREIGN = _FOREIGN_LOAD | _FOREIGN_LENGTH | _FOREIGN_IGNORED | _FOREIGN_DRAFT | _FOREIGN_BUDGET
 
 
 class _Fields(BaseModel):
@@ -82,6 +84,9 @@ class _Fields(BaseModel):
                     raise ApiError(400, f"invalid {name!r}: a whole number, 0 or more (0: no drafts)", param=name)
                 if data.get("draft_max") is None:
                     data["draft_max"] = min(value, DRAFT_MAX)
+            elif name in _FOREIGN_BUDGET:
+                if data.get("reasoning_budget") is None:
+                    data["reasoning_budget"] = value
             elif name in _FOREIGN_LENGTH:
                 unlimited = isinstance(value, int) and not isinstance(value, bool) and value <= 0
                 if value is not None and not unlimited and data.get("max_tokens") is None:
@@ -253,17 +258,29 @@ class _Message(BaseModel):
         return [(j, p) for j, p in enumerate(self.content) if isinstance(p, _ImagePart)] if isinstance(self.content, list) else []
 
     def for_template(self) -> dict[str, Any]:
-        """As chat templates read a message: a tool call's arguments as an object (templates write them with
-        tojson), a tool result with the id and name of the call it answers."""
+        """As the prompt renderer takes a message (engine.prompt shapes it for the template): a tool call's
+        arguments as the client wrote them (checked to be a JSON object), a tool result with the id and name of the
+        call it answers, an assistant's earlier thinking (reasoning_content, llama.cpp's name) for the template
+        to write back where its model was trained to read it."""
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.tool_calls:
             out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in self.tool_calls]
+                "name": c.function.name, "arguments": _checked(c.function.arguments)}} for c in self.tool_calls]
+        thinking = getattr(self, "reasoning_content", None) or getattr(self, "reasoning", None)
+        if self.role == "assistant" and isinstance(thinking, str) and thinking:
+            out["reasoning_content"] = thinking
         if self.role == "tool":
             out["tool_call_id"] = self.tool_call_id
             if isinstance(getattr(self, "name", None), str):
                 out["name"] = self.name
         return out
+
+
+def _checked(given: Union[str, dict]) -> Union[str, dict]:
+    """A tool call's arguments as given, once known to be a JSON object (a string's text kept: templates that
+    write arguments as text then write the client's own, and the prompt stays as it was)."""
+    _arguments(given)
+    return given if isinstance(given, dict) else (given or "{}")
 
 
 def _arguments(given: Union[str, dict]) -> dict:
@@ -285,7 +302,7 @@ class ChatBody(_Body):
     # it), or left inline in the content (none); the template's switch (Qwen3's enable_thinking).
     reasoning_format: Optional[Literal["auto", "deepseek", "none"]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
-    reasoning_effort: Optional[str] = None  # accepted (OpenAI clients send it); thinking is on unless switched off
+    reasoning_effort: Optional[str] = None  # to the template (gpt-oss reads it); "none" turns thinking off
     # Ollama's /api/chat (set by that dialect, no request field): a conversation over the context drops its oldest
     # messages rather than being refused, as OpenAI's API and llama-server refuse it.
     _drop_oldest: bool = PrivateAttr(False)
@@ -464,12 +481,13 @@ def request_for(resident, body: Union[CompletionBody, ChatBody]) -> tuple[Reques
                                 " context an answer of this model gave", param="context")
         request.context = list(body._context)
     options = _options(resident.loaded.sampling, body)
-    if tooling is not None and tooling.forced is not None:
+    if tooling is not None and (tooling.forced is not None or tooling.grammar is not None):
         if options.grammar is not None:
             raise ApiError(400, "tool_choice required (or a named function) cannot combine with a grammar", param="tool_choice")
-        # A forced call writes no text for a response format to shape: the call's own schema decodes it, as OpenAI
+        # A forced call writes no text for a response format to shape: the call's own grammar decodes it, as OpenAI
         # takes the pair (instructor's RESPONSES_TOOLS mode sends both).
-        options = options.model_copy(update={"json_schema": tooling.forced, "stop": []})  # the grammar ends the call whole
+        forced = {"json_schema": tooling.forced} if tooling.forced is not None else {"grammar": tooling.grammar, "json_schema": None}
+        options = options.model_copy(update={**forced, "stop": []})  # the grammar ends the call whole
     asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if asked is not None:
         options = options.model_copy(update={"max_tokens": asked})
@@ -481,7 +499,7 @@ def request_for(resident, body: Union[CompletionBody, ChatBody]) -> tuple[Reques
         if options.grammar is not None or options.json_schema is not None:
             raise ApiError(400, "ignore_eos cannot combine with response_format (the grammar decides where the text ends)", param="ignore_eos")
         options = options.model_copy(update={"min_tokens": options.max_tokens if options.max_tokens > 0 else MAX_LENGTH})
-    _check_sampler(engine, options, "tool_choice" if tooling is not None and tooling.forced is not None else "response_format")
+    _check_sampler(engine, options, "tool_choice" if tooling is not None and (tooling.forced or tooling.grammar) else "response_format")
     request.sampling = options
     request.top_logprobs = _top_logprobs(body)
     request.draft_max = body.draft_max
@@ -513,13 +531,20 @@ def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Op
     tooling = None
     if isinstance(body, ChatBody):
         tooling = tool_mode(engine, body)
-        kwargs = body.chat_template_kwargs or {}
-        unknown = sorted(set(kwargs) - {"enable_thinking"})
-        if unknown or not isinstance(kwargs.get("enable_thinking", True), bool):
-            raise ApiError(400, "chat_template_kwargs takes enable_thinking (true or false)", param="chat_template_kwargs")
+        kwargs = dict(body.chat_template_kwargs or {})
+        if not isinstance(kwargs.get("enable_thinking", True), bool):
+            raise ApiError(400, "chat_template_kwargs.enable_thinking must be true or false", param="chat_template_kwargs")
+        think = kwargs.pop("enable_thinking", None)
+        effort = body.reasoning_effort
+        if effort is not None:  # the template reads it (gpt-oss's reasoning_effort); "none": no thinking, as llama.cpp takes it
+            if effort not in REASONING_EFFORTS:
+                raise ApiError(400, f"invalid reasoning_effort {effort!r}: one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort")
+            kwargs.setdefault("reasoning_effort", effort)
+            if effort == "none" and think is None:
+                think = False
         request = Request(messages=_with_images(body),
                           tools=[t.model_dump(exclude_none=True) for t in body.tools] if tooling else None,
-                          think=kwargs.get("enable_thinking"), reasoning="none" if body.reasoning_format == "none" else "auto")
+                          think=think, reasoning="none" if body.reasoning_format == "none" else "auto", template_kwargs=kwargs)
         return request, tooling
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):  # a list of prompts
@@ -579,39 +604,47 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass
 class ToolMode:
-    """A chat request with tools the model may call: the template's format, the names of the tools offered,
-    the schema a forced call is generated in (tool_choice required or a named function), and whether
-    several calls may come back."""
+    """A chat request with tools the model may call: the reader of the model's family (runtime.parser_for, with
+    the tools offered), the names of the tools, how a forced call is generated (tool_choice required or a named
+    function: a grammar in the family's own format, or else the generic JSON call's schema), whether several
+    calls may come back, and the ids the template demands (Mistral's: 9 letters and digits)."""
 
-    family: str
+    parser: Any
     names: frozenset = frozenset()
     forced: Optional[dict] = None
+    grammar: Optional[str] = None
     parallel: bool = True
+    nine_char_ids: bool = False
 
     def calls_in(self, text: str) -> tuple[str, list[dict]]:
         """(content, calls) of a whole answer."""
-        from ..runtime import parse_tool_calls
+        message = self.parser.read(text)
+        return self._kept(message.content, [self.call(c) for c in message.calls])
 
-        content, calls = parse_tool_calls(text, self.family, self.names)
-        return self._kept(content, calls)
+    def call(self, call) -> dict:
+        """A call read from the answer (formats.ToolCall) as the dialects take it: {"id", "name", "arguments":
+        object, "raw": the arguments' JSON text as written}."""
+        arguments = json.loads(call.arguments or "{}")
+        return {"id": call.id if call.id and not self.nine_char_ids else self.new_id(), "name": call.name,
+                "arguments": arguments, "raw": call.arguments or "{}"}
+
+    def new_id(self) -> str:
+        if self.nine_char_ids:
+            return uuid.uuid4().hex[:9]
+        return "call_" + uuid.uuid4().hex[:24]
 
     def _kept(self, content: str, calls: list[dict]) -> tuple[str, list[dict]]:
         # A forced call cut short (max_tokens) before one was whole is no answer: its JSON was the grammar's
         # form of a call, not text for the client (it came back as content; found by a helper).
-        if self.forced is not None and not calls:
+        if (self.forced is not None or self.grammar is not None) and not calls:
             return "", []
         return content, (calls if self.parallel else calls[:1])
 
     def stream(self):
-        """A CallStream for this request's answer (engine.tools): what can go out as content at once."""
-        from ..runtime import CallStream
+        """The answer read as it streams (runtime.AnswerStream): its deltas."""
+        from ..runtime import AnswerStream
 
-        return CallStream(self.names)
-
-    def settle(self, stream) -> tuple[str, list[dict]]:
-        """(content not sent yet, calls) once the answer is whole."""
-        content, calls = stream.finish()
-        return self._kept(content, calls)
+        return AnswerStream(self.parser)
 
 
 _warned_templates: set = set()
@@ -620,7 +653,7 @@ _warned_templates: set = set()
 def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
     """How a chat request's tools are served, or None when there are none to offer (none given, or
     tool_choice "none"). 400 when a call is required of a template that cannot render tools."""
-    from ..runtime import call_schema, supports_tools, template_family
+    from ..runtime import call_schema, family_for, forced_grammar, parser_for, supports_tools
 
     choice = body.tool_choice if body.tool_choice is not None else "auto"
     if not body.tools:
@@ -649,7 +682,9 @@ def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
         if named not in names:
             raise ApiError(400, f"tool_choice names no given tool: use one of {', '.join(names)}", param="tool_choice")
     template = engine.chat_template
-    if not supports_tools(template):
+    # A family with a format of its own is read for calls even where its template does not describe the tools (DeepSeek
+    # V3.1 and R1's: the client describes them in its system prompt), as llama.cpp reads them.
+    if not supports_tools(template) and family_for(template).calls is None:
         if body._tools_need_support:
             raise ApiError(400, f"{body.model or engine.path.name} does not support tools (its chat template has none): leave"
                                 " tools out, or use a model that has them (/api/show lists \"tools\" in its capabilities)", param="tools")
@@ -662,16 +697,27 @@ def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
         raise ApiError(400, f"{engine.path.name}'s chat template cannot render tools, so a tool call cannot be required of it"
                        " (use tool_choice auto, or a model whose template has tools)", param="tool_choice")
     parallel = body.parallel_tool_calls is not False
-    # Forced: one call (a named function, or parallel_tool_calls false), else a list of one or more.
-    forced = (call_schema([t.model_dump() for t in offered], named, parallel=parallel and named is None)
-              if (named or choice == "required") else None)
-    return ToolMode(template_family(template) if forced is None else "generic", frozenset(names), forced, parallel)
+    tools = [t.model_dump(exclude_none=True) for t in offered]
+    parser = parser_for(template, tools=[t.model_dump(exclude_none=True) for t in body.tools], parallel=parallel,
+                        reasoning="none" if body.reasoning_format == "none" else "auto", forced=bool(named or choice == "required"))
+    parser.tools = parser.tools.only(names)
+    mode = ToolMode(parser, frozenset(names), parallel=parallel, nine_char_ids="length != 9" in template)
+    if named or choice == "required":
+        # Forced: one call (a named function, or parallel_tool_calls false), else one or more; in the family's own
+        # format where it has one (what the model was trained to write), else as the generic JSON call.
+        several = parallel and named is None
+        thinking = (body.chat_template_kwargs or {}).get("enable_thinking") is not False and body.reasoning_effort != "none"
+        mode.grammar = forced_grammar(parser.family, tools, named, several, think=thinking)
+        if mode.grammar is None:
+            mode.forced = call_schema(tools, named, parallel=several)
+    return mode
 
 
 def openai_calls(calls: list[dict]) -> list[dict]:
-    """Calls as OpenAI's tool_calls (arguments as a JSON string, each with an id)."""
-    return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}} for c in calls]
+    """Calls as OpenAI's tool_calls (arguments as a JSON string, as the model wrote them, each with its id)."""
+    return [{"id": c.get("id") or "call_" + uuid.uuid4().hex[:24], "type": "function",
+             "function": {"name": c["name"], "arguments": c.get("raw") or json.dumps(c["arguments"], ensure_ascii=False)}}
+            for c in calls]
 
 
 def _top_logprobs(body) -> Optional[int]:
@@ -817,18 +863,17 @@ def timings(stats: Stats) -> dict:
 
 
 def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, logprobs: Optional[dict] = None,
-               tools: Optional[ToolMode] = None) -> dict:
+               read: Optional[Callable[[str], tuple[str, list[dict]]]] = None) -> dict:
+    """The whole answer; `read`: the text read as (content, calls) in the model's family format."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": logprobs}
     if chat:
-        choice["message"] = {"role": "assistant", "content": text}
+        content, calls = read(text) if read is not None else (text, [])
+        choice["message"] = {"role": "assistant", "content": content}
         if final.thinking:
             choice["message"]["reasoning_content"] = final.thinking
-        if tools is not None:
-            content, calls = tools.calls_in(text)
-            choice["message"]["content"] = content  # (the text itself, unless it held calls or a forced call's half)
-            if calls:
-                choice["message"] = {**choice["message"], "content": content or None, "tool_calls": openai_calls(calls)}
-                choice["finish_reason"] = "tool_calls"
+        if calls:
+            choice["message"] = {**choice["message"], "content": content or None, "tool_calls": openai_calls(calls)}
+            choice["finish_reason"] = "tool_calls"
     else:
         choice["text"] = text
     return {
@@ -886,10 +931,14 @@ async def sse(events, rid: str, chat: bool, include_usage: bool, model_id: str, 
             logprobs = logprobs_of(engine, chat, e.logprobs, offset) if top_logprobs is not None else None
             offset += len(e.text)
             yield chunk(e.text, None, logprobs=logprobs)
+        elif e.kind == "call":  # a call begins (its id and name), its arguments as far as they are written
+            called = True
+            yield delta({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                         "function": {"name": e.name, "arguments": e.text}}]})
+        elif e.kind == "call_args":
+            yield delta({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
         elif e.kind == "tool_calls":
             called = True
-            for i, call in enumerate(openai_calls(e.calls)):  # each call whole, as the openai client assembles them
-                yield delta({"tool_calls": [{"index": i, **call}]})
         elif e.kind == "failed":
             yield _event({"error": {"message": e.text, "type": "server_error", "param": None, "code": None}})
         elif e.kind == "done":

@@ -224,6 +224,7 @@ def _input_messages(data: dict, calls: set[str], item_by_id=lambda _: None) -> l
     function_call before it, as OpenAI's API requires."""
     given = data.get("input")
     out: list[dict] = []
+    pending_thought: list[str] = []  # reasoning items not yet given to the assistant message they precede
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     need(isinstance(given, list), "input must be a string or a list of items", "input")
@@ -241,6 +242,9 @@ def _input_messages(data: dict, calls: set[str], item_by_id=lambda _: None) -> l
             need(item.get("role") in ("user", "assistant", "system", "developer"), f"{where}.role must be user, assistant, system or developer", where)
             role = "system" if item["role"] == "developer" else item["role"]
             out.append({"role": role, "content": _message_content(item.get("content"), where + ".content")})
+            if role == "assistant" and pending_thought:
+                out[-1]["reasoning_content"] = "\n".join(pending_thought)
+                pending_thought.clear()
         elif kind == "function_call":
             need(isinstance(item.get("name"), str) and isinstance(item.get("call_id"), str), f"{where}: a function_call needs name and call_id", where)
             calls.add(item["call_id"])
@@ -249,6 +253,9 @@ def _input_messages(data: dict, calls: set[str], item_by_id=lambda _: None) -> l
                 out[-1]["tool_calls"].append(call)  # several calls of one turn
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                if pending_thought:
+                    out[-1]["reasoning_content"] = "\n".join(pending_thought)
+                    pending_thought.clear()
         elif kind == "function_call_output":
             need(isinstance(item.get("call_id"), str), f"{where}: a function_call_output needs call_id", where)
             need(item["call_id"] in calls, f"{where}: no function_call with call_id {item['call_id']!r} comes before this"
@@ -256,11 +263,20 @@ def _input_messages(data: dict, calls: set[str], item_by_id=lambda _: None) -> l
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": output if isinstance(output, str) else _content_text(output or [], where + ".output")})
-        elif kind == "reasoning":
-            continue  # an earlier answer's thinking: not read again
+        elif kind == "reasoning":  # an earlier answer's thinking: on the assistant's message it goes with, for the
+            thought = _reasoning_text(item)  # template to write back (reasoning models' templates do in a tool loop)
+            if thought:
+                pending_thought.append(thought)
+            continue
         else:
             raise ApiError(400, f"{where}: input items of type {kind!r} are not supported by localrun", param=where)
     return out
+
+
+def _reasoning_text(item: dict) -> str:
+    """A reasoning item's text: its summary's (what localrun's own answers carry), else its content's."""
+    parts = [p.get("text") for key in ("summary", "content") for p in item.get(key) or () if isinstance(p, dict)]
+    return "\n".join(p for p in parts if isinstance(p, str) and p)
 
 
 def input_items(data: dict, item_by_id=lambda _: None) -> list[dict]:
@@ -365,8 +381,8 @@ def chat_body(data: Any, kept: Kept) -> tuple[ChatBody, list[dict]]:
     if "message.output_text.logprobs" in include or data.get("top_logprobs") is not None:  # each token's, in the text part
         body["logprobs"], body["top_logprobs"] = True, data.get("top_logprobs") or 0
     reasoning = data.get("reasoning")
-    if isinstance(reasoning, dict) and reasoning.get("effort") == "none":
-        body["chat_template_kwargs"] = {"enable_thinking": False}
+    if isinstance(reasoning, dict) and isinstance(reasoning.get("effort"), str):  # to the template; "none": no thinking
+        body["reasoning_effort"] = reasoning["effort"]
     body["messages"], names = _image_names(messages)
     try:
         chat = ChatBody.model_validate(body)
@@ -416,8 +432,8 @@ def _cut(final) -> bool:
 
 
 def _call_item(call: dict) -> dict:
-    return {"type": "function_call", "id": _item_id("fc"), "call_id": "call_" + uuid.uuid4().hex[:24], "name": call["name"],
-            "arguments": json.dumps(call["arguments"], ensure_ascii=False), "status": "completed"}
+    return {"type": "function_call", "id": _item_id("fc"), "call_id": call.get("id") or "call_" + uuid.uuid4().hex[:24],
+            "name": call["name"], "arguments": call.get("raw") or json.dumps(call["arguments"], ensure_ascii=False), "status": "completed"}
 
 
 def envelope(rid: str, data: dict, model: str, created: int, status: str, output: list, final=None) -> dict:
@@ -442,7 +458,9 @@ def answered(messages: list[dict], text: str, calls: list[dict], output: list[di
     """The conversation with this answer, to continue from with previous_response_id."""
     tool_calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
                   for item in output if item["type"] == "function_call"]
-    return [*messages, {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}]
+    thought = "\n".join(_reasoning_text(item) for item in output if item["type"] == "reasoning")
+    return [*messages, {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {}),
+                        **({"reasoning_content": thought} if thought else {})}]
 
 
 def response(rid: str, data: dict, model: str, created: int, text: str, thinking: str, calls: list, final,
@@ -473,6 +491,7 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
     text_parts: list[str] = []
     calls: list[dict] = []
     current: Optional[dict] = None  # the item whose deltas are streaming
+    streaming: dict[int, tuple] = {}  # a call's index -> (its function_call item, its output index, its arguments' parts)
 
     def event(kind: str, **fields: Any) -> str:
         nonlocal seq
@@ -542,18 +561,28 @@ async def events(answer: AsyncIterator[Event], rid: str, data: dict, model: str,
                                 logprobs=these)
                 else:
                     yield event("response.reasoning_summary_text.delta", item_id=current["id"], output_index=index, summary_index=0, delta=ev.text)
-            elif ev.kind == "tool_calls":
+            elif ev.kind == "call":  # a function_call item begins; its arguments stream as the model writes them
                 for line in close():
                     yield line
-                for call in ev.calls:
-                    item = _call_item(call)
+                index = len(output)
+                item = {"type": "function_call", "id": _item_id("fc"), "call_id": ev.id, "name": ev.name, "arguments": "",
+                        "status": "in_progress"}
+                streaming[ev.index] = (item, index, [ev.text])
+                output.append(item)
+                yield event("response.output_item.added", output_index=index, item=dict(item))
+                if ev.text:
+                    yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=ev.text)
+            elif ev.kind == "call_args":
+                item, index, parts = streaming[ev.index]
+                parts.append(ev.text)
+                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=ev.text)
+            elif ev.kind == "tool_calls":
+                for i, call in enumerate(ev.calls):
+                    item, index, _ = streaming[i]
+                    item.update(arguments=call["raw"], status="completed")
                     calls.append(call)
-                    index = len(output)
-                    yield event("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
-                    yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"])
                     yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=item["arguments"])
-                    output.append(item)
-                    yield event("response.output_item.done", output_index=index, item=item)
+                    yield event("response.output_item.done", output_index=index, item=dict(item))
             elif ev.kind == "failed":
                 failed = envelope(rid, data, model, created, "failed", output)
                 failed["error"] = {"code": "server_error", "message": ev.text}

@@ -94,6 +94,27 @@ class Answer:
         # llama.cpp's threads at every token).
         self._whole = False
 
+    def reader(self):
+        """How this answer is read as it streams (runtime.AnswerStream), or None for plain text (a completion)."""
+        if self.tools is not None:
+            return self.tools.stream()
+        request = self.request
+        if request.raw or request.tokens is not None or not request.messages:
+            return None
+        from ..runtime import AnswerStream, parser_for
+
+        template = self.resident.engine.chat_template
+        if template is None:
+            return None
+        return AnswerStream(parser_for(template, reasoning=request.reasoning))
+
+    def read_whole(self, text: str) -> tuple[str, list[dict]]:
+        """(content, calls) of the whole answer, read in the model's family format."""
+        if self.tools is not None:
+            return self.tools.calls_in(text)
+        reader = self.reader()
+        return (text, []) if reader is None else (reader.parser.read(text).content, [])
+
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt.tokens) if self.prompt is not None else 0
@@ -218,42 +239,75 @@ def _log(message: str) -> None:
 
 @dataclass
 class Event:
-    kind: str  # "thinking", "text", "tool_calls", "ping", "done" (final set), "failed" (final set, error)
+    # "thinking", "text", "call" (a tool call begins: index, id, name; text: its arguments so far), "call_args"
+    # (index; text: what its arguments grew by), "tool_calls" (the calls whole, once the answer is), "ping",
+    # "done" (final set), "failed" (final set, error)
+    kind: str
     text: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
     final: Optional[Response] = None
-    logprobs: list = field(default_factory=list)  # the tokens of `text` (with tools: text held back comes later)
+    logprobs: list = field(default_factory=list)  # the tokens of `text` (text held back comes later)
+    index: int = 0
+    name: str = ""
+    id: str = ""
 
 
 async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator[Event]:
-    """The answer as events, ending with "done" or "failed"."""
+    """The answer as events, ending with "done" or "failed". The answer is read in its family's format as it
+    streams (runtime.AnswerStream): text that may still be a tool call is held, but a call goes out as soon as
+    its name is known and its arguments as they grow; nothing is ever silent for longer than `ping_s` (a ping
+    while a long prompt is evaluated, or while text is held)."""
+    reader = answer.reader()
     tools = answer.tools
-    calls_stream = tools.stream() if tools is not None else None
     entries: list = []
+    ids: dict[int, str] = {}
+    quiet_since = time.monotonic()
     while True:
+        wait = max(0.0, ping_s - (time.monotonic() - quiet_since))
         try:
-            response, text, thought, more = await asyncio.wait_for(answer.next_piece(), ping_s)
+            response, text, thought, more = await asyncio.wait_for(answer.next_piece(), wait)
         except asyncio.TimeoutError:  # queue.get is cancelled before it takes anything: no piece is lost
             yield Event("ping")
+            quiet_since = time.monotonic()
             continue
         entries += more
         ended_well = response.done and response.finish_reason in FINISH_REASONS
         if response.done and not ended_well:
             yield Event("failed", text=response.error or "the request was cancelled", final=response)
             return
+        out: list[Event] = []
         if thought:
-            yield Event("thinking", thought)
-        calls: list[dict] = []
-        if calls_stream is not None:
-            text = calls_stream.feed(text)
-            if ended_well:
-                rest, calls = tools.settle(calls_stream)
-                text += rest
-        if text:
-            yield Event("text", text, logprobs=entries)
-            entries = []
-        if calls:
-            yield Event("tool_calls", calls=calls)
+            out.append(Event("thinking", thought))
+        if reader is None:
+            if text:
+                out.append(Event("text", text, logprobs=entries))
+                entries = []
+        else:
+            found = reader.feed(text) + (reader.finish() if ended_well else [])
+            for d in found:
+                if d.reasoning:
+                    out.append(Event("thinking", d.reasoning))
+                if d.content:
+                    out.append(Event("text", d.content, logprobs=entries))
+                    entries = []
+                if d.call_index is not None and tools is not None and (tools.parallel or d.call_index == 0):
+                    if d.call_index not in ids:
+                        ids[d.call_index] = d.id if d.id and not tools.nine_char_ids else tools.new_id()
+                        out.append(Event("call", d.arguments, index=d.call_index, name=d.name, id=ids[d.call_index]))
+                    elif d.arguments:
+                        out.append(Event("call_args", d.arguments, index=d.call_index))
+        if ended_well and tools is not None:
+            content, calls = tools._kept(reader.last.content, [{**tools.call(c), "id": ids.get(i) or tools.new_id()}
+                                                              for i, c in enumerate(reader.last.calls)])
+            if calls:
+                out.append(Event("tool_calls", calls=calls))
+        for event in out:
+            yield event
+        if out:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= ping_s:  # tokens come, but all are held: still not silent
+            yield Event("ping")
+            quiet_since = time.monotonic()
         if response.done:
             yield Event("done", final=response)
             return
