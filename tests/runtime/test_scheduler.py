@@ -96,13 +96,15 @@ def test_an_image_prompt_is_prefilled_in_the_shared_batch(smollm2, image_files):
         loaded.close()
 
 
-def test_a_request_takes_a_free_slot_beside_the_busy_ones(smollm2):
-    """Each slot is a KV stream of its own and llama.cpp batches only consecutive sequence ids in one pass
-    over the weights, so a request takes the free slot beside the busy ones, not the least recently used one
-    (concurrent requests scattered over slots 0, 2, 5, 7 decoded at half speed), and not even the one holding
-    its prefix: that prefix is copied into the slot beside, and not evaluated again."""
-    loaded, scheduler = start(smollm2, parallel=4)
+def test_a_request_takes_a_free_slot_beside_the_busy_ones(gemma):
+    """Where each slot is a KV stream of its own (a sliding-window model's, gemma-3's) llama.cpp batches only
+    consecutive sequence ids in one pass over the weights, so a request takes the free slot beside the busy
+    ones, not the least recently used one (concurrent requests scattered over slots 0, 2, 5, 7 decoded at half
+    speed), and not even the one holding its prefix: that prefix is copied into the slot beside, and not
+    evaluated again."""
+    loaded, scheduler = start(gemma, parallel=4)
     try:
+        assert scheduler.engine.kv.n_stream == 4 and not scheduler.engine.options.shared_kv
         slots = scheduler.slots
         slots[0].leased = slots[2].leased = True  # two requests running in slots 0 and 2
         slots[1].last_used, slots[3].last_used = 10.0, 1.0  # slot 3 is the least recently used

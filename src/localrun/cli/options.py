@@ -27,7 +27,7 @@ def _context_size(value: Optional[int]) -> Optional[int]:
     return value
 
 
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context window (tokens, per slot on a server; at least 16); default from models.yaml",
+CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context window (tokens a request may fill, at least 16; the background server's slots share one, serve's get one each); default from models.yaml",
                                                rich_help_panel=_M, callback=_context_size)]
 GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", "-ngl", help="layers to offload to the GPU: N, auto (all, on a GPU build) or 0", rich_help_panel=_M)]
 FlashAttnOpt = Annotated[Optional[bool], typer.Option("--flash-attn/--no-flash-attn", help="default: llama.cpp decides", rich_help_panel=_M)]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal, Optional, Union
 
 from ..errors import ContextOverflow, EngineError, SettingError, UsageError
+from .footprint import mapped_regions, release_repacked_pages, repacked_spans, repacks_here, shard_headers
 from .kv import KVCache
 from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
 from .options import KV_TYPES, check_context
@@ -38,9 +39,13 @@ class LoadOptions:
     # output layer's compute buffer for that many rows of the vocabulary: 512 MiB for gemma-3's 262k at 512.
     # Sampling asks for one row per sequence per step; perplexity and embeddings need every row.
     n_outputs: int = 0
-    # One KV pool for all sequences: beam search forks hypotheses cheaply there. The server keeps a stream
-    # per sequence instead, so that a request's output does not depend on what else is in the batch.
+    # One KV pool for sequences that fork (beam search's hypotheses share their cells) or come and go together
+    # (an embeddings batch's texts).
     kv_unified: bool = False
+    # A server's slots in one KV pool of n_ctx cells (llama.cpp's unified KV, as llama-server keeps its slots by
+    # default; runtime.options.LoadSpec.shares_kv): each fills what its request needs, up to all of it, where a
+    # stream per slot holds n_ctx / n_seq_max cells, allocated (and resident) whether used or not.
+    shared_kv: bool = False
     # An exact top-k in llama.cpp's graph before the C sampler chain (llama.cpp's backend sampling): the
     # chain then sees k candidates instead of the whole vocabulary, and the logits stay on the device.
     # None: on where the output layer runs on a GPU, or as LOCALRUN_BACKEND_SAMPLING (on/off) says. Off on
@@ -218,6 +223,9 @@ class Engine:
         self.ctx = None
         self._batch: Optional[Batch] = None
         self.vision = None  # an engine.vision.Projector once load_projector is called: prompts may hold images
+        repack = repacks_here(bool(options.rpc))
+        files = [p for p, _ in shard_headers(self.path)] if repack else []
+        mapped_before = mapped_regions(files) if repack else set()
         with deferred_interrupt() as interrupted:  # Ctrl-C here: freed below, KeyboardInterrupt on leaving
             keep_going = ll.llama_progress_callback(lambda progress, user_data: not interrupted)  # False stops the load
             mparams.progress_callback = keep_going
@@ -226,6 +234,10 @@ class Engine:
                 self._init_context(ll, options)
             if interrupted:
                 self.close()
+        # The file's pages of the weights llama.cpp repacked, read once to make the copy: given back (see
+        # engine.footprint), so the process holds those weights once.
+        self.released_bytes = release_repacked_pages(repacked_spans(self.path), mapped_regions(files) - mapped_before) if (
+            repack and self.model) else 0
         if not self.model:
             self._release_workers()
             raise EngineError(f"llama.cpp could not load {self.path}: check the file with `localrun show`")
@@ -238,7 +250,7 @@ class Engine:
                 f" (kv {options.kv_type}): try a smaller --ctx"
             )
         self.kv = KVCache(self.ctx, options.n_seq_max, self.info.sliding_window if any(self.info.swa_layers or [True]) else None,
-                          unified=options.kv_unified)
+                          unified=options.kv_unified or options.shared_kv)
         # llama.cpp rounds the context up (to 256); the limit the user asked for is the one we honour.
         self.n_ctx = min(options.n_ctx, ll.llama_n_ctx(self.ctx))
         self.n_batch = options.n_batch
@@ -262,7 +274,7 @@ class Engine:
         cparams.type_k = _GGML_TYPES[options.kv_type]
         cparams.type_v = _GGML_TYPES[options.kv_type]
         cparams.swa_full = options.swa_full
-        cparams.kv_unified = options.kv_unified
+        cparams.kv_unified = options.kv_unified or options.shared_kv
         cparams.no_perf = True
         if options.embeddings:
             cparams.embeddings = True

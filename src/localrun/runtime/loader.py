@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..engine import DecodeOptions, Engine, LoadOptions, SamplingOptions, merge_options
+from ..engine.gguf_info import read_info
 from ..engine.strategies import PLAIN, load_draft, make_strategy
 from ..errors import UsageError
-from .options import FALLBACK_CONTEXT, LoadSpec
+from .options import FALLBACK_CONTEXT, LoadSpec, has_sliding_window
 
 
 @dataclass
@@ -57,15 +58,15 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
         if given:  # beam search ranks whole sequences by log-probability; it has no sampler chain to constrain
             raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
 
-    def options_for(n_ctx: int) -> LoadOptions:  # checked: a bad value raises here
-        return spec.engine_options(n_ctx, decoding, answer_room=min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx)
+    def options_for(n_ctx: int, sliding: bool = False) -> LoadOptions:  # checked: a bad value raises here
+        return spec.engine_options(n_ctx, decoding, answer_room=min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx,
+                                   sliding=sliding)
 
-    given = context_for(spec.ctx, brought, None, embeddings=embeddings)
-    options = options_for(given)
+    options_for(context_for(spec.ctx, brought, None, embeddings=embeddings))
     local = hub.ensure_local(model, source=source)  # (every option was checked first: nothing is pulled for a bad one)
-    n_ctx = context_for(spec.ctx, brought, local.path, spec.parallel, spec.kv_type, embeddings=embeddings)
-    if n_ctx != given:
-        options = options_for(n_ctx)
+    info = read_info(local.path)
+    n_ctx = context_for(spec.ctx, brought, local.path, spec.kv_streams(info), spec.kv_type, embeddings=embeddings)
+    options = options_for(n_ctx, has_sliding_window(info))
     engine = Engine(local.path, options)
     engine.template_override = brought.template
     if engine.gpu_notice and on_notice:
@@ -79,26 +80,25 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
 CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx, num_ctx), not given unasked
 
 
-def context_for(ctx: Optional[int], brought, path, parallel: int = 1, kv_type: str = "f16", *, embeddings: bool = False) -> int:
-    """A slot's context: the one asked for (--ctx, num_ctx), else the one the model brings (its catalogue
-    entry, a Modelfile's num_ctx), else sized for the model at `path` by default_context (an embeddings
-    context and a model not read yet, `path` None: FALLBACK_CONTEXT)."""
+def context_for(ctx: Optional[int], brought, path, streams: int = 1, kv_type: str = "f16", *, embeddings: bool = False) -> int:
+    """The context one request may fill: the one asked for (--ctx, num_ctx), else the one the model brings
+    (its catalogue entry, a Modelfile's num_ctx), else sized for the model at `path` by default_context (an
+    embeddings context and a model not read yet, `path` None: FALLBACK_CONTEXT)."""
     if ctx is not None:
         return ctx
     if brought.context:
         return brought.context
     if embeddings or path is None:
         return FALLBACK_CONTEXT
-    from ..engine.gguf_info import read_info
-
-    return default_context(read_info(path), parallel, kv_type)
+    return default_context(read_info(path), streams, kv_type)
 
 
-def default_context(info, parallel: int = 1, kv_type: str = "f16", available: Optional[int] = None) -> int:
-    """A model's context per slot when neither the request nor the catalogue names one (as Ollama sizes its
-    default from the memory it has): the trained length up to CONTEXT_CAP, halved while the KV cache of
-    `parallel` slots would take more than a quarter of the memory free now (`available`); never below
-    FALLBACK_CONTEXT, nor above the trained length."""
+def default_context(info, streams: int = 1, kv_type: str = "f16", available: Optional[int] = None) -> int:
+    """A model's context when neither the request nor the catalogue names one (as Ollama sizes its default
+    from the memory it has): the trained length up to CONTEXT_CAP, halved while its KV cache would take more
+    than a quarter of the memory free now (`available`), for each of the context's KV `streams` (a server's
+    slots keep one each, or one pool: LoadSpec.kv_streams); never below FALLBACK_CONTEXT, nor above the
+    trained length."""
     from ..engine.gguf_info import kv_cache_bytes
 
     trained = info.context_length or FALLBACK_CONTEXT
@@ -108,7 +108,7 @@ def default_context(info, parallel: int = 1, kv_type: str = "f16", available: Op
 
         available = available_memory()
     n_ctx = min(trained, CONTEXT_CAP)
-    while n_ctx > floor and kv_cache_bytes(info, n_ctx * parallel, kv_type) > available // 4:
+    while n_ctx > floor and kv_cache_bytes(info, n_ctx * streams, kv_type) > available // 4:
         n_ctx //= 2
     return max(n_ctx, floor)
 

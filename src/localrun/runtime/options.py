@@ -16,7 +16,7 @@ _WHERE = {
     "json_grammar": "..engine.sampling",
     "DecodeOptions": "..engine.strategies",
 }
-__all__ = ["BY_NAME", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "MIN_CONTEXT", "LoadSpec", "check_context", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
+__all__ = ["BY_NAME", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "MIN_CONTEXT", "LoadSpec", "check_context", "has_sliding_window", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
 __getattr__ = exports(globals(), _WHERE)
 
 # Ollama's option names (api.Options and api.Runner) where they are not localrun's own: what its clients send
@@ -66,10 +66,11 @@ class LoadSpec:
         return DecodeOptions(draft=None if draft == "none" else draft, draft_max=draft_max, beams=self.beams,
                              length_penalty=self.length_penalty)
 
-    def engine_options(self, n_ctx: int, decoding=None, answer_room: Optional[int] = None):
-        """The engine's LoadOptions for `n_ctx` tokens per slot (checked: a bad value raises here), with
-        what `decoding` needs beside (engine.strategies.context_options; `answer_room`: the most tokens an
-        answer takes, for beams)."""
+    def engine_options(self, n_ctx: int, decoding=None, answer_room: Optional[int] = None, *, sliding: bool = False):
+        """The engine's LoadOptions for a context of `n_ctx` tokens, as much as one request may fill (checked: a
+        bad value raises here), with what `decoding` needs beside (engine.strategies.context_options;
+        `answer_room`: the most tokens an answer takes, for beams). `sliding`: the model has sliding-window
+        layers (see shares_kv)."""
         from ..engine.model import LoadOptions, parse_gpu_layers
         from ..engine.rpc import parse_endpoints
         from ..engine.strategies import context_options
@@ -81,14 +82,31 @@ class LoadSpec:
             return LoadOptions(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_seq_max=EMBED_SEQUENCES, kv_unified=True,
                                embeddings=True, pooling=self.pooling, **placed)
         check_slots(self.batch, self.parallel)
-        check_context(n_ctx)  # a slot's (the engine checks all the slots' together)
-        # Several sequences (the server's slots): each gets the context asked for, in its own KV stream.
-        # Not one unified pool: there a sequence's cells interleave with the others', attention sums run in
-        # another order, and greedy output would depend on what else is in the batch. A step asks for one
-        # row of logits per sequence (a strategy asks for more: context_options).
-        options = LoadOptions(n_ctx=n_ctx * self.parallel, n_batch=self.batch, n_ubatch=self.batch,
-                              n_seq_max=self.parallel, n_outputs=self.parallel, **placed)
+        check_context(n_ctx)
+        # Several sequences (a server's slots): one pool of n_ctx cells for the background server's (shares_kv),
+        # else a stream of n_ctx each. A step asks for one row of logits per sequence (a strategy asks for more:
+        # context_options).
+        shared = self.shares_kv(sliding)
+        options = LoadOptions(n_ctx=n_ctx if shared else n_ctx * self.parallel, n_batch=self.batch, n_ubatch=self.batch,
+                              n_seq_max=self.parallel, n_outputs=self.parallel, shared_kv=shared, **placed)
         return context_options(decoding or self.decoding(), options, n_ctx if answer_room is None else answer_room)
+
+    def shares_kv(self, sliding: bool) -> bool:
+        """Whether the slots keep one KV pool of the context (llama.cpp's unified KV, as llama-server keeps its
+        slots by default) rather than a stream of it each: the background server's run and chat slots do. A
+        stream of the whole context per slot, allocated and resident whether used or not, made its default for
+        Qwen2.5-Coder-1.5B (32768) a 3.8 GB KV cache before anyone asked for a long context; in one pool a
+        request may still fill all of it. `serve`'s slots keep a stream each: in one pool a sequence's cells lie
+        among the others', its attention sums run in another order, and its greedy output would depend on what
+        else is in the batch (the background server evicts what idle slots keep before a request that runs
+        alone, so that one answers as in-process: runtime.scheduler). Nor for a model with sliding-window
+        layers (`sliding`): llama.cpp's state of one sequence in a pool keeps only their last window, and a
+        slot's session could not be cut back to a shorter prefix, where engine.kv saves a stream whole."""
+        return self.kind == "run" and self.parallel > 1 and not sliding
+
+    def kv_streams(self, info) -> int:
+        """The KV streams of a context loaded by these options for a model (its slots', or one shared pool)."""
+        return 1 if self.shares_kv(has_sliding_window(info)) else self.parallel
 
     def check(self) -> None:
         """Refuse, before any model loads, what the server's slots cannot take (the same messages loading
@@ -118,6 +136,11 @@ SLOT_DRAFTS = (None, "lookup", "none")
 FALLBACK_CONTEXT = 4096  # where nothing better is known (no trained length, no memory to size by)
 SERVER_SLOTS = 4  # serve's --parallel by default: the background server's slots for run and chat too
 EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's sequences)
+
+
+def has_sliding_window(info) -> bool:
+    """Whether a model (engine.gguf_info.ModelInfo) has sliding-window attention layers (gemma-3's)."""
+    return bool(info.sliding_window) and (any(info.swa_layers) if info.swa_layers else True)
 
 
 def check_slots(batch: int, parallel: int) -> None:

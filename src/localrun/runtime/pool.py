@@ -76,7 +76,8 @@ def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int
 def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, repack: Optional[bool] = None) -> dict[str, int]:
     """What a model takes loaded with `spec`, by what holds it (engine.footprint): the weights (the mapped
     file), llama.cpp's repacked copy of them (CPU_REPACK: 597 MiB for Qwen2.5 1.5B Q4_K_M, where the CPU is
-    the only device), KV for every slot at its context, and the compute buffers for a micro-batch of
+    the only device), the KV cache (a stream of the context per slot, or one pool of it: LoadSpec.kv_streams),
+    and the compute buffers for a micro-batch of
     `batch` tokens with llama.cpp's logits (a vocabulary of floats for each row a batch may ask for: one per
     slot, held twice, as the output layer's result and as the copy handed out; every row of an embeddings
     batch, which dominate for gemma-3's 262k vocabulary). Mirrors how runtime.loader loads each kind.
@@ -89,14 +90,15 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
 
     info = read_info(path)
     brought = hub.defaults_for(ref or str(path))
-    ctx = context_for(spec.ctx or None, brought, path, spec.parallel, spec.kv_type, embeddings=spec.kind == "embed")
+    ctx = context_for(spec.ctx or None, brought, path, spec.kv_streams(info), spec.kv_type, embeddings=spec.kind == "embed")
     repack = repacks_here(bool(spec.rpc)) if repack is None else repack
     if spec.kind == "embed":  # one micro-batch holds a whole context; a vocabulary row for each of a batch's rows
         return footprint(info, ctx, spec.kv_type, n_ubatch=ctx, n_outputs=max(1, spec.batch // 2), repack=repack)
     decoding = spec.decoding(brought.draft)
     rows = decoding.draft_max + 1 if decoding.draft else 1  # a verified draft reads a row per token
-    return footprint(info, ctx * spec.parallel, spec.kv_type, n_ubatch=spec.batch, n_outputs=spec.parallel * rows,
-                     n_seq=spec.parallel, repack=repack)
+    streams = spec.kv_streams(info)  # a stream of the context per slot, or one pool of it
+    return footprint(info, ctx * streams, spec.kv_type, n_ubatch=spec.batch, n_outputs=spec.parallel * rows,
+                     n_seq=streams, repack=repack)
 
 
 def model_key(resident: Resident) -> str:
@@ -372,7 +374,7 @@ class ModelPool:
                     _close(resident)
             loaded = self.load_model(ref, spec)
             try:
-                slot_ctx = loaded.engine.n_ctx // spec.parallel
+                slot_ctx = loaded.engine.n_ctx // spec.kv_streams(loaded.engine.info)  # a slot's stream, or the pool they share
                 scheduler = self.make_scheduler(loaded, slot_ctx, spec)
             except BaseException:
                 loaded.close()

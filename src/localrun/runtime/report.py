@@ -74,13 +74,15 @@ _SIZE = re.compile(r"(\w+)\s+(model|KV|compute|output) buffer size\s*=\s*([\d.]+
 
 def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
     """Load the model with this context and read the buffer sizes llama.cpp reports allocating: the weights
-    (CPU_Mapped, or a device's), the repacked copy (CPU_REPACK), KV, compute (with the output buffer)."""
+    (CPU_Mapped, or a device's, less the pages of the repacked weights the engine gives back), the repacked
+    copy (CPU_REPACK), KV, compute (with the output buffer)."""
     from ..engine import Engine
     from ..engine.llama import captured_llama_log
     from .options import LoadSpec
 
     with captured_llama_log() as lines:  # as `run` loads it
         engine = Engine(path, LoadSpec(kv_type=kv_type, kind="run").engine_options(n_ctx))
+        released = engine.released_bytes
         engine.close()
     sizes = {"model": 0.0, "repacked": 0.0, "KV": 0.0, "compute": 0.0, "output": 0.0}
     for line in "".join(lines).splitlines():
@@ -92,7 +94,7 @@ def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
             sizes[kind] += float(m.group(3))
     mib = 1024 * 1024
     result = {
-        "weights_bytes": int(sizes["model"] * mib),
+        "weights_bytes": int(sizes["model"] * mib) - released,
         "repacked_bytes": int(sizes["repacked"] * mib),
         "kv_bytes": int(sizes["KV"] * mib),
         "compute_bytes": int((sizes["compute"] + sizes["output"]) * mib),

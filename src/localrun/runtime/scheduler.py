@@ -12,6 +12,11 @@ sharing the longest prefix with it (where that is more than the slot would throw
 recently used); a longer prefix held by any other slot (the same system prompt, a
 document asked about again) is copied into it (engine.kv.reuse_from), so only the new tokens are evaluated.
 
+The background server's slots share one KV pool of the context (engine LoadOptions.shared_kv; `serve`'s keep a
+stream each): a request is admitted when its prompt fits beside what the running ones hold, and a step the pool
+has no room for makes some (_make_room). A request alone first clears what idle slots kept, so that it answers
+as in-process (_alone_in_pool).
+
 `run` and `chat` on a resident server take a slot for a whole request (`hold`): the slot with the longest
 prefix of the prompt, held while the request restores a session or prefix-cache state into it, generates
 there with the other slots, and saves its state after (SlotSeat; the llama.cpp work of restoring and saving
@@ -238,6 +243,8 @@ class Scheduler:
                 with self.cond:
                     self.waiters -= 1
         try:
+            if self.engine.options.shared_kv:
+                self.call(lambda: self._alone_in_pool(slot))
             yield SlotSeat(self, slot)
         finally:
             with self.cond:
@@ -334,13 +341,15 @@ class Scheduler:
 
     def _admit(self) -> None:
         for job in [j for j in self.waiting if j.leased is not None]:  # their slots are held for them
+            if not self._room_for(job):
+                continue
             self.waiting.remove(job)
             self._assign(job, [job.leased])
             self.running.append(job)
         later: list[Job] = []
         while self.waiting:
             free = [s for s in self.slots if s.free]
-            if not free:
+            if not free or not self._room_for(self.waiting[0]):
                 break
             job = self.waiting.popleft()
             if job.reuse and self._prefix_coming(job):
@@ -351,6 +360,16 @@ class Scheduler:
         self.waiting.extendleft(reversed(later))  # first in line again, in their order
         self.stats.waiting = len(self.waiting) + self.waiters
         self.stats.running = len(self.running)
+
+    def _room_for(self, job: Job) -> bool:
+        """Whether `job`'s prompt fits the slots' shared KV pool beside what the running requests hold or will
+        hold of theirs (their answers' growth is met as it comes: _make_room); a job that would fit alone always
+        does when nothing runs. A stream per slot: always."""
+        if not self.engine.options.shared_kv or not self.running:
+            return True
+        kv = self.engine.kv
+        held = sum(max(len(j.prompt), len(kv.tokens[j.slot.seq_id])) for j in self.running)
+        return held + len(job.prompt) <= self.engine.n_ctx
 
     def _prefix_coming(self, job: Job) -> bool:
         """Whether a prompt still being evaluated in another slot shares more of `job`'s prompt (at least
@@ -373,8 +392,8 @@ class Scheduler:
         (its last token never counts: it is always evaluated, its logits sampled), then the least recently
         used (an empty one first).
 
-        Beside the busy slots first: each slot is a KV stream of its own, and llama.cpp puts only consecutive
-        sequence ids in one micro-batch, so busy slots 0-3 decode in one pass over the weights and 0, 2, 5, 7
+        Beside the busy slots first where each slot is a KV stream of its own (a sliding-window model's; slots
+        sharing one pool go in one micro-batch in any order): llama.cpp puts only consecutive sequence ids in one micro-batch, so busy slots 0-3 decode in one pass over the weights and 0, 2, 5, 7
         in four (scripts/bench_slot_order.py), at every step for as long as they run together; a prefix held
         in another slot is copied from there as the job starts (engine.kv.reuse_from: a copy of one slot's
         KV stream, milliseconds), so taking the slot beside costs no prompt evaluation. A slot's prefix counts
@@ -383,7 +402,7 @@ class Scheduler:
         Token lists are copied: called from a request's thread, a running slot's list changes on the scheduler
         thread."""
         kv, limit = self.engine.kv, max(0, len(tokens) - 1)
-        busy = {s.seq_id for s in self.slots if not s.free}
+        busy = {s.seq_id for s in self.slots if not s.free} if kv.n_stream > 1 else set()  # one shared pool: any slot
 
         def key(slot: Slot) -> tuple[int, int, float]:
             held = list(kv.tokens[slot.seq_id])
@@ -422,13 +441,21 @@ class Scheduler:
         # several ubatches), then prompt chunks in admission order.
         decoding = sorted((j for j in self.running if j.task.next_token is not None), key=lambda j: j.slot.seq_id)
         prefilling = [j for j in list(self.running) if j.task.next_token is None and self._images_done(j, out)]
-        try:
-            results = step(self.engine, self.batch, [j.task for j in decoding + prefilling])
-        except DecodeError as exc:
-            for task in exc.tasks:
-                self.engine.kv.clear(task.job.slot.seq_id)
-                out.append((task.job, self._finish(task.job, "error", f"llama.cpp decode failed (code {exc.rc})")))
-            return
+        while True:
+            try:
+                results = step(self.engine, self.batch, [j.task for j in decoding + prefilling])
+                break
+            except DecodeError as exc:
+                if exc.rc != 1 or not self.engine.options.shared_kv:
+                    for task in exc.tasks:
+                        self.engine.kv.clear(task.job.slot.seq_id)
+                        out.append((task.job, self._finish(task.job, "error", f"llama.cpp decode failed (code {exc.rc})")))
+                    return
+                decoding, prefilling = self._make_room(decoding, prefilling, out)  # the shared pool is full
+                if not decoding and not prefilling:
+                    with self.cond:  # a seat gives its cells back as its request ends (hold: notify_all)
+                        self.cond.wait(timeout=0.05)
+                    return
         if not self.batch.n:
             return
         for task, response in results:
@@ -439,6 +466,46 @@ class Scheduler:
         self.stats.kv_tokens = self.engine.kv.held()
         if self.on_step is not None:
             self.on_step(self.batch.n, len(decoding))
+
+    def _alone_in_pool(self, slot: Slot) -> None:
+        """(the scheduler thread) A request about to run in `slot` with no other slot in use: what the idle
+        slots keep for prefix reuse leaves the shared pool first, so that its cells lie as they would in a
+        context of its own, from the first cell on, and its greedy answer is the one `run --keep-alive 0`
+        gives (in one pool, a sequence placed after another's cells sums its attention in another order, and a
+        near-tie of two tokens can turn). A request beside others' running ones shares the pool as it is."""
+        with self.cond:
+            if self.running or self.waiting or any(s.leased or s.job is not None for s in self.slots if s is not slot):
+                return
+            for other in self.slots:
+                if other is not slot and self.engine.kv.tokens[other.seq_id]:
+                    self.engine.kv.clear(other.seq_id)
+
+    def _make_room(self, decoding: list[Job], prefilling: list[Job], out: list) -> tuple[list[Job], list[Job]]:
+        """The slots' shared KV pool has no room for the step (llama.cpp's decode returned 1, changing nothing):
+        the jobs to try again with, once one thing made room. First what idle slots keep for prefix reuse (the
+        least recently used); then the prompts still being evaluated wait (the answers decoding beside them end
+        and free their cells); then the answer holding the most cells ends as a full context does (`length`);
+        prompts alone wait while a request that holds a slot between its jobs (saving its state) gives it back.
+        (Prompts are admitted only with room for them beside the running ones, _room_for: one that still cannot
+        fit beside other prompts fails, the last admitted.) Nothing to try again: wait a moment."""
+        kv = self.engine.kv
+        idle = [s for s in self.slots if s.free and kv.tokens[s.seq_id]]
+        if idle:
+            kv.clear(min(idle, key=lambda s: s.last_used).seq_id)
+            return decoding, prefilling
+        if decoding and prefilling:
+            return decoding, []
+        if decoding:
+            longest = max(decoding, key=lambda j: len(kv.tokens[j.slot.seq_id]))
+            out.append((longest, self._finish(longest, "length")))
+            return [j for j in decoding if j is not longest], []
+        if any(s.leased and s.job is None and kv.tokens[s.seq_id] for s in self.slots):
+            return [], []  # a request between its jobs (saving its state) gives its slot back soon: wait for it
+        last = prefilling[-1]
+        kv.clear(last.slot.seq_id)
+        out.append((last, self._finish(last, "error", f"the model's context of {self.engine.n_ctx} tokens, shared by its "
+                                                      f"{len(self.slots)} slots, is full with other prompts: retry shortly")))
+        return [], prefilling[:-1]
 
     def _images_done(self, job: Job, out: list) -> bool:
         """A prompt's prefill that reached an image evaluates it now, alone, before the step (llama.cpp decodes
