@@ -117,8 +117,9 @@ def test_errors_read_the_same_as_in_process(resident, smollm2, tmp_path):
         assert there.stderr.strip().splitlines()[-1] == here.stderr.strip().splitlines()[-1], args
         assert "Traceback" not in there.stderr
     assert run(str(smollm2), "--threads", "1", "-n", "2", "hi").returncode == 0  # the server went on
-    # A context the server's memory cannot hold: one line, exit 1, and the loaded model is kept (no second try here).
-    big = run(str(smollm2), "--threads", "1", "--ctx", "100000000", "hi")
+    # A load the server's memory cannot hold (a batch's compute buffers; a context past the model's trained length
+    # is capped to it): one line, exit 1, and the loaded model is kept (no second try here).
+    big = run(str(smollm2), "--threads", "1", "--batch", "100000000", "hi")
     assert big.returncode == 1 and len(big.stderr.strip().splitlines()) == 1 and "needs about" in big.stderr
     assert [m["name"] for m in json.loads(run_cli("ps", "--json").stdout)] == [smollm2.name]
 

@@ -225,6 +225,10 @@ def catalogue_table(cat, as_json: bool) -> None:
 
 
 def model_details(details: dict, as_json: bool) -> None:
+    if details.get("context_capped"):
+        from ..console import notice
+
+        notice(details["context_capped"])
     if as_json:
         _json_out(details)
         return

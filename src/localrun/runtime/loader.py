@@ -27,6 +27,7 @@ class Loaded:
     defaults: dict = field(default_factory=dict)  # the catalogue's sampling: for requests that bring their own options
     messages: tuple = ()  # a conversation's first messages (a created model's MESSAGEs), after the system prompt
     brought: Any = None  # hub.ModelDefaults: what the model's name brought (two names of one file may differ)
+    capped: Optional[str] = None  # the context asked for was past the trained length: what each request is told
 
     @property
     def ref(self) -> str:
@@ -67,6 +68,9 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     info = read_info(local.path)
     n_ctx = context_for(spec.ctx, brought, local.path, spec.kv_streams(info), spec.kv_type, embeddings=embeddings)
     options = options_for(n_ctx, has_sliding_window(info))
+    capped = capped_context(spec.ctx, brought, info, local.path.name if local.source == "path" else local.ref)
+    if capped and on_notice:
+        on_notice(capped)
     engine = Engine(local.path, options)
     engine.template_override = brought.template
     if engine.gpu_notice and on_notice:
@@ -74,7 +78,7 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     strategy = PLAIN if embeddings else strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
                   system=brought.system, decoding=decoding, strategy=strategy, defaults=defaults, messages=brought.messages,
-                  brought=brought)
+                  brought=brought, capped=capped)
 
 
 CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx, num_ctx), not given unasked
@@ -82,15 +86,27 @@ CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx
 
 def context_for(ctx: Optional[int], brought, path, streams: int = 1, kv_type: str = "f16", *, embeddings: bool = False) -> int:
     """The context one request may fill: the one asked for (--ctx, num_ctx), else the one the model brings
-    (its catalogue entry, a Modelfile's num_ctx), else sized for the model at `path` by default_context (an
-    embeddings context and a model not read yet, `path` None: FALLBACK_CONTEXT)."""
-    if ctx is not None:
-        return ctx
-    if brought.context:
-        return brought.context
+    (its catalogue entry, a Modelfile's num_ctx), at most the length the model at `path` was trained on
+    (capped_context says so); else sized for it by default_context (an embeddings context and a model not read
+    yet, `path` None: FALLBACK_CONTEXT)."""
+    given = ctx if ctx is not None else brought.context
+    if given:
+        trained = read_info(path).context_length if path is not None else None
+        return min(given, trained) if trained else given
     if embeddings or path is None:
         return FALLBACK_CONTEXT
     return default_context(read_info(path), streams, kv_type)
+
+
+def capped_context(ctx: Optional[int], brought, info, name: str) -> Optional[str]:
+    """What to tell a user whose context (--ctx, else the model's num_ctx) is past the length the model was
+    trained on, which context_for gives instead, as Ollama caps it and says so; None when it is not."""
+    trained = info.context_length
+    given = ctx if ctx is not None else brought.context
+    if not given or not trained or given <= trained:
+        return None
+    what = f"--ctx {given}" if ctx is not None else f"{name}'s num_ctx {given}"  # (a catalogue entry's context, a Modelfile's)
+    return f"{what} is more than {name} was trained on ({trained} tokens): using {trained}"
 
 
 def default_context(info, streams: int = 1, kv_type: str = "f16", available: Optional[int] = None) -> int:

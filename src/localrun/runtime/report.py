@@ -24,12 +24,13 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     from ..engine.footprint import footprint, repacks_here
     from ..engine.gguf_info import read_info
 
-    from .loader import context_for
+    from .loader import capped_context, context_for
     from .options import LoadSpec
 
     info = read_info(local.path)
     brought = defaults_for(local.ref)
     n_ctx = context_for(ctx, brought, local.path, 1, kv_type)
+    capped = capped_context(ctx, brought, info, local.path.name if local.source == "path" else local.ref)
 
     LoadSpec(kv_type=kv_type).engine_options(n_ctx)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = footprint(info, n_ctx, kv_type, repack=repacks_here(rpc))
@@ -57,6 +58,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
         # where the sha256 comes from: hashed now, or the pull's record (the file's size and mtime still match it)
         "sha256_checked": "now" if verified or not local.sha256 else "at pull",
         "memory_estimate": {"n_ctx": n_ctx, "kv_type": kv_type, **estimate},
+        **({"context_capped": capped} if capped else {}),  # the context asked for is past the trained length
     }
     if not rpc:  # run and chat load it in the background server, with its slots (each this context): what `ps` shows
         from .options import SERVER_SLOTS

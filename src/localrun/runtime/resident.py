@@ -98,6 +98,8 @@ def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callabl
 
         fields["messages"] = live(fields["messages"])
     request = Request(sampling=sampling, **fields)
+    if loaded.capped:  # the --ctx this load was asked for is past the model's trained length: said to each run
+        on_notice(loaded.capped)
     for response in generate(loaded, request, on_notice=on_notice, cancelled=cancelled, place=scheduler):
         if response.done:
             _settle(response, scheduler, cancelled, fresh)
@@ -132,6 +134,9 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             conv.replace(messages)
         sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
         if op == "info":
+            if loaded.capped and not conv.told_capped:  # once a chat (it asks for its info as it starts, and again)
+                conv.told_capped = True
+                put({"notice": loaded.capped})
             put({"info": {"name": loaded.name, "ref": loaded.ref, "path": str(conv.model_path), "n_ctx": conv.n_ctx,
                           "templated": conv.templated, "system": loaded.system, "messages": list(loaded.messages), "sampling": sampling.model_dump(mode="json")},
                  "kv_tokens": conv.kv_tokens, "context_used": conv.context_used()})
@@ -162,6 +167,7 @@ def _conversation(resident, key: str, make: Callable[[], Any]):
         if conv is None:
             conv = make()
             conv.busy = threading.Lock()
+            conv.told_capped = False  # the context it was asked for is past the trained length: said once
         kept[key] = conv
         while len(kept) > CONVERSATIONS_KEPT:
             kept.popitem(last=False)
