@@ -143,6 +143,9 @@ class PrefixSnapshot:
             self.pieces = {i: cut_state(self.data, layout, *self.plan.spans[i]) for i in self.plan.missing}
         self.data = None
 
+    def held_bytes(self) -> int:
+        return len(self.data or b"") + sum(len(piece) for piece in (self.pieces or {}).values())
+
     def write(self, store: SessionStore, cap: int) -> Optional[SessionInfo]:
         """Store the chunks (cut() first), touch those it passes through. Returns the chain it ends, or None."""
         if self.pieces is None and self.data is None:
@@ -334,25 +337,24 @@ def cache_skipped(exc: BaseException) -> str:
 
 class PrefixWriter:
     """One thread per process that writes prefix-cache chunks after their requests are over (a server's: its
-    next request never waits for them). At most MAX_WAITING snapshots wait (their chunks in memory): an older
-    one still waiting is dropped for a new one, as the cache only saves time. The process waits for what is
-    under way and waiting when it exits (`wait`, at exit)."""
+    next request never waits for them). The chunks waiting to be written are held in memory, at most
+    MAX_WAITING_BYTES of them: past that the oldest snapshot still waiting is dropped for a new one, as the
+    cache only saves time (the newest always waits). The process waits for what is under way and waiting when
+    it exits (`wait`, at exit)."""
 
-    MAX_WAITING = 2
+    MAX_WAITING_BYTES = 1 << 30
 
     def __init__(self):
         self.cond = threading.Condition()
         self.waiting: collections.deque = collections.deque()
         self.writing = 0
         self.thread: Optional[threading.Thread] = None
-        self.dropped = 0
 
     def submit(self, root: Path, snapshot: PrefixSnapshot, cap: int, on_notice: Optional[Callable[[str], None]]) -> None:
         with self.cond:
-            while len(self.waiting) >= self.MAX_WAITING:
-                self.waiting.popleft()
-                self.dropped += 1
             self.waiting.append((root, snapshot, cap, on_notice))
+            while len(self.waiting) > 1 and sum(job[1].held_bytes() for job in self.waiting) > self.MAX_WAITING_BYTES:
+                self.waiting.popleft()
             if self.thread is None or not self.thread.is_alive():
                 if self.thread is None:
                     atexit.register(self._at_exit)
