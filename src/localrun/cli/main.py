@@ -53,6 +53,9 @@ def pull(
     if local.source == "path":  # nothing was fetched or registered: say so, not "pulled"
         err.print(f"[ok]a local file[/ok], nothing to pull: use it by its path ({_size(local.size)})", highlight=False)
         return
+    if local.source == "local":  # made by quantize (QUANT-local): nothing anywhere to pull
+        err.print(f"{local.ref} was made here by `localrun quantize`, nothing to pull ({_size(local.size)}) -> {local.path}", markup=False)
+        return
     verb = "already pulled" if local.already_present else "pulled"
     err.print(f"[ok]{verb}[/ok] ", end="")
     err.print(f"{local.ref} ({_size(local.size)}, {local.source}) -> {local.path}", markup=False)  # user data: no markup

@@ -15,7 +15,7 @@ from ..lazy import exports
 _WHERE = {
     "LocalModel": "..store.registry", "registry_path": "..store.registry",
     "Catalogue": ".catalogue", "ModelEntry": ".catalogue", "entry_for": ".catalogue",
-    "ModelDefaults": ".local", "created_name": ".local", "defaults_for": ".local", "list_local": ".local",
+    "MADE_HERE_TAG": ".local", "ModelDefaults": ".local", "created_name": ".local", "defaults_for": ".local", "list_local": ".local",
     "register_created": ".local", "register_local": ".local", "remove": ".local", "resolve_local": ".local", "record_ref": ".local",
     "SOURCES": ".sources", "ensure_local": ".pulling", "pull": ".pulling",
     "ModelRef": ".refs", "parse_ref": ".refs", "quant_of": ".refs",

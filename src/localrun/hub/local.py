@@ -23,6 +23,8 @@ from .catalogue import catalogue
 from .refs import ModelRef, parse_ref, quant_of
 
 CHUNK = 4 << 20  # bytes read at a time when a model file is hashed or copied
+# The tag of a quant made here (`quantize`) of a model `pull` fetches: smollm2:Q4_0-local, beside the Hub's smollm2:Q4_0.
+MADE_HERE_TAG = "-local"
 
 
 def list_local() -> list[LocalModel]:
@@ -63,10 +65,11 @@ def no_such_quant(mref: ModelRef, records: dict) -> ModelNotFound:
                          f"name one of those, or make it with `localrun quantize {mref.name} {mref.quant}`")
 
 
-def already_present(mref: ModelRef, verify: bool = False) -> Optional[LocalModel]:
-    """The registry's record for `mref` if its files are all on disk and undamaged: no network needed.
+def already_present(mref: ModelRef, verify: bool = False, *, made: bool = True) -> Optional[LocalModel]:
+    """The registry's record for `mref` if its files are all on disk and undamaged: no network needed (`made`
+    False: a pulled one, not one made here by `quantize`, which never stands in for the file a source publishes).
     A damaged file is said on stderr; the caller fetches it again (the Hub cache and the mirror re-verify theirs)."""
-    model = _pick(mref, _candidates(mref, registry.read()))
+    model = _pick(mref, [m for m in _candidates(mref, registry.read()) if made or m.source not in registry.MADE_HERE])
     if model is None or model.missing_files():
         return None
     damaged = _damaged_files(model, verify)
@@ -90,7 +93,7 @@ def _candidates(mref: ModelRef, models: dict[str, dict[str, Any]]) -> list[Local
 def _pick(mref: ModelRef, found: list[LocalModel]) -> Optional[LocalModel]:
     """The record a reference means: its quant; else an alias's default quant, else the only one pulled."""
     if mref.quant:
-        return next((m for m in found if m.quant == mref.quant), None)
+        return next((m for m in found if m.quant.upper() == mref.quant), None)  # (Q4_0-local: as it was written)
     if mref.entry is not None:
         default = next((m for m in found if m.quant == mref.entry.default_quant), None)
         if default is not None:

@@ -12,8 +12,8 @@ from typing import Optional, Union
 
 from ..console import notice
 from ..errors import DownloadError, ModelNotFound, QuantNotFound, UsageError
-from ..store.registry import LocalModel
-from .local import already_present, path_model, resolve_local
+from ..store.registry import MADE_HERE, LocalModel
+from .local import MADE_HERE_TAG, already_present, path_model, resolve_local
 from .progress import Progress
 from .refs import ModelRef, parse_ref
 from .sources import PULL_ORDER, SOURCES, Source, Unavailable
@@ -45,7 +45,7 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = T
         from .local import _candidates, no_such_quant
 
         records = registry.read()
-        if mref.quant and not any(m.quant == mref.quant for m in _candidates(mref.with_quant(None), records)):
+        if mref.quant and not any(m.quant.upper() == mref.quant for m in _candidates(mref.with_quant(None), records)):
             raise no_such_quant(mref, records)
         raise ModelNotFound(f"model '{mref}' was made here and its files are gone or damaged: make it again "
                             f"(`localrun quantize`, or `localrun create` for a model made from a Modelfile)")
@@ -53,6 +53,9 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = T
     if mref.kind == "alias":
         assert mref.entry is not None
         mref = mref.with_quant(mref.quant or mref.entry.default_quant)
+        made = already_present(mref, verify) if mref.quant not in mref.entry.quants else None
+        if made is not None:  # ALIAS:QUANT-local, made here by quantize
+            return made
         if mref.quant not in mref.entry.quants:
             raise QuantNotFound(
                 f"'{mref.name}' has no quant {mref.quant} in models.yaml (it has {', '.join(mref.entry.quants)}): "
@@ -61,8 +64,9 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = T
 
     if mref.quant:
         present = already_present(mref, verify)
-        if present is not None:
-            return present
+        if present is not None and (present.source not in MADE_HERE or mref.quant.endswith(MADE_HERE_TAG.upper())):
+            return present  # (a quant made here answers only to its own tag, QUANT-local)
+        _set_aside_made_here(mref)
 
     chain = [SOURCE_BY_NAME[name] for name in PULL_ORDER[source]]
     failure: Optional[Unavailable] = None
@@ -82,10 +86,31 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = T
     raise DownloadError(f"{failure.where} {failure.state} ({failure}): {failure.advice}{hint}") from failure
 
 
+def _set_aside_made_here(mref: ModelRef) -> None:
+    """A quant made here before it was tagged QUANT-local held the name its source publishes (smollm2:Q4_0, made by
+    `quantize`): it takes its own tag now, so that the file pulled is recorded under the name, and the made one
+    is still there by its tag."""
+    from ..store import registry
+
+    def made(record: dict) -> bool:
+        return (record["source"] == "local" and record["name"].casefold() == mref.name.casefold()
+                and record["quant"].upper() == mref.quant)
+
+    if not any(made(r) for r in registry.read().values()):
+        return
+    with registry.edit() as models:
+        for key, record in list(models.items()):
+            if made(record):
+                tagged = record["quant"] + MADE_HERE_TAG
+                models[registry.key(record["name"], tagged)] = {**models.pop(key), "quant": tagged}
+                notice(f"{record['name']}:{record['quant']} made here by `localrun quantize` is "
+                       f"{record['name']}:{tagged} now; pulling the one its source publishes")
+
+
 def _pull_from(source: Source, mref: ModelRef, progress: Progress, verify: bool) -> LocalModel:
     """What `source` has for `mref`: the registry's record if those files are here undamaged, else fetched."""
     found = source.resolve(mref)
-    present = already_present(found.ref, verify)  # hashed once: pull() may have asked
+    present = already_present(found.ref, verify, made=False)  # hashed once: pull() may have asked
     if present is not None:
         return present
     return source.fetch(found, progress)

@@ -53,9 +53,10 @@ def quantize_model(ref: str, quant: str, *, out: Optional[Path] = None, allow_re
             "to do it anyway"
         )
     name = local.name if local.source != "path" else base_name(local.path.name)
+    tag = made_tag(local, quant)
     dest = Path(out).expanduser().resolve() if out is not None else default_output(name, base_name(local.path.name), quant)
     if dest.exists():
-        raise UsageError(f"{dest} already exists: remove it (`localrun rm {name}:{quant}`) or pass -o elsewhere")
+        raise UsageError(f"{dest} already exists: remove it (`localrun rm {name}:{tag}`) or pass -o elsewhere")
     dest.parent.mkdir(parents=True, exist_ok=True)
     need, free = estimated_bytes(info.n_params, quant), shutil.disk_usage(dest.parent).free
     if need > free:
@@ -70,4 +71,11 @@ def quantize_model(ref: str, quant: str, *, out: Optional[Path] = None, allow_re
             raise LocalrunError(f"no space left on the disk of {dest.parent} while writing {dest.name}: free some "
                                 "space or pass -o elsewhere") from None
         raise
-    return hub.register_local(name, quant, dest, sha256_file(dest), origin=f"quantized from {what} ({info.quant})")
+    return hub.register_local(name, tag, dest, sha256_file(dest), origin=f"quantized from {what} ({info.quant})")
+
+
+def made_tag(local, quant: str) -> str:
+    """The tag a quant made here is known by: QUANT, or QUANT-local for a model `pull` fetches (an alias, a Hub
+    repository), whose NAME:QUANT names the file published there (the requantized file stood in for the
+    Hub's: `pull smollm2:Q4_0` answered "already pulled" with it)."""
+    return f"{quant}{hub.MADE_HERE_TAG}" if local.source in ("hub", "mirror") else quant
