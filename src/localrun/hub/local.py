@@ -49,13 +49,29 @@ def resolve_local(ref: Union[str, ModelRef], verify: bool = False) -> LocalModel
         raise ModelNotFound(f"model '{wanted}' is not pulled: run `localrun pull {wanted}`")
     missing = model.missing_files()
     if missing:
-        raise ModelNotFound(
-            f"model '{model.ref}' was pulled but {missing[0]} is gone or changed: run `localrun pull {model.ref}` again"
-        )
+        raise gone_error(model, missing[0])
     damaged = _damaged_files(model, verify)
     if damaged:
         raise _damaged_error(model, damaged)
     return model
+
+
+def gone_error(model: LocalModel, missing: Path) -> ModelNotFound:
+    """A model whose file is gone or changed (size), with the fix for where it came from: pull a pulled one again;
+    a created one's FROM file put back (or what it was made from pulled again), or the model made again; a
+    quantized one made again."""
+    if model.source == "created":
+        base = model.origin.removeprefix("FROM ").removeprefix("copy of ")
+        again = f"`localrun create {model.name} -f Modelfile`" if model.origin.startswith("FROM ") else f"`localrun cp {base} {model.name}`"
+        if Path(base).is_absolute():  # FROM a file
+            return ModelNotFound(f"model '{model.ref}' was made from {base}, which is gone or changed: put it back, or make the model "
+                                 f"again ({again})")
+        return ModelNotFound(f"model '{model.ref}' was made from {base}, whose file {missing} is gone or changed: "
+                             f"`localrun pull {base}` fetches it again (or make the model again: {again})")
+    if model.source == "local":
+        return ModelNotFound(f"model '{model.ref}' was made here ({model.origin}) and {missing} is gone or changed: make it "
+                             f"again with `localrun quantize`")
+    return ModelNotFound(f"model '{model.ref}' was pulled but {missing} is gone or changed: run `localrun pull {model.ref}` again")
 
 
 def no_such_quant(mref: ModelRef, records: dict) -> ModelNotFound:

@@ -47,6 +47,7 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = T
         records = registry.read()
         if mref.quant and not any(m.quant.upper() == mref.quant for m in _candidates(mref.with_quant(None), records)):
             raise no_such_quant(mref, records)
+        resolve_local(mref)  # files gone or changed: what it was made from, and the fix for that (hub.local.gone_error)
         raise ModelNotFound(f"model '{mref}' was made here and its files are gone or damaged: make it again "
                             f"(`localrun quantize`, or `localrun create` for a model made from a Modelfile)")
 
