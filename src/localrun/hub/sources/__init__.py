@@ -79,10 +79,11 @@ class Source(Protocol):
         it cannot be asked."""
         ...
 
-    def fetch(self, found: Resolved, progress: Progress) -> LocalModel:
+    def fetch(self, found: Resolved, progress: Progress, *, verbose: bool = False) -> LocalModel:
         """Bring the files `resolve` found onto this machine, each verified against the hash the source publishes
         (a file already here is verified, not downloaded again), record them in the registry, and return the
-        record. IntegrityError when a file does not verify (and nothing complete-looking is left behind)."""
+        record: one progress row a file. IntegrityError when a file does not verify (and nothing
+        complete-looking is left behind). `verbose`: what the tools it runs say goes to stderr too."""
         ...
 
     def delete(self, model: LocalModel, keep: set[Path]) -> list[Path]:

