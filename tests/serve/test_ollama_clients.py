@@ -135,8 +135,10 @@ def test_one_access_log_line_per_request(served, smollm2, tmp_path):
     prompt = r.json()["prompt_eval_count"]
     wait_until(lambda: len(re.findall(r"^\[access\]", log(served), re.M)) >= 4, what="four access lines")
     lines = [line for line in log(served).splitlines() if line.startswith("[access]")]
-    assert re.search(rf"\| 200 \| .*POST /api/chat \| {re.escape(name)} \| {prompt} in, 3 out$", lines[0]), lines[0]
-    assert re.search(rf"\| 200 \| .*POST /v1/chat/completions \| {re.escape(name)} \| {prompt} in, 2 out$", lines[1]), lines[1]
+    # the prompt's tokens (those from a cache: the second request's prefix is the first's), the answer's, the time to the first
+    assert re.search(rf"\| 200 \| .*POST /api/chat \| {re.escape(name)} \| {prompt} in \(0 cached\), 3 out, ttft \d+\.\d{{3}}s$", lines[0]), lines[0]
+    assert re.search(rf"\| 200 \| .*POST /v1/chat/completions \| {re.escape(name)} \| {prompt} in \({prompt - 1} cached\), 2 out, ttft [0-9.]+s$",
+                     lines[1]), lines[1]
     assert "| 404 |" in lines[2] and "POST /api/chat | no-such-model |" in lines[2]
     assert "| 404 |" in lines[3] and "POST /api/push" in lines[3]
     # A client that goes away mid-stream: its line says 499 (as /metrics counts it), not the 200 its head carried.

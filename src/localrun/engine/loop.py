@@ -13,7 +13,7 @@ from ..errors import UsageError
 from .model import Batch, DecodeError, Engine
 from .sampling import Sampler, SamplingOptions
 from .sequence import SequenceState
-from .types import Response, TokenLogprob
+from .types import Progress, Response, TokenLogprob
 
 
 class Task:
@@ -112,6 +112,10 @@ class Prefill(Task):
         self._taking = take
         return True
 
+    def progress(self) -> Response:
+        """A response with no text that says how far the prompt is (a long prompt's progress, the cached part)."""
+        return Response(progress=Progress(len(self.prompt), self.cached, self.n_done))
+
     def prompt_done(self) -> bool:
         """After a prompt chunk's decode: whether the whole prompt is in now."""
         self.n_done += self._taking
@@ -162,7 +166,7 @@ class Plain(Prefill):
     def consume(self) -> list[Response]:
         if self.next_token is None:
             if not self.prompt_done():
-                return []
+                return [self.progress()]
             if self.prefiltered and self.engine.prefilter_failed(self.row):
                 # The device could not run the top-k (llama.cpp left the whole vocabulary, without ids, for
                 # the chain to read): sample on the CPU as usual, from the last token evaluated once more.
@@ -173,7 +177,10 @@ class Plain(Prefill):
         self.seq.before_sample()
         token = self.sampler.sample(self.engine.ctx, len(self.seq.generated), self.row, self.prefiltered)
         logprob = None if self.seq.top_logprobs is None else token_logprob(self.engine.logits(self.row), token, self.seq.top_logprobs)
+        first = not self.seq.generated
         response = self.seq.push(token)
+        if first:  # the prompt is in: its last progress rides on the first token
+            response.progress = Progress(len(self.prompt), self.cached, len(self.prompt))
         # (not for the token that completed a stop sequence and adds no text: its text is cut, as llama-server's)
         if logprob is not None and response.tokens and not (response.stop_sequence is not None and not response.text):
             response.logprobs = [logprob]

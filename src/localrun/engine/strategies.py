@@ -36,7 +36,7 @@ from .options import DRAFT_MAX, LOOKUP_DRAFT_MAX, MODEL_DRAFT_MAX
 from .sampling import Sampler, SamplingOptions, check_bias_tokens
 from .sequence import SequenceState
 from .stops import StopMatcher
-from .types import Response, Stats
+from .types import Progress, Response, Stats
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class SpeculativeTask(Plain):
         seq, sampler, ctx = self.seq, self.sampler, self.engine.ctx
         if self.next_token is None:
             if not self.prompt_done():
-                return []
+                return [self.progress()]
             seq.before_sample()
             pending = [sampler.sample(ctx, 0, self.row)]  # sampled by the target, not yet emitted
         else:
@@ -249,7 +249,10 @@ class SpeculativeTask(Plain):
             self.length.update(len(self.draft), accepted)
         out = []
         for tok in pending:
+            first = not seq.generated
             response = seq.push(tok)
+            if first:  # the prompt is in: its last progress rides on the first token
+                response.progress = Progress(len(self.prompt), self.cached, len(self.prompt))
             out.append(response)
             if response.done:
                 self.done, self.next_token = True, None

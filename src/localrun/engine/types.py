@@ -80,6 +80,16 @@ class TokenLogprob:
 
 
 @dataclass
+class Progress:
+    """How far a prompt's evaluation is (llama-server's prompt_progress): its tokens, those taken from a cache
+    (the KV a slot held, a prefix restored from disk), and those in the KV now (cached ones included)."""
+
+    total: int
+    cached: int
+    processed: int
+
+
+@dataclass
 class Response:
     """One step of a generation's output: new text and the token ids that made it (the text may be '' while
     a multi-byte character or a possible stop sequence is held back). The last response of a stream has a
@@ -95,6 +105,7 @@ class Response:
     thinking: str = ""  # a reasoning model's thinking (its markers left out), apart from the answer in `text`
     stop_sequence: Optional[str] = None  # the last response of one a stop sequence ended: which one
     context_full: bool = False  # the last response of one cut ("length") because its context was full, not at its limit
+    progress: Optional[Progress] = None  # while the prompt is evaluated (no text yet): how far it is
 
     @property
     def done(self) -> bool:

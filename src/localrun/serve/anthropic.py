@@ -218,6 +218,8 @@ def chat_body(data: Any) -> ChatBody:
     if data.get("stop_sequences"):
         openai_body["stop"] = data["stop_sequences"]
     config = data.get("output_config") if isinstance(data.get("output_config"), dict) else {}
+    if config.get("effort") in ("low", "medium", "high", "max"):  # Claude Code sends it: to the template, as gpt-oss reads it
+        openai_body["reasoning_effort"] = "high" if config["effort"] == "max" else config["effort"]
     fmt = config.get("format") or data.get("output_format")  # structured outputs (and their beta's top-level field)
     if fmt is not None:
         need(isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict),
@@ -283,16 +285,18 @@ def message(model: str, text: str, thinking: str, calls: list, final, stops: lis
 
 
 async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, stops: list[str]) -> AsyncIterator[str]:
-    """Anthropic's event sequence for an answer: message_start, a content block per thinking/text/tool_use
-    (start, deltas, stop), message_delta with the stop reason and usage, message_stop; pings meanwhile."""
-    yield sse("message_start", {"type": "message_start", "message": {
-        "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        # the cached part is known once a slot takes the prompt: message_delta's usage says it (as a whole answer's)
-        "usage": {"input_tokens": prompt_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                  "output_tokens": 0}}})
-    yield sse("ping", {"type": "ping"})
+    """Anthropic's event sequence for an answer: message_start (with the prompt's cached part, known once a slot has
+    matched its prefix), a content block per thinking/text/tool_use (start, deltas, stop), message_delta with the stop
+    reason and usage, message_stop; pings meanwhile."""
+    def started(cached: int) -> str:
+        return sse("message_start", {"type": "message_start", "message": {
+            "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": prompt_tokens - cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
+                      "output_tokens": 0}}})
+
     index, open_kind, calls = -1, None, []
+    begun = False  # message_start waits for the prompt's first progress, which says its cached part (milliseconds in)
 
     def start(kind: str, block: dict) -> str:
         nonlocal index, open_kind
@@ -306,6 +310,10 @@ async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, s
         return sse("content_block_stop", {"type": "content_block_stop", "index": index})
 
     async for event in answer:
+        if not begun:
+            begun = True
+            yield started(event.progress.cached if event.kind == "progress" else 0)
+            yield sse("ping", {"type": "ping"})
         if event.kind == "ping":
             yield sse("ping", {"type": "ping"})
         elif event.kind in ("thinking", "text"):

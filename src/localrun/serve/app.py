@@ -292,7 +292,7 @@ def build_app(service: Service, on_started=None):
             raise
         finally:
             watcher.cancel()
-        access.note(request, tokens=(final.stats.prompt_tokens, final.stats.generated_tokens))
+        access.note(request, stats=final.stats)
         return text, final
 
     async def tracked(request: Request, answer: Answer, endpoint: str):
@@ -301,7 +301,7 @@ def build_app(service: Service, on_started=None):
             if event.kind in ("done", "failed"):
                 metrics.requests.labels(endpoint, "200" if event.kind == "done" else "500").inc()
                 if event.final is not None and event.final.stats is not None:
-                    access.note(request, tokens=(event.final.stats.prompt_tokens, event.final.stats.generated_tokens))
+                    access.note(request, stats=event.final.stats)
             yield event
 
     def streamed(request: Request, answer: Answer, wire, endpoint: str, media_type: str = "text/event-stream") -> StreamingResponse:
@@ -340,7 +340,8 @@ def build_app(service: Service, on_started=None):
         top_logprobs = answer.request.top_logprobs
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-            wire = openai.sse(tracked(request, answer, endpoint), rid, chat, include_usage, model_id, resident.engine, top_logprobs)
+            wire = openai.sse(tracked(request, answer, endpoint), rid, chat, include_usage, model_id, resident.engine, top_logprobs,
+                              progress=body.return_progress)
             return streamed(request, answer, wire, endpoint)
         try:
             text, final = await whole(request, answer)

@@ -49,7 +49,7 @@ _FOREIGN_LOAD = frozenset(OLLAMA_LOAD)
 _FOREIGN_LENGTH = frozenset({"num_predict", "n_predict"})
 _FOREIGN_IGNORED = frozenset({
     *OLLAMA_IGNORED, "n_keep", "penalize_nl", "cache_prompt", "n_probs", "samplers", "dynatemp_range", "dynatemp_exponent", "id_slot", "slot_id", "t_max_predict_ms", "timings_per_token",
-    "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "return_progress", "response_fields",
+    "return_tokens", "post_sampling_probs", "n_indent", "top_n_sigma", "min_keep", "n_cmpl", "response_fields",
     "speculative.n_min", "speculative.p_min"})
 _FOREIGN_DRAFT = frozenset({"speculative.n_max"})  # llama-server's per-request cap on a draft: our draft_max
 _FOREIGN_BUDGET = frozenset({"reasoning_budget_tokens", "thinking_budget_tokens"})  # llama-server's: our reasoning_budget
@@ -108,6 +108,8 @@ class _Fields(BaseModel):
     logit_bias: Optional[dict[int, float]] = None
     response_format: Optional[dict[str, Any]] = None
     ignore_eos: StrictBool = Field(False, description="llama.cpp server's extension: generate exactly max_tokens")
+    return_progress: StrictBool = Field(False, description="llama.cpp server's extension: a stream says how far its prompt is "
+                                        "(prompt_progress: total, cache, processed, time_ms)")
     draft_max: Optional[StrictInt] = Field(None, ge=0, le=DRAFT_MAX, description="at most this many tokens drafted a step by prompt "
                                            "lookup, where the model drafts (serve --draft lookup, a catalogue default); 0: none")
     # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
@@ -898,9 +900,11 @@ def new_id(chat: bool) -> str:
 
 
 async def sse(events, rid: str, chat: bool, include_usage: bool, model_id: str, engine=None,
-              top_logprobs: Optional[int] = None) -> AsyncIterator[str]:
-    """An answer's events (serve.stream.answer_events) as OpenAI's server-sent events."""
+              top_logprobs: Optional[int] = None, progress: bool = False) -> AsyncIterator[str]:
+    """An answer's events (serve.stream.answer_events) as OpenAI's server-sent events; `progress`: the prompt's
+    progress as llama-server writes it (a chunk with prompt_progress), asked by return_progress."""
     created = int(time.time())
+    began = time.monotonic()
     kind = "chat.completion.chunk" if chat else "text_completion"
 
     def event(choices: list, **more: Any) -> str:
@@ -924,6 +928,12 @@ async def sse(events, rid: str, chat: bool, include_usage: bool, model_id: str, 
     async for e in events:
         if e.kind == "ping":  # a long prompt: an SSE comment keeps clients that give up on silence
             yield ": keep-alive\n\n"
+        elif e.kind == "progress":
+            if progress:
+                p = e.progress
+                yield event([{"index": 0, **({"delta": {}} if chat else {"text": ""}), "finish_reason": None, "logprobs": None}],
+                            prompt_progress={"total": p.total, "cache": p.cached, "processed": p.processed,
+                                             "time_ms": round((time.monotonic() - began) * 1000, 3)})
         elif e.kind == "thinking":
             if chat:
                 yield delta({"reasoning_content": e.text})

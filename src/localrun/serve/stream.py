@@ -85,6 +85,7 @@ class Answer:
         self.resident, self.request, self.tools = resident, request, tools
         self.on_end = on_end
         self.prompt = None  # runtime.request.Prompt, once admitted
+        self.progress = None  # engine.Progress: how far the prompt's evaluation is (its cached part), as last heard
         self.failure_status: Optional[int] = None  # an answer that failed for the request's own fault: 400
         self.gone = threading.Event()
         self._out = ToLoop()
@@ -179,14 +180,19 @@ class Answer:
 
     async def next_piece(self) -> tuple[Response, str, str, list]:
         """The next response and whatever already waits behind it, as one: (the last response, the text, the
-        thinking, the tokens' logprobs). One write per step instead of one per token."""
+        thinking, the tokens' logprobs). One write per step instead of one per token. The prompt's last progress
+        among them is kept in `progress`."""
         response: Response = await self._out.queue.get()
         text, thought, entries = response.text, response.thinking, list(response.logprobs or [])
+        if response.progress is not None:
+            self.progress = response.progress
         while not response.done and not self._out.queue.empty():
             more = self._out.queue.get_nowait()
             text += more.text
             thought += more.thinking
             entries += more.logprobs or []
+            if more.progress is not None:
+                self.progress = more.progress
             if more.done:
                 response = more
         return response, text, thought, entries
@@ -239,7 +245,8 @@ def _log(message: str) -> None:
 
 @dataclass
 class Event:
-    # "thinking", "text", "call" (a tool call begins: index, id, name; text: its arguments so far), "call_args"
+    # "progress" (the prompt's evaluation: how far, its cached part), "thinking", "text", "call" (a tool call begins:
+    # index, id, name; text: its arguments so far), "call_args"
     # (index; text: what its arguments grew by), "tool_calls" (the calls whole, once the answer is), "ping",
     # "done" (final set), "failed" (final set, error)
     kind: str
@@ -250,6 +257,7 @@ class Event:
     index: int = 0
     name: str = ""
     id: str = ""
+    progress: Any = None  # "progress": engine.Progress (the prompt's tokens, cached, processed)
 
 
 async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator[Event]:
@@ -261,6 +269,7 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
     tools = answer.tools
     entries: list = []
     ids: dict[int, str] = {}
+    said = None  # the progress last given
     quiet_since = time.monotonic()
     while True:
         wait = max(0.0, ping_s - (time.monotonic() - quiet_since))
@@ -275,6 +284,9 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
         if response.done and not ended_well:
             yield Event("failed", text=response.error or "the request was cancelled", final=response)
             return
+        if answer.progress is not None and answer.progress is not said:  # (not written by every dialect: no silence reset)
+            said = answer.progress
+            yield Event("progress", progress=said)
         out: list[Event] = []
         if thought:
             out.append(Event("thinking", thought))
