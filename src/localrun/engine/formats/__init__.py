@@ -21,22 +21,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Optional
 
-from ..thinking import Markers, ThinkingSplitter, opened_in_prompt
-from .syntax import Tools, read_answer
+from ..thinking import Markers, ThinkingSplitter
+from .syntax import Tools, held, read_answer
 from .types import Delta, Message, ToolCall
 
-__all__ = ["Delta", "Family", "Message", "AnswerStream", "Parser", "ToolCall", "deltas", "family_for", "parser_for", "supports_tools"]
+__all__ = ["AnswerStream", "Delta", "Message", "Parser", "ToolCall", "deltas", "family_for", "parser_for", "prompt_tail",
+           "supports_tools"]
 
 
 def family_for(template: Optional[str]):
-    """The family a chat template belongs to (families.FAMILIES, the first whose markers it holds), or the
-    plain family of a template that names none."""
+    """The family a chat template belongs to (families.Family: the first row of the table whose markers it
+    holds), or the plain family of a template that names none."""
     from .families import detect
 
     return detect(template or "")
-
-
-Family = Any  # families.Family (typed there; re-exported for callers' annotations)
 
 
 def supports_tools(template: Optional[str]) -> bool:
@@ -111,14 +109,7 @@ def _unfenced(text: str, partial: bool) -> str:
     close = body.rfind("```")
     if close >= 0:
         return body[:close].rstrip()
-    return body[:len(body) - held_count(body, "```")].rstrip() if partial else body
-
-
-def held_count(text: str, marker: str) -> int:
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
+    return body[:len(body) - held(body, ("```",))].rstrip() if partial else body
 
 
 def parser_for(template: Optional[str], prompt: str = "", *, tools: Optional[list[dict[str, Any]]] = None,

@@ -101,18 +101,6 @@ def members(text: str, start: int) -> Iterator[tuple[str, int, Optional[int]]]:
         i = skip_blank(text, vend)
 
 
-def is_prefix_of_json(text: str) -> bool:
-    """Whether `text` may still become JSON (a cut-short value: every character so far fits)."""
-    probe = text.strip()
-    if not probe:
-        return True
-    try:
-        _DECODER.raw_decode(probe)
-        return True
-    except ValueError as exc:
-        return exc.pos >= len(probe) - 1 or "Unterminated string" in str(exc) or "Expecting" in str(exc) and exc.pos >= len(probe)
-
-
 def python_literal(text: str) -> Any:
     """A value written the Python way (True, None, 'single quotes', (tuples)) as JSON's; raises ValueError."""
     value = ast.literal_eval(text.strip())

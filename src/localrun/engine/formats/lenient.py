@@ -13,6 +13,8 @@ import re
 from collections.abc import Collection
 from typing import Any, Optional
 
+from .jsonish import value_end
+
 Call = dict[str, Any]  # {"name": str, "arguments": dict}
 
 _MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
@@ -29,25 +31,7 @@ _OBJECT_KEYS = {*_CALL_KEYS, "id", "call_id"}  # all a call object written witho
 def _balanced_end(text: str, start: int) -> Optional[int]:
     """The end (exclusive) of the bracketed JSON-ish value opening at text[start] ('{' or '['), strings
     respected; None while it is still open."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+    return value_end(text, start)
 
 
 def _loads(text: str) -> Any:

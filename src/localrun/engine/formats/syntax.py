@@ -325,6 +325,13 @@ class JsonCalls(Syntax):
         return Section(i, calls)
 
 
+def _starts(header: tuple, section_open: str, optional: bool) -> tuple[str, ...]:
+    """Where a section of calls may begin: its marker, and where calls may come without it, a call's own."""
+    first = header[0]
+    bare = (first,) if isinstance(first, str) else ()
+    return (section_open, *(bare if optional else ())) if section_open else bare
+
+
 def _args_object(text: str, i: int, partial: bool) -> tuple[str, int, str]:
     """The arguments' JSON object at text[i] (after blanks): ("ok", end, raw), (OPEN, len, raw so far),
     (FAIL, i, "")."""
@@ -360,9 +367,7 @@ class NameArgs(Syntax):
 
     @property
     def starts(self):
-        first = self.header[0]
-        bare = (first,) if isinstance(first, str) else ()
-        return ((self.section_open, *(bare if self.section_optional else ())) if self.section_open else bare)
+        return _starts(self.header, self.section_open, self.section_optional)
 
     def read(self, text, at, partial, tools):
         i = at
@@ -451,9 +456,7 @@ class Tagged(Syntax):
 
     @property
     def starts(self):
-        first = self.header[0]
-        bare = (first,) if isinstance(first, str) else ()
-        return ((self.section_open, *(bare if self.section_optional else ())) if self.section_open else bare)
+        return _starts(self.header, self.section_open, self.section_optional)
 
     def read(self, text, at, partial, tools):
         i = at + (len(self.section_open) if self.section_open and text.startswith(self.section_open, at) else 0)
