@@ -45,6 +45,10 @@ def default_model(folder: Path) -> Path:
     out = folder / "smollm2-tools.gguf"
     subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(fetch_real_model("SmolLM2-135M-Instruct.Q4_1.gguf")),
                     str(out), "--chat-template-file", str(TOOLS_TEMPLATE), "--force"], check=True, capture_output=True)
+    # Trained on 8,192 tokens, so a context of more is capped to that: the prompt's ~20k tokens would not fit.
+    # Its answers past 8k are no good, and need not be: the figure is the bytes its KV takes.
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_set_metadata", str(out), "llama.context_length", "32768", "--force"],
+                   check=True, capture_output=True)
     return out
 
 
