@@ -101,9 +101,10 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
                      n_seq=streams, repack=repack)
 
 
-def model_key(resident: Resident) -> str:
-    """What makes two residents one model: their file, unless one is a created model (its name then)."""
-    return f"created:{resident.loaded.name}" if _made(resident.loaded) else str(resident.path)
+def model_key(resident: Resident, name: Optional[str] = None) -> str:
+    """What makes two residents one model: their file, unless one is a created model (its name then: `name`, one
+    of the names it is listed by)."""
+    return f"created:{name or resident.loaded.name}" if _made(resident.loaded) else str(resident.path)
 
 
 def _made(loaded) -> bool:
@@ -122,6 +123,13 @@ def _brought(ref: str):
     from .. import hub
 
     return hub.defaults_for(ref)
+
+
+def _registered_name(ref: str) -> str:
+    """A created model's name as it is registered (pirate-2 for PIRATE-2:latest)."""
+    from .. import hub
+
+    return hub.record_ref(ref) or ref
 
 
 def pull_if_needed(ref: str, source: str, on_progress: Optional[Callable[[str, Optional[int], int], None]] = None) -> None:
@@ -216,6 +224,9 @@ class Resident:
         self.names = {loaded.name.casefold(), loaded.ref.casefold()}
         if not _made(loaded):  # a created model is not its file under another name
             self.names.add(str(path).casefold())
+        # The names ps lists it by: its own, and a created model's copies that share this load (cp pirate pirate-2,
+        # run both: one load, two names, as Ollama lists each name loaded).
+        self.listed: list[str] = [loaded.name]
         self.retiring = False  # being stopped or reloaded: no new requests, unloaded when the last one ends
         self.yielding = False  # a load waits for its room: no new requests (ModelPool._make_room unloads it)
         self.stamp: tuple[int, int] = (-1, -1)  # the file's size and mtime when loaded
@@ -229,8 +240,8 @@ class Resident:
     def name(self) -> str:
         return self.loaded.name
 
-    def describe(self) -> dict[str, Any]:
-        """What `ps` shows (Ollama's /api/ps fields, plus the slots)."""
+    def describe(self, name: Optional[str] = None) -> dict[str, Any]:
+        """What `ps` shows (Ollama's /api/ps fields, plus the slots), listed by `name` (one of `listed`)."""
         from datetime import datetime
 
         from ..store.digests import file_digest
@@ -244,8 +255,9 @@ class Resident:
         else:
             expires_s = time.time() + (NEVER_S if self.keep_alive < 0 else self.keep_alive)
         expires = datetime.fromtimestamp(expires_s).astimezone().isoformat(timespec="seconds")
+        name = name or self.name
         return {
-            "name": self.name, "model": self.name, "path": str(self.path), "size": self.estimate,
+            "name": name, "model": name, "path": str(self.path), "size": self.estimate,
             "digest": file_digest(self.path, wait=False) or "", "details": model_details(self.engine.info),
             "size_vram": self.vram or int(self.estimate * on_gpu), "processor": _processor(on_gpu),
             "context_length": self.slot_ctx, "slots": len(self.scheduler.slots),
@@ -348,6 +360,10 @@ class ModelPool:
                     for resident in same_file:
                         if resident.spec == spec and resident.usable(stamp):  # the same model, named another way
                             resident.names.add(ref.casefold())
+                            if brought.made:  # a copy of a created model: listed by its own name too
+                                listed = _registered_name(ref)
+                                if listed.casefold() not in {n.casefold() for n in resident.listed}:
+                                    resident.listed.append(listed)
                             return self._hold(resident), False
                     # Same file, other load-time options (or changed on disk): reload it, as Ollama does, once
                     # its requests are done; new ones no longer go to it meanwhile.
@@ -405,13 +421,32 @@ class ModelPool:
             self.lock.notify_all()
 
     def stop(self, ref: Optional[str] = None) -> list[tuple[str, bool]]:
-        """Unload `ref` (every model when None) once its requests finish: (name, still answering) each."""
+        """Unload `ref` (every model when None) once its requests finish: (name, still answering) each. A name
+        that shares its load with others ps lists (a created model and its copy) only leaves the list: the load
+        stays for them."""
         with self.lock:
             forms = set() if ref is None else {ref.casefold(), ref.casefold().removesuffix(":latest")}  # as ps lists it
             chosen = list(self.residents) if ref is None else [r for r in self.residents if forms & r.names]
             if ref is not None and not chosen:
                 raise ModelNotFound(f"model {ref!r} is not loaded")
-            return self._retire(chosen)
+            dropped: list[str] = []
+            retiring: list[Resident] = []
+            for resident in chosen:
+                names = self._unlist(resident, forms) if ref is not None else []
+                dropped += names
+                if not names:
+                    retiring.append(resident)
+            return [(name, False) for name in dropped] + self._retire(retiring)
+
+    def _unlist(self, resident: Resident, forms: set[str]) -> list[str]:
+        """(the lock held) Take the names in `forms` off a load listed by others too; the names taken off. A load
+        listed by that name alone is left to be retired."""
+        mine = [n for n in resident.listed if n.casefold() in forms]
+        if not mine or len(mine) == len(resident.listed):
+            return []
+        resident.listed = [n for n in resident.listed if n not in mine]
+        resident.names -= forms | {n.casefold() for n in mine}
+        return mine
 
     def deleted(self, name: str) -> list[tuple[str, bool]]:
         """Model `name` was deleted: loaded as itself, it is unloaded once its requests finish; a model that
@@ -424,6 +459,7 @@ class ModelPool:
             for resident in self.residents:
                 if resident not in chosen:
                     resident.names -= forms
+                    resident.listed = [n for n in resident.listed if n.casefold() not in forms] or resident.listed
             return self._retire(chosen)
 
     def _retire(self, chosen: list[Resident]) -> list[tuple[str, bool]]:
@@ -433,7 +469,7 @@ class ModelPool:
             resident.keep_alive = 0.0
             resident.expires = self.clock() if resident.refs == 0 else None
         self.lock.notify_all()
-        return [(r.name, r.refs > 0) for r in chosen]
+        return [(name, r.refs > 0) for r in chosen for name in r.listed]  # by the names ps lists
 
     def abandon(self, endpoints: list[str], message: str) -> None:
         """RPC workers were lost mid-generation: the models split over them fail their open requests with
@@ -460,8 +496,10 @@ class ModelPool:
             order: dict[str, int] = {}  # each model at its most recent use
             for resident in residents:
                 order.setdefault(model_key(resident), len(order))
-            # (sorted is stable: within a model, generating contexts first, each kind most recent first)
-            rows = [(r.describe(), model_key(r)) for r in sorted(residents, key=lambda r: (order[model_key(r)], r.spec.kind == "embed"))]
+            # (sorted is stable: within a model, generating contexts first, each kind most recent first; a load
+            # listed by several names, a row each)
+            rows = [(r.describe(name), model_key(r, name)) for r in sorted(residents, key=lambda r: (order[model_key(r)], r.spec.kind == "embed"))
+                    for name in r.listed]
         models: dict[str, dict[str, Any]] = {}
         for row, key in rows:
             context = {"kind": row["load"]["kind"], **{k: row[k] for k in _PER_CONTEXT}}
