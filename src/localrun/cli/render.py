@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Optional
 
 from ..console import debug_enabled, err
 
@@ -203,10 +203,54 @@ def loaded_models(models: list[dict], as_json: bool) -> None:
     for col in ("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS BUSY", "UNTIL", "SIZE IS"):
         table.add_column(col)
     for m in models:
-        until = "in use" if m["requests"] else (m["expires_at"] or "forever")
+        until = "in use" if m["requests"] else until_text(m["expires_at"], m.get("keep_alive", 0))
         table.add_row(m["name"], human_size(m["size"]), m["processor"], str(m["context_length"]),
                       f"{m['slots_busy']}/{m['slots']}", until, memory_parts(m.get("memory") or {}))
     _print_table(table)
+
+
+def until_text(expires_at: Optional[str], keep_alive: Optional[float], now: Optional[float] = None) -> str:
+    """ps's UNTIL as Ollama's ps writes it: "4 minutes from now", "Forever" for a model kept until stopped (its
+    expires_at is the far future, as Ollama's), "Stopping..." once past; --json keeps the timestamp."""
+    import time
+    from datetime import datetime
+
+    if keep_alive is None or not expires_at:  # keep-alive -1
+        return "Forever"
+    delta = datetime.fromisoformat(expires_at).timestamp() - (time.time() if now is None else now)
+    if delta <= 0:
+        return "Stopping..."
+    if delta > 20 * 365 * 86400:
+        return "Forever"
+    return f"{human_duration(delta)} from now"
+
+
+def human_duration(seconds: float) -> str:
+    """A duration in words, as Ollama's format.HumanDuration says it ("About a minute", "4 minutes", "2 hours")."""
+    s = int(seconds)
+    if s < 1:
+        return "Less than a second"
+    if s == 1:
+        return "1 second"
+    if s < 60:
+        return f"{s} seconds"
+    minutes = s // 60
+    if minutes == 1:
+        return "About a minute"
+    if minutes < 60:
+        return f"{minutes} minutes"
+    hours = round(seconds / 3600)
+    if hours == 1:
+        return "About an hour"
+    if hours < 48:
+        return f"{hours} hours"
+    if hours < 24 * 7 * 2:
+        return f"{hours // 24} days"
+    if hours < 24 * 30 * 2:
+        return f"{hours // 24 // 7} weeks"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24 // 30} months"
+    return f"{int(seconds // 3600) // 24 // 365} years"
 
 
 def catalogue_table(cat, as_json: bool) -> None:
