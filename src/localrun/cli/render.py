@@ -326,7 +326,7 @@ def doctor(report: dict, as_json: bool) -> None:
     if as_json:
         _json_out(report)
         return
-    rows = [(k.replace("_", " "), human_size(v) if k.endswith("bytes") else str(v)) for k, v in report.items() if k != "rpc_workers"]
+    rows = [(_doctor_label(k), _doctor_value(k, v)) for k, v in report.items() if k != "rpc_workers"]
     for w in report.get("rpc_workers", []):
         if "error" in w:
             rows.append((f"rpc {w['endpoint']}", f"not usable: {w['error']}"))
@@ -334,6 +334,22 @@ def doctor(report: dict, as_json: bool) -> None:
         devices = "; ".join(f"{d['name']} {human_size(d['free'])} free of {human_size(d['total'])}" for d in w["devices"])
         rows.append((f"rpc {w['endpoint']}", f"protocol {w['protocol']}, {len(w['devices'])} device(s): {devices}"))
     _kv_rows(rows)
+
+
+def _doctor_label(key: str) -> str:
+    """A report key as doctor's label: free_disk_bytes is "free disk" (its value says the unit)."""
+    return key.removesuffix("_bytes").replace("_", " ")
+
+
+def _doctor_value(key: str, value: Any) -> str:
+    """A report value as doctor prints it: sizes in words, lists one after another, yes or no (--json keeps them)."""
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return human_size(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "none"
+    return str(value)
 
 
 def _kv_rows(rows) -> None:
