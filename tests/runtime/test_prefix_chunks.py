@@ -33,9 +33,10 @@ THREADS = 1  # (see tests/store/test_sessions.py: one thread per engine on a bus
 
 
 def made_state(n: int, *, layers=3, k_row=8, v_row=6, v_trans=False, element=2, ext=False, caches=1,
-               order=None) -> bytearray:
+               order=None, no_v=False) -> bytearray:
     """A state in llama.cpp's one-stream layout (src/llama-kv-cache.cpp, state_write) of n cells at positions
-    0..n-1, written in `order`, whose every row byte says which cell, layer and cache it belongs to."""
+    0..n-1, written in `order`, whose every row byte says which cell, layer and cache it belongs to. `no_v`: as
+    an MLA model's (DeepSeek), whose layers keep no V."""
     order = list(range(n)) if order is None else order
     out = bytearray(struct.pack("<Ii", 0xAF143CD8, 0))
     for c in range(caches):
@@ -47,7 +48,7 @@ def made_state(n: int, *, layers=3, k_row=8, v_row=6, v_trans=False, element=2, 
             out += struct.pack("<iQ", 1, k_row)
             for i in order:
                 out += bytes((i + 7 * layer + 13 * c + j) % 251 for j in range(k_row))
-        for layer in range(layers):
+        for layer in range(0 if no_v else layers):
             if v_trans:
                 out += struct.pack("<iII", 1, element, v_row)
                 for j in range(v_row):
@@ -60,10 +61,11 @@ def made_state(n: int, *, layers=3, k_row=8, v_row=6, v_trans=False, element=2, 
     return out
 
 
-SHAPES = [{}, {"v_trans": True}, {"ext": True}, {"caches": 2, "v_trans": True, "ext": True}]
+SHAPES = [{}, {"v_trans": True}, {"ext": True}, {"caches": 2, "v_trans": True, "ext": True}, {"no_v": True}]
+IDS = ["rows", "v-transposed", "cell-ext", "two-caches", "no-v"]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["rows", "v-transposed", "cell-ext", "two-caches"])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_chunks_put_back_together_are_the_state_byte_for_byte(shape):
     whole = made_state(50, **shape)
     layout = StateLayout(whole)
@@ -88,7 +90,7 @@ def test_chunks_put_back_together_are_the_state_byte_for_byte(shape):
     assert joiner.result() == made_state(32, **shape)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["rows", "v-transposed", "cell-ext", "two-caches"])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_cells_written_out_of_position_order_are_cut_by_position(shape):
     """A slot's cells in a KV pool that several slots share lie wherever there was room: in a state they
     come in cell order. A chunk holds positions a..b-1 whatever their order there."""

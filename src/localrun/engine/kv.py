@@ -415,6 +415,20 @@ def _section_of(view: memoryview, meta: int, cells: int, cell_size: int) -> _Sec
             raise ValueError("not a K row header")
         k.append((at, at + 12, row))
         at += 12 + cells * row
+    try:
+        v, end = _values(view, at, cells, n_layer, v_trans)
+    except (ValueError, struct.error):
+        if at != len(view):
+            raise
+        v, end = [], at  # a model whose attention keeps no V (DeepSeek's MLA: V is read from K)
+    at = end
+    return _Section(cells, base, meta, cell_size, order, head, k, v, bool(v_trans), at)
+
+
+def _values(view: memoryview, at: int, cells: int, n_layer: int, v_trans: int) -> tuple[list, int]:
+    """The V section's layers (see _Section.v) starting at `at`, and the offset after them."""
+    import struct
+
     v = []
     for _ in range(n_layer):
         if v_trans:
@@ -431,7 +445,7 @@ def _section_of(view: memoryview, meta: int, cells: int, cell_size: int) -> _Sec
             at += 12 + cells * row
         if at > len(view):
             raise ValueError("a torn KV state")
-    return _Section(cells, base, meta, cell_size, order, head, k, v, bool(v_trans), at)
+    return v, at
 
 
 def cut_state(data, layout: StateLayout, start: int, end: int) -> bytearray:

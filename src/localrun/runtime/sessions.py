@@ -30,7 +30,6 @@ from ..store.sessions import (
 from ..store.writers import RUN
 
 _identities: "weakref.WeakKeyDictionary[Engine, Identity]" = weakref.WeakKeyDictionary()
-_uncut: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # engines whose states were found not to cut into chunks
 
 
 def identity(store: SessionStore, engine: Engine) -> Identity:
@@ -76,9 +75,9 @@ def prefix_cache_applies(engine: Engine) -> bool:
 
 
 def _whole_states(engine: Engine) -> bool:
-    """Whether this engine's states are kept whole (one chunk of all their tokens): a recurrent or hybrid
-    model's, or a layout StateLayout does not know (found on its first save)."""
-    return engine in _uncut or engine.kv.whole_states_only
+    """Whether this engine's states are kept whole (one chunk of all their tokens, used only whole): a
+    recurrent or hybrid model's, whose state sums up every token before."""
+    return engine.kv.whole_states_only
 
 
 class EngineSeat:
@@ -126,8 +125,9 @@ class PrefixSnapshot:
     pieces: Optional[dict[int, bytes]] = None
 
     def cut(self, engine: Engine) -> None:
-        """The missing chunks out of the state. A state StateLayout cannot read is kept whole, as one chunk of
-        all its tokens (the engine's later saves too); the plan is made again for that when it is written."""
+        """The missing chunks out of the state (a whole state: one chunk of it all). A state StateLayout cannot
+        cut is not stored: its cells are not one per token (an image's 2-D positions, as Qwen2-VL's), which
+        would not restore either, or a layout it does not know."""
         if self.data is None or self.pieces is not None:
             return
         if self.plan.whole:
@@ -137,28 +137,21 @@ class PrefixSnapshot:
                 layout = StateLayout(self.data)
                 if layout.base != 0 or layout.cells != len(self.tokens):
                     raise ValueError(f"a state of {layout.cells} cells from {layout.base} for {len(self.tokens)} tokens")
+                self.pieces = {i: cut_state(self.data, layout, *self.plan.spans[i]) for i in self.plan.missing}
             except ValueError:
-                _uncut.add(engine)
-                return  # written whole (write())
-            self.pieces = {i: cut_state(self.data, layout, *self.plan.spans[i]) for i in self.plan.missing}
+                self.pieces = {}
         self.data = None
 
     def held_bytes(self) -> int:
         return len(self.data or b"") + sum(len(piece) for piece in (self.pieces or {}).values())
 
     def write(self, store: SessionStore, cap: int) -> Optional[SessionInfo]:
-        """Store the chunks (cut() first), touch those it passes through. Returns the chain it ends, or None."""
-        if self.pieces is None and self.data is None:
+        """Store the chunks (cut() first: the state itself is never written), touch those it passes through.
+        Returns the chain it ends, or None."""
+        if not self.pieces:  # every chunk stored already, or a state that cannot be cut
             store.touch_chunks(self.plan.path)
             return None
-        plan, pieces = self.plan, self.pieces
-        if pieces is None:  # a state not cut: one chunk of it all
-            plan = store.prefix_plan(plan.root, self.tokens, whole=True)
-            if not plan.missing:
-                store.touch_chunks(plan.path)
-                return None
-            pieces = {0: self.data}
-        return store.add_prefix_chunks(self.ident, plan, pieces, model_ref=self.model_ref, n_ctx=self.n_ctx, cap=cap)
+        return store.add_prefix_chunks(self.ident, self.plan, self.pieces, model_ref=self.model_ref, n_ctx=self.n_ctx, cap=cap)
 
 
 class Sessions:
