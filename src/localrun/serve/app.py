@@ -925,9 +925,11 @@ def build_app(service: Service, on_started=None):
         if on_started:  # only now: uvicorn handles Ctrl-C from here on, so "Ctrl-C stops" is true once printed
             on_started()
         yield
+        from ..runtime.sessions import wait_for_saves
         from .stream import finish_answers
 
-        await run_in_threadpool(finish_answers, 30.0)  # answers still writing their prefix cache entry
+        await run_in_threadpool(finish_answers, 30.0)  # answers still reading their prefix cache chunks off their slot
+        await run_in_threadpool(wait_for_saves, 30.0)  # and the chunks handed to the writer, on disk before the process goes
 
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
