@@ -439,7 +439,8 @@ class Chat:
     def print_stats(self) -> None:
         from . import render
 
-        render.stats(self.last.stats)
+        engine = getattr(getattr(self.conv, "loaded", None), "engine", None)  # in this process (the server sends its own)
+        render.stats(self.last.stats, getattr(engine, "n_threads", None))
         used = self.conv.context_used()
         err.print(f"[dim]{'context:':<24}[/dim]{used} of {self.conv.n_ctx} tokens used", highlight=False)
 

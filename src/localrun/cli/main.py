@@ -306,8 +306,11 @@ def run(
 
             attach_projector(loaded, mmproj, model)
         responses = generate(loaded, Request(sampling=loaded.sampling, **asked), on_notice=notice)
+        threads = loaded.engine.n_threads
+    else:
+        threads = None  # (the server sends its own beside the stats)
     render.stream_answer(responses, as_json=as_json, verbose=verbose, hide_thinking=hide_thinking,
-                         limit_unasked=options.get("max_tokens") is None)
+                         limit_unasked=options.get("max_tokens") is None, threads=threads)
 
 
 def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> list:
@@ -336,7 +339,7 @@ def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict, mm
     settings = _resident_settings(keep_alive, options)
     if settings is None:
         return None
-    request = {**asked, "sampling": settings.pop("sampling")}
+    request = {**asked, "sampling": settings.pop("sampling"), "tty": sys.stderr.isatty()}
     if any(m.get("images") for m in asked["messages"]):
         from ..runtime.conversation import stored
 
@@ -756,8 +759,11 @@ def _load(model: str, options: dict):
         from ..runtime.workers import leave_when_workers_lost
 
         leave_when_workers_lost()
-    return load(model, _load_spec(options, kind="run"), source=_source(options["source"]), on_notice=notice,
-                sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING})
+    loaded = load(model, _load_spec(options, kind="run"), source=_source(options["source"]), on_notice=notice,
+                  sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING})
+    if loaded.busy and sys.stderr.isatty():  # advice for a person at a terminal (engine.llama.busy_advice)
+        notice(loaded.busy)
+    return loaded
 
 
 def _load_spec(options: dict, parallel: int = 1, kind: str = "batch"):

@@ -36,13 +36,14 @@ def reader_gone() -> None:
     raise SystemExit(0)
 
 
-def stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False, limit_unasked: bool = False):
+def stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False, limit_unasked: bool = False,
+                  threads: Optional[int] = None):
     """Write the answer to stdout as it comes (flushed per token); return the last response. A reasoning
     model's thinking goes to stderr (dimmed on a terminal), or as `thinking` events with --json; none of it
     with `hide_thinking`. `limit_unasked`: the user gave no --max-tokens, so an answer cut at the default
     limit says so on stderr (Ollama and llama-cli generate until the end by default)."""
     try:
-        return _stream_answer(responses, as_json, verbose, hide_thinking, limit_unasked)
+        return _stream_answer(responses, as_json, verbose, hide_thinking, limit_unasked, threads)
     except BrokenPipeError:
         reader_gone()
 
@@ -73,7 +74,8 @@ class ThinkingWriter:
             self.open = False
 
 
-def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False, limit_unasked: bool = False):
+def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False, limit_unasked: bool = False,
+                   threads: Optional[int] = None):
     out = sys.stdout
     final = None
     wrote_any = False
@@ -133,12 +135,14 @@ def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_think
             out.write("\n")
         out.flush()
         if verbose:
-            stats(final.stats)
+            stats(final.stats, threads)
     return final
 
 
-def stats(s) -> None:
-    """Ollama-style timing lines on stderr."""
+def stats(s, threads: Optional[int] = None) -> None:
+    """Ollama-style timing lines on stderr, and the CPU threads that decoded the answer (`threads`, else what the
+    background server sent beside the stats)."""
+    threads = threads or getattr(s, "threads", None)
     rows = [
         ("load duration", f"{s.load_s * 1000:.1f} ms"),
         ("prompt eval count", f"{s.prompt_eval_tokens} token(s)" + (f" ({s.cached_tokens} cached)" if s.cached_tokens else "")),
@@ -150,6 +154,7 @@ def stats(s) -> None:
         ("time to first token", f"{s.ttft_s * 1000:.1f} ms"),
         ("time per output token", f"{s.tpot_s * 1000:.2f} ms"),
         ("finish reason", s.finish_reason),
+        *([("threads", f"{threads} (--threads)")] if threads else []),
     ]
     if s.thinking_tokens:
         rows.insert(5, ("thinking tokens", f"{s.thinking_tokens} of {s.generated_tokens}"))
@@ -200,11 +205,11 @@ def loaded_models(models: list[dict], as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    for col in ("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS BUSY", "UNTIL", "SIZE IS"):
+    for col in ("NAME", "SIZE", "PROCESSOR", "THREADS", "CONTEXT", "SLOTS BUSY", "UNTIL", "SIZE IS"):
         table.add_column(col)
     for m in models:
         until = "in use" if m["requests"] else until_text(m["expires_at"], m.get("keep_alive", 0))
-        table.add_row(m["name"], human_size(m["size"]), m["processor"], str(m["context_length"]),
+        table.add_row(m["name"], human_size(m["size"]), m["processor"], str(m.get("threads") or "-"), str(m["context_length"]),
                       f"{m['slots_busy']}/{m['slots']}", until, memory_parts(m.get("memory") or {}))
     _print_table(table)
 
@@ -343,6 +348,13 @@ def _doctor_label(key: str) -> str:
 
 def _doctor_value(key: str, value: Any) -> str:
     """A report value as doctor prints it: sizes in words, lists one after another, yes or no (--json keeps them)."""
+    if key == "threads" and isinstance(value, dict):
+        return (f"{value['default']} by default, a thread per physical core ({value['physical_cores']} cores, "
+                f"{value['logical_cpus']} logical CPUs here; --threads N)")
+    if key == "cpu_busy_elsewhere":
+        return "unknown (no /proc here)" if value is None else f"{value:.1f} cores used by other processes now"
+    if key == "cpu_advice":
+        return value or "none: the cores are free enough"
     if key.endswith("_bytes") and isinstance(value, (int, float)):
         return human_size(value)
     if isinstance(value, bool):

@@ -201,6 +201,7 @@ class Engine:
         self.info = read_info(self.path)  # refuses non-GGUF, truncated, unknown arch before llama.cpp sees it
         self.options = options
         self.gpu_notice: Optional[str] = None
+        self.n_threads = options.n_threads or default_threads()  # llama.cpp's CPU threads (_init_context sets them)
         self.template_override: Optional[str] = None  # a chat template given for the model (a Modelfile's TEMPLATE)
         t0 = time.perf_counter()
 
@@ -268,7 +269,7 @@ class Engine:
         cparams.n_ubatch = min(options.n_ubatch, options.n_batch)
         cparams.n_seq_max = options.n_seq_max
         cparams.n_outputs_max = self.max_outputs = max(options.n_outputs, options.n_seq_max) if options.n_outputs else options.n_batch
-        threads = options.n_threads or default_threads()
+        threads = self.n_threads = options.n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.type_k = _GGML_TYPES[options.kv_type]

@@ -132,6 +132,8 @@ def _responses(items: Iterator[dict]) -> Iterator:
 
     for item in items:
         stats = Stats(**item["stats"]) if item.get("stats") else None
+        if stats is not None and item.get("threads"):
+            stats.threads = item["threads"]  # the server's CPU threads, for --verbose (beside the stats on the wire)
         yield Response(text=item["text"], tokens=item["tokens"], finish_reason=item.get("finish_reason"),
                        stats=stats, error=item.get("error_text"), thinking=item.get("thinking", ""))
 

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from ..engine import DecodeOptions, Engine, LoadOptions, SamplingOptions, merge_options
 from ..engine.gguf_info import read_info
+from ..engine.llama import CpuLoad, busy_advice
 from ..engine.strategies import PLAIN, load_draft, make_strategy
 from ..errors import UsageError
 from .options import FALLBACK_CONTEXT, LoadSpec, has_sliding_window
@@ -28,6 +29,7 @@ class Loaded:
     messages: tuple = ()  # a conversation's first messages (a created model's MESSAGEs), after the system prompt
     brought: Any = None  # hub.ModelDefaults: what the model's name brought (two names of one file may differ)
     capped: Optional[str] = None  # the context asked for was past the trained length: what each request is told
+    busy: Optional[str] = None  # other processes took cores while it loaded: the advice (engine.llama.busy_advice)
 
     @property
     def ref(self) -> str:
@@ -71,14 +73,16 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     capped = capped_context(spec.ctx, brought, info, local.path.name if local.source == "path" else local.ref)
     if capped and on_notice:
         on_notice(capped)
+    machine = CpuLoad()
     engine = Engine(local.path, options)
+    busy = busy_advice(machine.busy(), engine.n_threads)
     engine.template_override = brought.template
     if engine.gpu_notice and on_notice:
         on_notice(engine.gpu_notice)
     strategy = PLAIN if embeddings else strategy_for(engine, decoding, ctx_limit=n_ctx, source=source)
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
                   system=brought.system, decoding=decoding, strategy=strategy, defaults=defaults, messages=brought.messages,
-                  brought=brought, capped=capped)
+                  brought=brought, capped=capped, busy=busy)
 
 
 CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx, num_ctx), not given unasked

@@ -230,6 +230,10 @@ class Resident:
         self.retiring = False  # being stopped or reloaded: no new requests, unloaded when the last one ends
         self.yielding = False  # a load waits for its room: no new requests (ModelPool._make_room unloads it)
         self.stamp: tuple[int, int] = (-1, -1)  # the file's size and mtime when loaded
+        from ..engine.llama import CpuLoad
+
+        self.machine = CpuLoad()  # how busy other processes keep the CPUs between its requests (runtime.resident)
+        self.told_busy = False  # a run at a terminal heard that the machine is busy (once, until it calms down)
         self.conversations: "OrderedDict[str, Any]" = OrderedDict()  # the chats kept on it (runtime.resident)
 
     def usable(self, stamp: tuple[int, int]) -> bool:
@@ -260,7 +264,7 @@ class Resident:
             "name": name, "model": name, "path": str(self.path), "size": self.estimate,
             "digest": file_digest(self.path, wait=False) or "", "details": model_details(self.engine.info),
             "size_vram": self.vram or int(self.estimate * on_gpu), "processor": _processor(on_gpu),
-            "context_length": self.slot_ctx, "slots": len(self.scheduler.slots),
+            "context_length": self.slot_ctx, "slots": len(self.scheduler.slots), "threads": getattr(self.engine, "n_threads", None),
             "slots_busy": len(self.scheduler.slots) - self.scheduler.idle_slots(), "requests": self.refs,
             "expires_at": expires, "keep_alive": None if self.keep_alive < 0 else self.keep_alive,
             "load": asdict(self.spec), "memory": dict(self.memory),
@@ -268,7 +272,7 @@ class Resident:
 
 
 _PER_CONTEXT = ("size", "size_vram", "processor", "context_length", "slots", "slots_busy", "requests", "expires_at",
-                "keep_alive", "load", "memory")
+                "keep_alive", "load", "memory", "threads")
 
 
 def _as_loaded(spec: LoadSpec) -> LoadSpec:

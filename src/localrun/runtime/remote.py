@@ -19,6 +19,7 @@ the server saves them for this chat, and refuses any other writer of them while 
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ class RemoteConversation(Messages):
         self._sending: list[dict] = []  # the images of the message being sent (a message of their own, for images_in)
         self.model, self.load_options, self.keep_alive, self.source = model, load, keep_alive, source
         self.on_notice = on_notice
+        self.tty = sys.stderr.isatty()  # advice for a person at a terminal (runtime.resident.busy_notice)
         self.claims = SessionClaims(on_wait=on_notice)
         self.messages: list[dict] = []
         info = self._one("info", sampling=sampling)["info"]
@@ -64,7 +66,7 @@ class RemoteConversation(Messages):
             from .conversation import stored
 
             messages = stored(messages)
-        request = {"op": op, "conversation": self.key, "messages": messages, **fields}
+        request = {"op": op, "conversation": self.key, "messages": messages, "tty": self.tty, **fields}
         if self.mmproj is not None:
             request["mmproj"] = self.mmproj
         return resident_stream("/api/converse", self.model, load=self.load_options, request=request,
@@ -150,6 +152,8 @@ class RemoteConversation(Messages):
         self._sending = []
         done = result["done"]
         stats = Stats(**done["stats"]) if done.get("stats") else None
+        if stats is not None and done.get("threads"):
+            stats.threads = done["threads"]  # the server's CPU threads, for the chat's stats
         return "".join(shown), Response(text="", tokens=[], finish_reason=done["finish_reason"], stats=stats,
                                         error=done.get("error_text"))
 

@@ -130,6 +130,7 @@ def doctor_report() -> dict[str, Any]:
         report.update(system_info())
     except ImportError as exc:
         report["llama_cpp_python"] = f"not importable ({exc}): run `make install`"
+    report.update(cpu_report())
     from importlib.metadata import PackageNotFoundError, version
 
     for package in ("huggingface_hub", "gguf"):
@@ -138,6 +139,23 @@ def doctor_report() -> dict[str, Any]:
         except PackageNotFoundError:
             report[package] = "missing"
     return report
+
+
+def cpu_report(window_s: float = 0.5) -> dict[str, Any]:
+    """The CPU threads llama.cpp takes by default (a thread per physical core this process may run on) and how
+    much of those cores other processes use now (over `window_s`), with the advice busy_advice gives."""
+    import time
+
+    from ..engine.llama import CpuLoad, busy_advice, cpu_counts, default_threads
+
+    cores, logical = cpu_counts()
+    machine = CpuLoad()
+    time.sleep(window_s)
+    others = machine.busy()
+    threads = default_threads()
+    return {"threads": {"default": threads, "physical_cores": cores, "logical_cpus": logical},
+            "cpu_busy_elsewhere": None if others is None else round(others, 2),
+            "cpu_advice": busy_advice(others, threads)}
 
 
 # -- what the Ollama dialect lists and shows ---------------------------------------------------------------

@@ -30,7 +30,8 @@ from .scheduler import ServerStopping, StepStats
 
 # The fields of a run request on the wire (localrun's own /api/run), besides model, load and keep_alive.
 RUN_FIELDS = ("messages", "raw", "system", "truncate", "session", "use_cache", "think")
-RUN_ONLY = ("mmproj", "sampling")  # also on the wire: run --mmproj (a path on this machine), the sampling flags given
+RUN_ONLY = ("mmproj", "sampling", "tty")  # also on the wire: run --mmproj (a path on this machine), the sampling flags given,
+# whether the client's stderr is a terminal (advice for a person: busy_notice)
 # What a chat client asks of its conversation (localrun's own /api/converse).
 CONVERSE_OPS = ("info", "send", "save", "load")
 CONVERSATIONS_KEPT = 8  # per model: the least recently used beyond that are rebuilt from their messages
@@ -69,9 +70,30 @@ def wire(response) -> dict[str, Any]:
     if response.done:
         out["finish_reason"] = response.finish_reason
         out["stats"] = asdict(response.stats) if response.stats is not None else None
+        if getattr(response.stats, "threads", None):  # what decoded it (--verbose says it): set by _settle
+            out["threads"] = response.stats.threads
         if response.error:
             out["error_text"] = response.error
     return out
+
+
+def busy_notice(resident, fresh: bool, tty: bool, notice: Callable[[str], None]) -> None:
+    """Once, to a person at a terminal, when other processes keep the CPUs busy enough that llama.cpp's threads
+    stall (engine.llama.busy_advice): measured while the model loaded (`fresh`), else since the last request.
+    Said again only after a request finds the machine calm."""
+    from ..engine.llama import busy_advice
+
+    if fresh:
+        advice = resident.loaded.busy
+        resident.machine.busy()  # the next window starts now
+    else:
+        others = resident.machine.busy()
+        advice = busy_advice(others, resident.engine.n_threads)
+        if others is not None and advice is None:
+            resident.told_busy = False
+    if advice and tty and not resident.told_busy:
+        resident.told_busy = True
+        notice(advice)
 
 
 def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callable[[str], None],
@@ -100,9 +122,10 @@ def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callabl
     request = Request(sampling=sampling, **fields)
     if loaded.capped:  # the --ctx this load was asked for is past the model's trained length: said to each run
         on_notice(loaded.capped)
+    busy_notice(resident, fresh, bool(payload.get("tty")), on_notice)
     for response in generate(loaded, request, on_notice=on_notice, cancelled=cancelled, place=scheduler):
         if response.done:
-            _settle(response, scheduler, cancelled, fresh)
+            _settle(response, scheduler, cancelled, fresh, loaded.engine.n_threads)
         yield response
 
 
@@ -134,9 +157,11 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             conv.replace(messages)
         sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
         if op == "info":
-            if loaded.capped and not conv.told_capped:  # once a chat (it asks for its info as it starts, and again)
-                conv.told_capped = True
-                put({"notice": loaded.capped})
+            if not conv.told:  # once a chat (it asks for its info as it starts, and again)
+                conv.told = True
+                if loaded.capped:
+                    put({"notice": loaded.capped})
+                busy_notice(resident, fresh, bool(payload.get("tty")), lambda m: put({"notice": m}))
             put({"info": {"name": loaded.name, "ref": loaded.ref, "path": str(conv.model_path), "n_ctx": conv.n_ctx,
                           "templated": conv.templated, "system": loaded.system, "messages": list(loaded.messages), "sampling": sampling.model_dump(mode="json")},
                  "kv_tokens": conv.kv_tokens, "context_used": conv.context_used()})
@@ -151,7 +176,7 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             save_as=payload.get("session") or None, on_save_failed=lambda m: put({"warning": m}),
             on_thinking=lambda t: put({"thinking": t}), images=images, abandoned=gone,
         )
-        _settle(final, scheduler, cancelled, fresh)
+        _settle(final, scheduler, cancelled, fresh, loaded.engine.n_threads)
         put_messages({"done": wire(final), "kv_tokens": conv.kv_tokens})
 
 
@@ -167,7 +192,7 @@ def _conversation(resident, key: str, make: Callable[[], Any]):
         if conv is None:
             conv = make()
             conv.busy = threading.Lock()
-            conv.told_capped = False  # the context it was asked for is past the trained length: said once
+            conv.told = False  # what its load says to a chat (a capped context, a busy machine): said as it starts
         kept[key] = conv
         while len(kept) > CONVERSATIONS_KEPT:
             kept.popitem(last=False)
@@ -197,10 +222,13 @@ def _turn(resident) -> Iterator[Exclusive]:
             runner.stats.running = 0
 
 
-def _settle(final, scheduler, cancelled: Callable[[], bool], fresh: bool) -> None:
+def _settle(final, scheduler, cancelled: Callable[[], bool], fresh: bool, threads: int) -> None:
     """An answer's last response as the client gets it: one the server's stop interrupted is an error
-    (not a short answer), and a model that was loaded already took no load time for it."""
+    (not a short answer), and a model that was loaded already took no load time for it; the CPU threads that
+    decoded it go with its stats (wire)."""
     if final.finish_reason == "shutdown" or (final.finish_reason == "interrupted" and scheduler.stopping and not cancelled()):
         raise ServerStopping(during=True)
-    if not fresh and final.stats is not None:
-        final.stats.load_s = 0.0
+    if final.stats is not None:
+        final.stats.threads = threads  # (not a Stats field: carried beside them on the wire, for --verbose)
+        if not fresh:
+            final.stats.load_s = 0.0
