@@ -208,8 +208,11 @@ def loaded_models(models: list[dict], as_json: bool) -> None:
     for col in ("NAME", "SIZE", "PROCESSOR", "THREADS", "CONTEXT", "SLOTS BUSY", "UNTIL", "SIZE IS"):
         table.add_column(col)
     for m in models:
-        until = "in use" if m["requests"] else until_text(m["expires_at"], m.get("keep_alive", 0))
-        table.add_row(m["name"], human_size(m["size"]), m["processor"], str(m.get("threads") or "-"), str(m["context_length"]),
+        if m.get("loading"):
+            until = f"loading {m['loading']['progress']:.0%} ({m['loading']['seconds']:.0f} s)"
+        else:
+            until = "in use" if m["requests"] else until_text(m["expires_at"], m.get("keep_alive", 0))
+        table.add_row(m["name"], human_size(m["size"]), m["processor"], str(m.get("threads") or "-"), str(m["context_length"] or "-"),
                       f"{m['slots_busy']}/{m['slots']}", until, memory_parts(m.get("memory") or {}))
     _print_table(table)
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Optional
 
 from ..lazy import submodule_first
 
+from contextvars import ContextVar
+
+# What hears a model's load progress (0..1, llama.cpp's progress callback), where the caller loading it set one:
+# the resident server's pool, so that `ps` shows a model loading (engine.model.Engine reads it).
+load_progress: ContextVar[Optional[Callable[[float], None]]] = ContextVar("load_progress", default=None)
 _llama = None  # the llama_cpp module, imported on first use
 _log_callback = None  # kept referenced: llama.cpp holds the pointer
 _log_sink: Optional[list] = None

@@ -14,7 +14,7 @@ from typing import Literal, Optional, Union
 from ..errors import ContextOverflow, EngineError, SettingError, UsageError
 from .footprint import mapped_regions, release_repacked_pages, repacked_spans, repacks_here, shard_headers
 from .kv import KVCache
-from .llama import deferred_interrupt, default_threads, llama_cpp_module, loaded
+from .llama import deferred_interrupt, default_threads, llama_cpp_module, load_progress, loaded
 from .options import KV_TYPES, check_context
 
 POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
@@ -227,8 +227,17 @@ class Engine:
         repack = repacks_here(bool(options.rpc))
         files = [p for p, _ in shard_headers(self.path)] if repack else []
         mapped_before = mapped_regions(files) if repack else set()
+        report = load_progress.get()  # (a server's pool: `ps` shows the load's progress)
         with deferred_interrupt() as interrupted:  # Ctrl-C here: freed below, KeyboardInterrupt on leaving
-            keep_going = ll.llama_progress_callback(lambda progress, user_data: not interrupted)  # False stops the load
+            def progress(fraction: float, user_data) -> bool:
+                if report is not None:
+                    try:
+                        report(fraction)
+                    except Exception:  # noqa: BLE001 - nothing may leave a llama.cpp callback
+                        pass
+                return not interrupted  # False stops the load
+
+            keep_going = ll.llama_progress_callback(progress)
             mparams.progress_callback = keep_going
             self.model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
             if self.model and not interrupted:

@@ -292,6 +292,39 @@ def _processor(on_gpu: float) -> str:
     return f"{100 - gpu}%/{gpu}% CPU/GPU"
 
 
+class Loading:
+    """A load under way: what `ps` lists while llama.cpp reads the model (it listed nothing for the seconds a
+    model of a gigabyte took, while the server grew by it)."""
+
+    def __init__(self, ref: str, path: Path, spec: LoadSpec, memory: dict[str, int], vram: int):
+        self.ref, self.path, self.spec, self.memory, self.vram = ref, path, spec, memory, vram
+        self.started = time.time()
+        self.progress = 0.0
+
+    def heard(self, fraction: float) -> None:
+        self.progress = fraction
+
+    def describe(self) -> dict[str, Any]:
+        """`ps`'s row for it: what its load will hold (the estimate), how far llama.cpp has read it."""
+        from ..engine.gguf_info import read_info
+        from ..engine.llama import default_threads
+        from .report import model_details
+
+        from .. import hub
+
+        name = hub.record_ref(self.ref) or self.path.name  # as it is listed once loaded (a file: by its name)
+        size = self.memory.get("total_bytes", 0)
+        on_gpu = self.vram / size if size else 0.0
+        return {
+            "name": name, "model": name, "path": str(self.path), "size": size, "digest": "",
+            "details": model_details(read_info(self.path)), "size_vram": self.vram, "processor": _processor(on_gpu),
+            "context_length": None, "slots": self.spec.parallel, "slots_busy": 0, "requests": 1, "expires_at": None,
+            "keep_alive": None, "load": asdict(self.spec), "memory": dict(self.memory),
+            "threads": self.spec.threads or default_threads(),
+            "loading": {"progress": round(self.progress, 3), "seconds": round(time.time() - self.started, 1)},
+        }
+
+
 class ModelPool:
     """The models a server holds. `acquire(ref, spec)` → a Resident with a reference taken; `release`
     gives it back with the request's keep-alive."""
@@ -320,6 +353,7 @@ class ModelPool:
         self.room_wait = room_wait
         self.stopping = False  # request_stop: no load waits for room any more
         self.residents: list[Resident] = []
+        self.loads: list[Loading] = []  # the load under way (ps lists it, with its progress)
         self.lock = threading.Condition()
         self.loading = threading.Lock()  # one load at a time: two loads would each count the same free RAM
         self.closed = False
@@ -329,19 +363,21 @@ class ModelPool:
     # -- requests ---------------------------------------------------------------------------------
 
     def acquire(self, ref: str, spec: LoadSpec, *, pinned: bool = False,
-                cancelled: Optional[Callable[[], bool]] = None) -> tuple[Resident, bool]:
+                cancelled: Optional[Callable[[], bool]] = None) -> tuple[Resident, float]:
         """The resident model for `ref` with these load options, loading (and evicting) as needed, with a
-        reference taken; and whether this call loaded it. Blocks for a load. Raises ModelNotFound,
-        ModelTooBig, PoolBusy, LoadCancelled (`cancelled()` turned true while it waited for room) or the load's
-        own error; a failure touches no other model."""
+        reference taken; and the seconds this call spent loading it or waiting for a load (0.0: it was loaded
+        already; a request that waited for another's load of its model says so, as Ollama's load_duration
+        does). Blocks for a load. Raises ModelNotFound, ModelTooBig, PoolBusy, LoadCancelled (`cancelled()`
+        turned true while it waited for room) or the load's own error; a failure touches no other model."""
         spec = _as_loaded(spec)
         resident = self._find(ref, spec)
         if resident is not None:
-            return resident, False
+            return resident, 0.0
+        started = time.monotonic()
         with self.loading:
             resident = self._find(ref, spec)  # loaded by a request that held the lock before us
             if resident is not None:
-                return resident, False
+                return resident, max(1e-6, time.monotonic() - started)
             path = self._path(ref)
             stamp = _stamp(path)
             brought = _brought(ref)
@@ -368,7 +404,8 @@ class ModelPool:
                                 listed = _registered_name(ref)
                                 if listed.casefold() not in {n.casefold() for n in resident.listed}:
                                     resident.listed.append(listed)
-                            return self._hold(resident), False
+                            waited = time.monotonic() - started
+                            return self._hold(resident), waited if waited > 0.05 else 0.0
                     # Same file, other load-time options (or changed on disk): reload it, as Ollama does, once
                     # its requests are done; new ones no longer go to it meanwhile.
                     deadline = time.monotonic() + RELOAD_WAIT_S
@@ -392,22 +429,38 @@ class ModelPool:
             finally:
                 for resident in closing:
                     _close(resident)
-            loaded = self.load_model(ref, spec)
-            try:
-                slot_ctx = loaded.engine.n_ctx // spec.kv_streams(loaded.engine.info)  # a slot's stream, or the pool they share
-                scheduler = self.make_scheduler(loaded, slot_ctx, spec)
-            except BaseException:
-                loaded.close()
-                raise
-            resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned, vram=vram,
-                                memory=memory)
-            resident.stamp = stamp
-            resident.names |= carried | {ref.casefold()}
+            loading = Loading(ref, path, spec, memory, vram)
             with self.lock:
-                resident.refs = 1
-                self.residents.append(resident)
-                self.lock.notify_all()
-            return resident, True
+                self.loads.append(loading)
+            from ..engine.llama import load_progress
+
+            try:
+                heard = load_progress.set(loading.heard)  # llama.cpp's progress, for ps (engine.model.Engine)
+                try:
+                    loaded = self.load_model(ref, spec)
+                finally:
+                    load_progress.reset(heard)
+                try:
+                    slot_ctx = loaded.engine.n_ctx // spec.kv_streams(loaded.engine.info)  # a slot's stream, or the pool they share
+                    scheduler = self.make_scheduler(loaded, slot_ctx, spec)
+                except BaseException:
+                    loaded.close()
+                    raise
+                resident = Resident(loaded, scheduler, spec, path=path, estimate=estimate, slot_ctx=slot_ctx, pinned=pinned,
+                                    vram=vram, memory=memory)
+                resident.stamp = stamp
+                resident.names |= carried | {ref.casefold()}
+                with self.lock:
+                    resident.refs = 1
+                    self.residents.append(resident)
+                    self.loads.remove(loading)  # (in one step: ps sees it loading or loaded)
+                    self.lock.notify_all()
+                return resident, max(1e-6, time.monotonic() - started)
+            except BaseException:
+                with self.lock:
+                    if loading in self.loads:
+                        self.loads.remove(loading)
+                raise
 
     def release(self, resident: Resident, keep_alive: Optional[float] = None) -> None:
         """The request is done with `resident`; it stays `keep_alive` seconds after its last request (the
@@ -494,7 +547,8 @@ class ModelPool:
         for embeddings (or for run) holds a llama.cpp context for each: its size, slots and requests are
         their sums, the rest (context_length, processor, load) is the most recently used generating context's
         (an embeddings context's only where it has no other: Open WebUI reads a chat model's context length
-        here), and `contexts` lists each."""
+        here), and `contexts` lists each. A model being loaded comes last, with `loading` (how far llama.cpp has
+        read it, and for how long)."""
         with self.lock:
             residents = sorted(self.residents, key=lambda r: -r.last_used)
             order: dict[str, int] = {}  # each model at its most recent use
@@ -504,6 +558,7 @@ class ModelPool:
             # listed by several names, a row each)
             rows = [(r.describe(name), model_key(r, name)) for r in sorted(residents, key=lambda r: (order[model_key(r)], r.spec.kind == "embed"))
                     for name in r.listed]
+            rows += [(loading.describe(), f"loading:{loading.path}") for loading in self.loads]
         models: dict[str, dict[str, Any]] = {}
         for row, key in rows:
             context = {"kind": row["load"]["kind"], **{k: row[k] for k in _PER_CONTEXT}}

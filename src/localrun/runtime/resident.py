@@ -96,11 +96,12 @@ def busy_notice(resident, fresh: bool, tty: bool, notice: Callable[[str], None])
         notice(advice)
 
 
-def answer(resident, payload: dict[str, Any], *, fresh: bool, on_notice: Callable[[str], None],
+def answer(resident, payload: dict[str, Any], *, fresh: float, on_notice: Callable[[str], None],
            cancelled: Callable[[], bool]) -> Iterator:
     """Answer a run request on `resident` (a model the pool loaded for run and chat, with its slots), as a
     run in-process would: with --no-cache from an empty slot, as a freshly loaded model starts.
-    `fresh`: loaded for this request (its load time is reported; otherwise 0: it was already loaded)."""
+    `fresh`: the seconds this request spent loading it or waiting for its load (pool.acquire; reported as its
+    load duration; 0: it was already loaded)."""
     from ..engine import merge_options
     from .generate import generate
     from .request import Request
@@ -222,7 +223,7 @@ def _turn(resident) -> Iterator[Exclusive]:
             runner.stats.running = 0
 
 
-def _settle(final, scheduler, cancelled: Callable[[], bool], fresh: bool, threads: int) -> None:
+def _settle(final, scheduler, cancelled: Callable[[], bool], fresh: float, threads: int) -> None:
     """An answer's last response as the client gets it: one the server's stop interrupted is an error
     (not a short answer), and a model that was loaded already took no load time for it; the CPU threads that
     decoded it go with its stats (wire)."""
@@ -232,3 +233,5 @@ def _settle(final, scheduler, cancelled: Callable[[], bool], fresh: bool, thread
         final.stats.threads = threads  # (not a Stats field: carried beside them on the wire, for --verbose)
         if not fresh:
             final.stats.load_s = 0.0
+        elif fresh is not True:  # the seconds its request spent loading the model or waiting for its load
+            final.stats.load_s = float(fresh)
