@@ -16,8 +16,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Optional
 
-from .openai import ApiError, ChatBody, validation_error
-from .stream import Event, function_tools, need, sse
+from .errors import ApiError
+from .openai import ChatBody, validation_error
+from .stream import Event, function_tools, need
+from .wire import sse
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                413: "request_too_large", 429: "rate_limit_error", 499: "invalid_request_error", 503: "overloaded_error"}
@@ -36,6 +38,10 @@ def error_body(exc: ApiError) -> dict:
     if exc.code == THREAD_NOT_FOUND:  # what Anthropic's SDKs read to replay the whole conversation (error.details)
         error["details"] = {"error_code": exc.code}
     return {"type": "error", "error": error}
+
+
+def error_answer(exc: ApiError, model: Optional[str] = None) -> tuple[int, dict]:
+    return exc.status, error_body(exc)
 
 
 def _server_block(kind: str) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..runtime.create import Modelfile, parse_modelfile
-from .openai import ApiError
+from .errors import ApiError
 
 _CREATE_FIELDS = {"model", "name", "from", "modelfile", "parameters", "system", "template", "messages", "license", "stream",
                   "files", "adapters", "quantize", "quantization", "path"}

@@ -24,7 +24,8 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from ..runtime.options import OLLAMA_IGNORED, OLLAMA_LOAD
-from .openai import ApiError, ChatBody, CompletionBody, validation_error
+from .errors import ApiError
+from .openai import ChatBody, CompletionBody, validation_error
 
 # Ollama's option names (api.Options and api.Runner) -> localrun's request fields ("load" ones go to `options`,
 # the load-time options the OpenAI dialect takes as Ollama does).
@@ -71,6 +72,16 @@ def listed_name(name: str) -> str:
 
 def error(status: int, message: str) -> ApiError:
     return ApiError(status, message)
+
+
+def error_answer(exc: ApiError, model: Optional[str] = None) -> tuple[int, dict]:
+    """Ollama's error shape, {"error": "..."}, in its words where its clients know them."""
+    message, status = exc.message, exc.status
+    if exc.code == "model_not_found" and model:  # Ollama's wording, which its clients and users know
+        message = f'model "{model}" not found, try pulling it first ({exc.message})'
+    if exc.code == "queue_full":  # Ollama's answer when its queue is full: a 503, in its words
+        message, status = f"server busy, please try again. maximum pending requests exceeded ({exc.message})", 503
+    return status, {"error": message}
 
 
 def ignored(endpoint: str, what: str) -> None:

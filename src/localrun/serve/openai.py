@@ -18,8 +18,10 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Str
 
 from ..errors import ContextOverflow, LocalrunError, SettingError, UsageError
 from ..runtime import OptionError, Request, Response, SamplingOptions, Stats, merge_options
-from ..runtime.request import prompt_for
+from ..runtime.facts import facts_of
 from ..runtime.options import DRAFT_MAX, KV_TYPES, OLLAMA_IGNORED, OLLAMA_LOAD
+from .errors import ApiError
+from .wire import BadJson, parse_json
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -356,17 +358,6 @@ def embeddings_answer(model_id: str, result, encoding_format: str) -> dict:
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None,
-                 type_: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
-        self.sizes: Optional[tuple[int, int]] = None  # a context overflow's (prompt tokens, context tokens)
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
 def _written(error: dict, data: Any) -> list[bool]:
     """For each part of pydantic's error location, whether the client wrote it: a key or an index into the
     body, or the required field it left out. The rest are the names pydantic gives a union's branches
@@ -408,8 +399,6 @@ def validation_error(exc: ValidationError, data: Any, name_of: Callable[[str], s
 
 
 def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
-    from .limits import BadJson, parse_json
-
     try:
         data = parse_json(raw)
     except BadJson as exc:
@@ -471,7 +460,7 @@ def request_for(resident, body: Union[CompletionBody, ChatBody]) -> tuple[Reques
     feature = _unsupported(body)
     if feature is not None:
         raise ApiError(400, f"{feature!r} is not supported by localrun serve: leave it out", param=feature)
-    engine = resident.engine
+    engine = facts_of(resident)
     chat = isinstance(body, ChatBody)
     request, tooling = _request(engine, body)
     request.drop_oldest = chat and body._drop_oldest
@@ -559,7 +548,7 @@ def _request(engine, body: Union[CompletionBody, ChatBody]) -> tuple[Request, Op
             raise ApiError(400, "suffix needs the prompt as text (the code before the cursor)", param="suffix")
         tokens = engine.infill_tokens(prompt, body.suffix)
         if tokens is None:
-            raise ApiError(400, f"{engine.path.name} has no fill-in-the-middle tokens, so it cannot fill in between a prompt and"
+            raise ApiError(400, f"{engine.file_name} has no fill-in-the-middle tokens, so it cannot fill in between a prompt and"
                                 " a suffix: use a code model that has them (Qwen2.5-Coder, CodeLlama, StarCoder, ...)", param="suffix")
         return Request(tokens=tokens), tooling
     if not prompt:
@@ -594,11 +583,9 @@ def _with_images(body: ChatBody) -> list[dict]:
 def prompt_tokens(resident, body: ChatBody) -> int:
     """How many tokens the prompt of `body` is for this model, whether it fits a slot or not (with the
     model's default system prompt where the body has none, as it is answered)."""
-    from ..runtime.request import with_system
-
-    request, _ = _request(resident.engine, body)
-    request.messages = with_system(request, resident.loaded.system)
-    return len(prompt_for(resident.engine, request, n_ctx=1 << 30).tokens)
+    facts = facts_of(resident)
+    request, _ = _request(facts, body)
+    return facts.prompt_length(request)
 
 
 MAX_TOP_LOGPROBS = 20
@@ -688,15 +675,15 @@ def tool_mode(engine, body: "ChatBody") -> Optional[ToolMode]:
     # V3.1 and R1's: the client describes them in its system prompt), as llama.cpp reads them.
     if not supports_tools(template) and family_for(template).calls is None:
         if body._tools_need_support:
-            raise ApiError(400, f"{body.model or engine.path.name} does not support tools (its chat template has none): leave"
+            raise ApiError(400, f"{body.model or engine.file_name} does not support tools (its chat template has none): leave"
                                 " tools out, or use a model that has them (/api/show lists \"tools\" in its capabilities)", param="tools")
         if choice == "auto":
-            if id(engine) not in _warned_templates:
-                _warned_templates.add(id(engine))
-                print(f"notice: {engine.path.name}'s chat template has no tool support: requests with tools are answered as text",
+            if (engine.path, template) not in _warned_templates:
+                _warned_templates.add((engine.path, template))
+                print(f"notice: {engine.file_name}'s chat template has no tool support: requests with tools are answered as text",
                       file=sys.stderr, flush=True)
             return None
-        raise ApiError(400, f"{engine.path.name}'s chat template cannot render tools, so a tool call cannot be required of it"
+        raise ApiError(400, f"{engine.file_name}'s chat template cannot render tools, so a tool call cannot be required of it"
                        " (use tool_choice auto, or a model whose template has tools)", param="tool_choice")
     parallel = body.parallel_tool_calls is not False
     tools = [t.model_dump(exclude_none=True) for t in offered]
@@ -960,3 +947,8 @@ async def sse(events, rid: str, chat: bool, include_usage: bool, model_id: str, 
 
 def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def error_answer(exc: ApiError, model: Optional[str] = None) -> tuple[int, dict]:
+    """OpenAI's error shape: {"error": {message, type, param, code}}."""
+    return exc.status, exc.body()

@@ -22,7 +22,9 @@ from typing import Any, Optional
 
 from ..errors import LocalrunError, UsageError
 from ..runtime import Response
-from .openai import FINISH_REASONS, PING_S, ApiError
+from ..runtime.facts import facts_of
+from .errors import ApiError
+from .openai import FINISH_REASONS, PING_S
 
 FAILURES = {"error": 500, "shutdown": 503}  # how an answer that did not finish ends; otherwise 499 (cancelled)
 
@@ -104,7 +106,7 @@ class Answer:
             return None
         from ..runtime import AnswerStream, parser_for
 
-        template = self.resident.engine.chat_template
+        template = facts_of(self.resident).chat_template
         if template is None:
             return None
         return AnswerStream(parser_for(template, reasoning=request.reasoning))
@@ -323,14 +325,6 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
         if response.done:
             yield Event("done", final=response)
             return
-
-
-def sse(name: Optional[str], data: dict) -> str:
-    """One server-sent event (`event: NAME` where the dialect names its events)."""
-    import json
-
-    head = f"event: {name}\n" if name else ""
-    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 # -- what the translators (anthropic.py, responses.py) share --------------------------------------------

@@ -1,14 +1,18 @@
-"""What the HTTP layer refuses before any route sees a request, for every route alike: a body over the cap
-(413, answered at once from Content-Length, or as soon as a chunked body passes it), and a connection that
-has not sent its request's headers in time (a slow-loris client: closed). JSON bodies that are not JSON
-(NaN, a lone surrogate) are refused where they are parsed (parse_json)."""
+"""What the HTTP layer refuses before any route sees a request, for every route alike: a request without the API
+key (401), a body over the cap (413, answered at once from Content-Length, or as soon as a chunked body passes it),
+and a connection that has not sent its request's headers in time (a slow-loris client: closed). Each refusal is in
+the shape of the dialect its path belongs to. JSON bodies that are not JSON (NaN, a lone surrogate) are refused
+where they are parsed (serve.wire.parse_json)."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
-import re
-from typing import Any, Optional
+from typing import Optional
+
+from . import anthropic
+from .errors import ApiError
 
 DEFAULT_MAX_BODY = 32 << 20  # 32 MiB: a long conversation with a few images in base64 fits; LOCALRUN_MAX_BODY (MiB) changes it
 HEADER_TIMEOUT_S = 10.0  # a request's headers must be whole this long after the connection (or the last answer)
@@ -41,17 +45,14 @@ def speaks_anthropic(path: str, headers) -> bool:
         (k.lower() if isinstance(k, str) else k.lower().decode("latin-1")) == "anthropic-version" for k in headers.keys())
 
 
-def error_body(path: str, status: int, message: str, kind: str, *, code: Optional[str] = None, anthropic: bool = False) -> bytes:
+def error_body(path: str, status: int, message: str, kind: str, *, code: Optional[str] = None, claude: bool = False) -> bytes:
     """An error in the shape of the dialect the path belongs to: Ollama's under /api, Anthropic's under
-    /v1/messages or for Anthropic's clients (`anthropic`; its error type by the status, as its translator
+    /v1/messages or for Anthropic's clients (`claude`; its error type by the status, as its translator
     words every error), OpenAI's elsewhere."""
-    from .anthropic import error_body as anthropic_body
-    from .openai import ApiError
-
     if path.startswith("/api/"):
         return json.dumps({"error": message}).encode()
     error = ApiError(status, message, type_=kind, code=code)
-    return json.dumps(anthropic_body(error) if anthropic or path.startswith("/v1/messages") else error.body()).encode()
+    return json.dumps(anthropic.error_body(error) if claude or path.startswith("/v1/messages") else error.body()).encode()
 
 
 def limit_body(app, max_bytes: int):
@@ -67,7 +68,7 @@ def limit_body(app, max_bytes: int):
         async def refuse():
             await send({"type": "http.response.start", "status": 413,
                         "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
-            body = error_body(scope["path"], 413, message, "request_too_large", anthropic=speaks_anthropic(scope["path"], dict(scope["headers"])))
+            body = error_body(scope["path"], 413, message, "request_too_large", claude=speaks_anthropic(scope["path"], dict(scope["headers"])))
             await send({"type": "http.response.body", "body": body})
 
         length = dict(scope["headers"]).get(b"content-length")
@@ -146,28 +147,33 @@ def header_timeout(protocol_class: type, seconds: Optional[float] = None) -> typ
     return WithHeaderTimeout
 
 
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+def given_key(headers: dict) -> bytes:
+    """The API key a request carries: `Authorization: Bearer KEY` (the scheme in any case, as RFC 9110 has
+    it), or Anthropic's `x-api-key: KEY`."""
+    scheme, _, token = headers.get(b"authorization", b"").strip().partition(b" ")
+    if scheme.lower() == b"bearer" and token.strip():
+        return token.strip()
+    return headers.get(b"x-api-key", b"").strip()
 
 
-class BadJson(ValueError):
-    pass
+def require_key(app, key: str):
+    """ASGI wrapper: every path but /health needs the key, as `Authorization: Bearer KEY` or Anthropic's
+    `x-api-key: KEY` (compared in constant time); a 401 in the shape of the dialect the path is under."""
+    expected = key.encode()
 
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            headers = dict(scope["headers"])
+            if not hmac.compare_digest(given_key(headers), expected):
+                path = scope["path"]
+                claude = speaks_anthropic(path, headers)
+                how = "'x-api-key: KEY'" if claude else "'Authorization: Bearer KEY'"
+                body = error_body(path, 401, f"missing or wrong API key: send {how}", "invalid_request_error",
+                                  code="invalid_api_key", claude=claude)
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
 
-def parse_json(raw: bytes) -> Any:
-    """A request body's JSON: strict JSON (NaN and Infinity are not), and no lone UTF-16 surrogate in any
-    string (it cannot be written back as UTF-8, to a log, a tokenizer or an answer). BadJson names why."""
-    def constant(name: str):
-        raise BadJson(f"{name} is not a JSON value: send a number")
-
-    try:
-        data = json.loads(raw, parse_constant=constant)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadJson(str(exc)) from None
-    except RecursionError:
-        raise BadJson("nested too deeply") from None
-    if _SURROGATE.search(raw):
-        try:
-            json.dumps(data, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadJson("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff not in a pair): send valid Unicode") from None
-    return data
+    return guarded
