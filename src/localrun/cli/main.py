@@ -133,7 +133,7 @@ def quantize(
     quant: Annotated[str, typer.Argument(help="Q4_0, Q4_1, Q4_K_M, Q5_K_M, Q6_K, Q8_0, F16, BF16 (also Q2_K ... Q6_K, Q5_0, Q5_1, F32)")],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="where to write it (default: $LOCALRUN_HOME/quantized/NAME/)")] = None,
     allow_requantize: Annotated[bool, typer.Option("--allow-requantize", help="quantize a model that is already quantized (worse than from its F16/BF16 original)")] = False,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: one per physical core this process may run on)")] = None,
     source: SourceOpt = "auto",
 ) -> None:
     """Write a model in another quant with llama.cpp's quantizer; it is then listed and run as NAME:QUANT."""
@@ -246,7 +246,7 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout"
 def worker(
     host: Annotated[str, typer.Option("--host", help="address to listen on (loopback by default; the protocol has no authentication)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="port to listen on")] = 50052,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: one per physical core this process may run on)")] = None,
     device: Annotated[Optional[list[str]], typer.Option("--device", help="a device to expose (repeat for more; default: the GPUs, else the CPU)")] = None,
     cache: Annotated[Optional[Path], typer.Option("--cache", help="llama.cpp's tensor cache (default: $LOCALRUN_HOME/rpc-cache)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="no tensor cache: clients send every weight each time")] = False,

@@ -32,7 +32,7 @@ CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="context wind
 GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", "-ngl", help="layers to offload to the GPU: N, auto (all, on a GPU build) or 0", rich_help_panel=_M)]
 FlashAttnOpt = Annotated[Optional[bool], typer.Option("--flash-attn/--no-flash-attn", help="default: llama.cpp decides", rich_help_panel=_M)]
 KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache type: f16, q8_0 or q4_0", rich_help_panel=_M)]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all available)", rich_help_panel=_M)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: one per physical core this process may run on)", rich_help_panel=_M)]
 BatchOpt = Annotated[int, typer.Option("--batch", help="prompt tokens per decode call", rich_help_panel=_M)]
 RpcOpt = Annotated[Optional[str], typer.Option(
     "--rpc", envvar="LOCALRUN_RPC", rich_help_panel=_M,
