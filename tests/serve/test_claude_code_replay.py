@@ -33,12 +33,12 @@ PING_S = 1.0
 def rendered(number: int) -> str:
     """The prompt of a recorded turn as the server renders it (the Anthropic translator, then the template)."""
     from localrun.engine.prompt import render_template
-    from localrun.serve.anthropic import chat_body
-    from localrun.serve.openai import _with_images
+    from localrun.serve.dialects.anthropic import asked_of
+    from localrun.serve.prepare import message_for_template
 
-    body = chat_body(RECORDED[number - 1]["body"])
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    return render_template(TEMPLATE, _with_images(body), tools=tools)
+    asked = asked_of(RECORDED[number - 1]["body"])
+    tools = [t.for_template() for t in asked.tools] or None
+    return render_template(TEMPLATE, [message_for_template(m) for m in asked.messages], tools=tools)
 
 
 @pytest.mark.parametrize("turn, earlier", sorted(CONTINUES.items()))

@@ -16,7 +16,9 @@ from starlette.routing import Route
 from ..runtime.sessions import Sessions, wait_for_saves
 from . import access
 from .endpoint import receiving
-from .guards import error_body, limit_body, require_key, speaks_anthropic
+from .dialects import error_bytes
+from .errors import Fault
+from .guards import limit_body, require_key
 from .routes import anthropic, native, ollama, ops, openai, responses
 from .service import Service
 from .stream import finish_answers
@@ -42,8 +44,7 @@ def build_app(service: Service, on_started=None):
 async def _no_route(request: Request, exc):
     """404 for an unknown path and 405 for a wrong method, in the shape of the dialect the path is under."""
     what = "no such endpoint" if exc.status_code == 404 else f"{request.method} is not allowed here"
-    body = error_body(request.url.path, exc.status_code, f"{what}: {request.url.path}", "invalid_request_error",
-                      claude=speaks_anthropic(request.url.path, request.headers))
+    body = error_bytes(request.url.path, request.headers, Fault(exc.status_code, f"{what}: {request.url.path}"))
     return HttpResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None), media_type="application/json")
 
 

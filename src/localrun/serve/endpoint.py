@@ -1,8 +1,9 @@
 """The steps every route takes, written once: `endpoint` makes a handler a route (its refusals shaped by its
-dialect, every answer counted for /metrics); `read_json` reads a body (parsed off the event loop when it is big);
-`holding` takes a model for a request and gives it back however the request ends; `answering` starts the answer on
-it (the request path `run` and `chat` take: serve.stream.Answer), which then owns the model until it ends; an answer
-comes back `whole` or `streamed`, and a client that goes away stops it either way."""
+dialect through the one error table, every answer counted for /metrics); `read_json` reads a body (parsed off the
+event loop when it is big); `holding` takes the model a request names and gives it back however the request ends;
+`answering` starts the answer on it (serve.prepare makes the request the runtime's; serve.stream.Answer answers it on
+the request path `run` and `chat` take), which then owns the model until it ends; an answer comes back `whole` or
+`streamed`, and a client that goes away stops it either way."""
 
 from __future__ import annotations
 
@@ -22,21 +23,20 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response as HttpResponse, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import ContextOverflow, LocalrunError, UnknownModel
+from ..errors import ContextOverflow, LocalrunError
 from ..runtime import Response
 from ..runtime.facts import ModelFacts, facts_of
 from ..runtime.pool import Resident, parse_keep_alive
 from ..runtime.resident import embed_on
-from . import access, native, openai
-from .errors import ApiError
+from . import access
+from .asked import Asked
+from .errors import STOPPING, EmbedFailed, LoadFailed, LoadRefused, PromptFailed, Refused, TooLong, is_refusal
+from .prepare import prepared
 from .service import Service
 from .stream import Answer, answer_events
 from .wire import BadJson, parse_json
 
 BIG_BODY = 1 << 20  # bodies over this are parsed (and their prompts made) on a worker thread
-
-# How a dialect shapes a refusal: (the error, the model the request named) -> (HTTP status, JSON body).
-Shape = Callable[[ApiError, Optional[str]], "tuple[int, dict]"]
 
 
 def service_of(request: Request) -> Service:
@@ -46,10 +46,10 @@ def service_of(request: Request) -> Service:
 # -- the route --------------------------------------------------------------------------------------
 
 
-def endpoint(path: str, shape: Shape, methods: tuple[str, ...] = ("POST",)) -> Callable[[Callable], Route]:
-    """A handler as the route for `path`: an ApiError it raises answers in its dialect's shape (`shape`), and every
-    answer is counted for /metrics under `path` (a stream counts itself as it ends: `streamed`), its parameters
-    written {id}."""
+def endpoint(path: str, dialect, methods: tuple[str, ...] = ("POST",)) -> Callable[[Callable], Route]:
+    """A handler as the route for `path`: a refusal it raises (serve.errors) answers in its dialect's shape
+    (`dialect.error_answer`), and every answer is counted for /metrics under `path` (a stream counts itself as it
+    ends: `streamed`), its parameters written {id}."""
     label = re.sub(r"\{[^}]*\}", "{id}", path)
 
     def wrap(handler: Callable[[Request], Awaitable[HttpResponse]]) -> Route:
@@ -57,8 +57,10 @@ def endpoint(path: str, shape: Shape, methods: tuple[str, ...] = ("POST",)) -> C
             request.state.endpoint = label
             try:
                 response = await handler(request)
-            except ApiError as exc:
-                response = refused(exc, shape, getattr(request.state, "model", None))
+            except Exception as exc:
+                if not is_refusal(exc):
+                    raise  # a fault of the server's own: a traceback in the log, a 500
+                response = refused(exc, dialect, getattr(request.state, "model", None))
             if not getattr(response, "counts_itself", False):
                 count(request, response.status_code)
             return response
@@ -68,8 +70,9 @@ def endpoint(path: str, shape: Shape, methods: tuple[str, ...] = ("POST",)) -> C
     return wrap
 
 
-def refused(exc: ApiError, shape: Shape, model: Optional[str] = None) -> JSONResponse:
-    status, body = shape(exc, model)
+def refused(exc: BaseException, dialect, model: Optional[str] = None) -> JSONResponse:
+    """A refusal as `dialect` answers it; `model`: the model the request named."""
+    status, body = dialect.error_answer(exc, model)
     headers = {"Retry-After": "1"} if status in (429, 503) else None  # as every dialect's busy answer
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -91,7 +94,7 @@ async def read_body(request: Request) -> bytes:
     try:
         return await request.body()
     except ClientDisconnect:  # it went away while sending: nobody reads an answer
-        raise ApiError(499, "the client went away before its request was read") from None
+        raise Refused("the client went away before its request was read", status=499) from None
 
 
 async def off_loop_if_big(size: int, fn, *args):
@@ -106,7 +109,7 @@ async def read_json(request: Request, *, malformed: str = "malformed JSON body",
     try:
         return await off_loop_if_big(len(raw), parse_json, raw)
     except BadJson as exc:
-        raise ApiError(400, f"{malformed}: {exc}") from None
+        raise Refused(f"{malformed}: {exc}") from None
 
 
 # -- holding a model --------------------------------------------------------------------------------
@@ -124,11 +127,11 @@ class Held:
 
 
 @contextlib.asynccontextmanager
-async def holding(request: Request, body, kind: str = "batch") -> AsyncIterator[Held]:
-    """The model the body names (the server's own when it names none), loaded as `kind`, with a reference taken
-    and given back on leaving, unless an answer took it over (`answering`)."""
+async def holding(request: Request, asked: Asked, kind: str = "batch") -> AsyncIterator[Held]:
+    """The model the request names (the server's own when it names none), loaded as `kind` with the request's load
+    options, a reference taken and given back on leaving, unless an answer took it over (`answering`)."""
     service = service_of(request)
-    held = await _take(service, body, kind)
+    held = await _take(service, asked, kind)
     try:
         yield held
     finally:
@@ -136,19 +139,16 @@ async def holding(request: Request, body, kind: str = "batch") -> AsyncIterator[
             service.pool.release(held.resident, held.keep_alive)
 
 
-async def _take(service: Service, body, kind: str) -> Held:
-    ref = _model_ref(service, body)
+async def _take(service: Service, asked: Asked, kind: str) -> Held:
+    ref, spec = _model_ref(service, asked), _load_spec(service, asked, kind)
     keep_alive = None
-    if body.keep_alive is not None:
+    if asked.keep_alive is not None:
         try:
-            keep_alive = parse_keep_alive(body.keep_alive)
+            keep_alive = parse_keep_alive(asked.keep_alive)
         except LocalrunError as exc:
-            raise ApiError(400, exc.message, param="keep_alive") from None
-    spec = openai.load_spec(service.options.spec, body.options)
-    if kind != spec.kind:
-        spec = replace(spec, kind=kind, parallel=1)
+            raise Refused(exc.message, "keep_alive") from None
     if service.stopping:
-        raise ApiError(503, "the server is shutting down: retry later", type_="server_error")
+        raise Refused(STOPPING, status=503)
     resident = service.pool.take(ref, spec)  # loaded already (most requests): no hop to a worker thread and back
     if resident is not None:
         return Held(resident, keep_alive, 0.0, facts_of(resident))
@@ -160,47 +160,51 @@ async def _take(service: Service, body, kind: str) -> Held:
             resident, fresh = await run_in_threadpool(lambda: service.pool.acquire(ref, spec, pinned=ref == service.served,
                                                                                    cancelled=gone.is_set))
     except LocalrunError as exc:  # e.g. a file that would not load: this request fails, the server goes on
-        raise load_refusal(exc, ref) from None
+        raise LoadFailed(exc, ref) from None
     service.remember(resident)
     return Held(resident, keep_alive, (time.perf_counter() - started) if fresh else 0.0, facts_of(resident))
 
 
-def _model_ref(service: Service, body) -> str:
-    """What the body's model name loads. The id /v1/models and /api/ps list for a model loaded from a path (its file
+def _model_ref(service: Service, asked: Asked) -> str:
+    """What the request's model name loads. The id /v1/models and /api/ps list for a model loaded from a path (its file
     name) names it on every endpoint, whichever kind of context (chat, embeddings) it was loaded for, loaded or not."""
-    ref = body.model or service.options.model
+    ref = asked.model or service.options.model
     if not ref:
-        raise ApiError(400, "no model given and this server was started without one: name one in 'model'", param="model")
+        raise Refused("no model given and this server was started without one: name one in 'model'", "model")
     ref = service.resolve(ref)
     if not service.options.socket and ref.startswith(("/", ".", "~")) and not ref.lower().endswith(".gguf"):
         # Over HTTP a path must at least be a .gguf file: no probing of the server's other files.
-        raise ApiError(404, f"model {ref!r} is not a pulled model nor a .gguf file: see /v1/models", param="model",
-                       code="model_not_found")
+        raise Refused(f"model {ref!r} is not a pulled model nor a .gguf file: see /v1/models", "model", status=404,
+                      code="model_not_found")
     return ref
 
 
-def load_refusal(exc: LocalrunError, ref: str) -> ApiError:
-    status, message, code = native.load_failure(exc, ref)
-    if isinstance(exc, UnknownModel):  # worded for an HTTP client, not the command line
-        message = f"unknown model '{exc.name}': {exc.guess}GET /v1/models lists the models this server has"
-    return ApiError(status, message, param="options" if code == "invalid_options" else "model", code=code,
-                    type_="server_error" if status >= 500 else "invalid_request_error")
+def _load_spec(service: Service, asked: Asked, kind: str):
+    """The server's load options with the request's over them, checked before any model is touched (a bad value never
+    unloads the one in use)."""
+    spec = service.options.spec
+    if asked.load:
+        spec = replace(spec, **asked.load)
+        try:
+            spec.check()
+        except LocalrunError as exc:
+            raise LoadRefused(exc) from None
+    return spec if kind == spec.kind else replace(spec, kind=kind, parallel=1)
 
 
 # -- answering --------------------------------------------------------------------------------------
 
 
-async def answering(request: Request, held: Held, body, translate, refusal) -> Answer:
-    """The body's request (`translate(resident, body)`: a runtime Request and its ToolMode) answered on the held
-    model through the request path run and chat take, once it is taken (it fits, it has a slot or waits for one);
-    `refusal(exc)`: the ApiError for what refused it. The answer gives the model back when it ends. A large request
-    is translated on a worker thread: other requests go on meanwhile."""
+async def answering(request: Request, held: Held, asked: Asked) -> Answer:
+    """The request answered on the held model through the request path run and chat take, once it is taken (it fits,
+    it has a slot or waits for one); what refused it raised as a refusal (serve.errors). The answer gives the model
+    back when it ends. A large request is made the runtime's on a worker thread: other requests go on meanwhile."""
     size = int(request.headers.get("content-length") or 0)
     try:
-        wanted, tools = await off_loop_if_big(size, translate, held.resident, body)
+        wanted, tools = await off_loop_if_big(size, prepared, asked, held.facts)
     except Exception as exc:  # noqa: BLE001 - worded by the dialect; the model is given back by `holding`
-        raise refusal(exc) from None
-    access.note(request, model=body.model or held.resident.name)
+        raise _refusal(exc, asked) from None
+    access.note(request, model=asked.model or held.resident.name)
     metrics, pool = service_of(request).metrics, service_of(request).pool
 
     def on_end(final: Optional[Response]) -> None:  # on the answer's thread, its state saved
@@ -216,9 +220,17 @@ async def answering(request: Request, held: Held, body, translate, refusal) -> A
         answer.cancel()
         if not isinstance(exc, Exception):
             raise
-        raise refusal(exc) from None
+        raise _refusal(exc, asked) from None
     _say_dropped(answer)
     return answer
+
+
+def _refusal(exc: Exception, asked: Asked) -> Exception:
+    """Why the request path did not take a request, as the table words it: a prompt over the context names the field
+    that holds it; what no table knows (a chat template raising on these messages) is the prompt's fault."""
+    if isinstance(exc, ContextOverflow):
+        return TooLong(exc, "messages" if asked.messages is not None else "prompt")
+    return exc if is_refusal(exc) else PromptFailed(exc)
 
 
 def _say_dropped(answer: Answer) -> None:
@@ -244,7 +256,7 @@ async def cancelled_on_disconnect(request: Request, answer: Answer) -> AsyncIter
 
 
 async def whole(request: Request, answer: Answer) -> tuple[str, Response]:
-    """The whole answer (not streamed); the client going away stops it. ApiError when it did not finish."""
+    """The whole answer (not streamed); the client going away stops it. Refused when it did not finish."""
     async with cancelled_on_disconnect(request, answer):
         try:
             text, final = await answer.collect()
@@ -288,19 +300,15 @@ def streamed(request: Request, answer: Answer, wire: AsyncIterator[str], media_t
     return Streamed(body(), media_type=media_type, headers=headers)
 
 
-async def embeddings_of(request: Request, body, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
-    """(the model's name, runtime.embed.Embeddings, seconds its load took) for `texts` on the model the body names,
-    loaded as an embeddings context. ApiError for what cannot be done."""
-    async with holding(request, body, kind="embed") as held:
+async def embeddings_of(request: Request, asked: Asked, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
+    """(the model's name, runtime.embed.Embeddings, seconds its load took) for `texts` on the model the request names,
+    loaded as an embeddings context."""
+    async with holding(request, asked, kind="embed") as held:
         try:
             result = await run_in_threadpool(embed_on, held.resident, texts, truncate=truncate, dimensions=dimensions)
-        except ContextOverflow as exc:  # a text over the context, truncation off (OpenAI's, or Ollama's truncate: false)
-            said = exc.message.split(":")[0]  # "text N is M tokens but the context holds C"
-            raise ApiError(400, f"This model's maximum context length is {exc.n_ctx} tokens, but {said}: shorten it", param="input",
-                           code="context_length_exceeded") from None
         except LocalrunError as exc:
-            raise ApiError(400, exc.message, param="dimensions" if "dimensions" in exc.message else "input") from None
-    return body.model or held.resident.name, result, held.load_s
+            raise EmbedFailed(exc) from None
+    return asked.model or held.resident.name, result, held.load_s
 
 
 # -- the client going away --------------------------------------------------------------------------

@@ -7,12 +7,11 @@ where they are parsed (serve.wire.parse_json)."""
 from __future__ import annotations
 
 import hmac
-import json
 import os
 from typing import Optional
 
-from . import anthropic
-from .errors import ApiError
+from .dialects import error_bytes, speaks_anthropic
+from .errors import Fault
 
 DEFAULT_MAX_BODY = 32 << 20  # 32 MiB: a long conversation with a few images in base64 fits; LOCALRUN_MAX_BODY (MiB) changes it
 HEADER_TIMEOUT_S = 10.0  # a request's headers must be whole this long after the connection (or the last answer)
@@ -38,23 +37,6 @@ def max_body_bytes() -> int:
     return int(mib * (1 << 20)) if mib > 0 else 0
 
 
-def speaks_anthropic(path: str, headers) -> bool:
-    """Whether a request is Anthropic's: under /v1/messages, or from Anthropic's clients anywhere (they send
-    anthropic-version, also to /v1/models, which both dialects share). `headers`: ASGI's (bytes) or Starlette's."""
-    return path.startswith("/v1/messages") or any(
-        (k.lower() if isinstance(k, str) else k.lower().decode("latin-1")) == "anthropic-version" for k in headers.keys())
-
-
-def error_body(path: str, status: int, message: str, kind: str, *, code: Optional[str] = None, claude: bool = False) -> bytes:
-    """An error in the shape of the dialect the path belongs to: Ollama's under /api, Anthropic's under
-    /v1/messages or for Anthropic's clients (`claude`; its error type by the status, as its translator
-    words every error), OpenAI's elsewhere."""
-    if path.startswith("/api/"):
-        return json.dumps({"error": message}).encode()
-    error = ApiError(status, message, type_=kind, code=code)
-    return json.dumps(anthropic.error_body(error) if claude or path.startswith("/v1/messages") else error.body()).encode()
-
-
 def limit_body(app, max_bytes: int):
     """ASGI wrapper: a body over `max_bytes` is a 413 in the dialect's shape, read no further."""
     if max_bytes <= 0:
@@ -63,31 +45,10 @@ def limit_body(app, max_bytes: int):
     async def limited(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
-        message = f"the request body is over this server's limit of {max_bytes >> 20} MiB: send less, or raise LOCALRUN_MAX_BODY (MiB)"
-
-        async def refuse():
-            await send({"type": "http.response.start", "status": 413,
-                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
-            body = error_body(scope["path"], 413, message, "request_too_large", claude=speaks_anthropic(scope["path"], dict(scope["headers"])))
-            await send({"type": "http.response.body", "body": body})
-
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > max_bytes:
-            return await refuse()
-        # Read the body here (routes read it whole anyway), counting: over the cap, nothing more is read.
-        chunks, seen = [], 0
-        while True:
-            event = await receive()
-            if event["type"] != "http.request":
-                chunks = None  # the client went away while sending: the route sees that
-                break
-            seen += len(event.get("body", b""))
-            if seen > max_bytes:
-                return await refuse()
-            chunks.append(event.get("body", b""))
-            if not event.get("more_body"):
-                break
-        first = event if chunks is None else {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        first = None if length is not None and length.isdigit() and int(length) > max_bytes else await _read_capped(receive, max_bytes)
+        if first is None:
+            return await _too_large(scope, send, max_bytes)
         given = False
 
         async def replayed():
@@ -102,49 +63,75 @@ def limit_body(app, max_bytes: int):
     return limited
 
 
+async def _read_capped(receive, max_bytes: int) -> Optional[dict]:
+    """The body read here (routes read it whole anyway), counting: the one ASGI message that gives it whole, or the
+    client's going away while it sent it (the route sees that); None past the cap, where nothing more is read."""
+    chunks, seen = [], 0
+    while True:
+        event = await receive()
+        if event["type"] != "http.request":
+            return event
+        seen += len(event.get("body", b""))
+        if seen > max_bytes:
+            return None
+        chunks.append(event.get("body", b""))
+        if not event.get("more_body"):
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+
+async def _too_large(scope, send, max_bytes: int) -> None:
+    message = f"the request body is over this server's limit of {max_bytes >> 20} MiB: send less, or raise LOCALRUN_MAX_BODY (MiB)"
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": error_bytes(scope["path"], dict(scope["headers"]), Fault(413, message))})
+
+
 def header_timeout(protocol_class: type, seconds: Optional[float] = None) -> type:
     """uvicorn's HTTP protocol with a deadline for each request's headers: a connection that is still
     sending them (or sends nothing) after `seconds` is closed, so slow clients cannot hold connections."""
+    return type("WithHeaderTimeout", (_HeaderDeadline, protocol_class),
+                {"header_timeout_s": header_timeout_s() if seconds is None else seconds})
 
-    seconds = header_timeout_s() if seconds is None else seconds
 
-    class WithHeaderTimeout(protocol_class):
-        _deadline = None
-        _started = None
+class _HeaderDeadline:
+    """Mixed into uvicorn's HTTP protocol (header_timeout): the deadline, armed as a connection opens and after each
+    answer, disarmed once a request's headers are in."""
 
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm()
+    header_timeout_s = HEADER_TIMEOUT_S
+    _deadline = None
+    _started = None
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._started = self.cycle
-            self._deadline = self.loop.call_later(seconds, self._expire)
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+    def _arm(self) -> None:
+        self._disarm()
+        self._started = self.cycle
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._expire)
 
-        def _expire(self) -> None:
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
             self._deadline = None
-            if self.cycle is self._started and not self.transport.is_closing():
-                self.transport.close()  # no new request began: its headers never came
 
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self._deadline is not None and self.cycle is not self._started:
-                self._disarm()  # the headers are in: a request began
+    def _expire(self) -> None:
+        self._deadline = None
+        if self.cycle is self._started and not self.transport.is_closing():
+            self.transport.close()  # no new request began: its headers never came
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()  # the next request on this connection gets the same deadline
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._deadline is not None and self.cycle is not self._started:
+            self._disarm()  # the headers are in: a request began
 
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()  # the next request on this connection gets the same deadline
 
-    return WithHeaderTimeout
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
 
 def given_key(headers: dict) -> bytes:
@@ -168,8 +155,7 @@ def require_key(app, key: str):
                 path = scope["path"]
                 claude = speaks_anthropic(path, headers)
                 how = "'x-api-key: KEY'" if claude else "'Authorization: Bearer KEY'"
-                body = error_body(path, 401, f"missing or wrong API key: send {how}", "invalid_request_error",
-                                  code="invalid_api_key", claude=claude)
+                body = error_bytes(path, headers, Fault(401, f"missing or wrong API key: send {how}", code="invalid_api_key"))
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": body})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -21,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..errors import LocalrunError, UsageError
-from ..runtime import Response
+from ..runtime import AnswerStream, Response, parser_for
 from ..runtime.facts import facts_of
-from .errors import ApiError
-from .openai import FINISH_REASONS, PING_S
+from ..runtime.scheduler import ServerStopping
+from .errors import Refused, failure_text
 
+FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}  # how an answer that finished ends, as OpenAI says it
 FAILURES = {"error": 500, "shutdown": 503}  # how an answer that did not finish ends; otherwise 499 (cancelled)
+PING_S = float(os.environ.get("LOCALRUN_PING_S") or 10.0)  # a stream silent this long (a prompt still evaluated) gets a keep-alive
 
 
 class ToLoop:
@@ -79,7 +82,7 @@ def finish_answers(timeout: float) -> None:
 
 class Answer:
     """One request on a resident model, answered in its own thread by runtime.generate on the model's slots.
-    `tools`: how the dialect reads tool calls in the answer (serve.openai.ToolMode), or None.
+    `tools`: how the dialect reads tool calls in the answer (serve.prepare.ToolMode), or None.
     `on_end(final or None)` runs on that thread once the request is over (its state saved): the reference
     on the model is given back there."""
 
@@ -89,6 +92,7 @@ class Answer:
         self.prompt = None  # runtime.request.Prompt, once admitted
         self.progress = None  # engine.Progress: how far the prompt's evaluation is (its cached part), as last heard
         self.failure_status: Optional[int] = None  # an answer that failed for the request's own fault: 400
+        self.final: Optional[Response] = None  # its last response, once it is done
         self.gone = threading.Event()
         self._out = ToLoop()
         _open.add(self)
@@ -104,8 +108,6 @@ class Answer:
         request = self.request
         if request.raw or request.tokens is not None or not request.messages:
             return None
-        from ..runtime import AnswerStream, parser_for
-
         template = facts_of(self.resident).chat_template
         if template is None:
             return None
@@ -131,50 +133,57 @@ class Answer:
             if not admitted.done():
                 admitted.set_result(outcome)
 
-        def on_admitted(prompt) -> None:
-            self.prompt = prompt
-            self._out.loop.call_soon_threadsafe(settle, None)
-
-        put, put_all = self._out.put, self._out.put_all
-
-        def work() -> None:
-            from ..runtime.generate import generate
-
-            final, held = None, []
-            try:
-                for response in generate(self.resident.loaded, self.request, on_notice=_log, cancelled=self.gone.is_set,
-                                         place=self.resident.scheduler, on_admitted=on_admitted):
-                    held.append(response)
-                    if response.done:
-                        final = response
-                    elif self._whole:  # collect() reads nothing before the end
-                        continue
-                    put_all(held)
-                    held = []
-            except BaseException as exc:  # noqa: BLE001 - refused before it was taken, or failed on the way
-                if held:
-                    put_all(held)
-                if self.prompt is None:
-                    self._out.loop.call_soon_threadsafe(settle, exc)
-                else:
-                    if not isinstance(exc, LocalrunError):
-                        traceback.print_exc()
-                    self.failure_status = 400 if isinstance(exc, UsageError) else None  # e.g. a grammar llama.cpp refuses
-                    put(_failed(exc))
-            finally:
-                try:
-                    self.on_end(final)
-                finally:
-                    with contextlib.suppress(RuntimeError):  # (a loop already closed: nobody waits)
-                        self._out.loop.call_soon_threadsafe(settle, LocalrunError("the request ended before it was taken"))
-
-        thread = threading.Thread(target=_tracked(work), name="localrun-answer", daemon=True)
+        thread = threading.Thread(target=_tracked(lambda: self._answer(settle)), name="localrun-answer", daemon=True)
         with _live_lock:
             _live.add(thread)
         thread.start()
         outcome = await admitted
         if isinstance(outcome, BaseException):
             raise outcome
+
+    def _answer(self, settle: Callable[[Any], None]) -> None:
+        """On the answer's own thread: the request answered, what it says handed to the loop; `settle` told once it
+        is taken (None), or what refused it; `on_end` however it ends."""
+        loop = self._out.loop
+
+        def on_admitted(prompt) -> None:
+            self.prompt = prompt
+            loop.call_soon_threadsafe(settle, None)
+
+        try:
+            self._generate(on_admitted)
+        except BaseException as exc:  # noqa: BLE001 - refused before it was taken, or failed on the way
+            if self.prompt is None:
+                loop.call_soon_threadsafe(settle, exc)
+            else:
+                if not isinstance(exc, LocalrunError):
+                    traceback.print_exc()
+                self.failure_status = 400 if isinstance(exc, UsageError) else None  # e.g. a grammar llama.cpp refuses
+                self._out.put(_failed(exc))
+        finally:
+            try:
+                self.on_end(self.final)
+            finally:
+                with contextlib.suppress(RuntimeError):  # (a loop already closed: nobody waits)
+                    loop.call_soon_threadsafe(settle, LocalrunError("the request ended before it was taken"))
+
+    def _generate(self, on_admitted) -> None:
+        from ..runtime.generate import generate  # (imported as the server starts: serve.asgi warms the request path)
+
+        held: list[Response] = []
+        try:
+            for response in generate(self.resident.loaded, self.request, on_notice=_log, cancelled=self.gone.is_set,
+                                     place=self.resident.scheduler, on_admitted=on_admitted):
+                held.append(response)
+                if response.done:
+                    self.final = response
+                elif self._whole:  # collect() reads nothing before the end
+                    continue
+                self._out.put_all(held)
+                held = []
+        finally:
+            if held:
+                self._out.put_all(held)
 
     def cancel(self) -> None:
         """The client went away: the answer stops at its next token (its slot freed)."""
@@ -201,7 +210,7 @@ class Answer:
 
     async def collect(self) -> tuple[str, Response]:
         """The whole answer (not streamed) and its last response, which then carries every token's logprobs
-        (when asked for) and the whole thinking. ApiError when it did not finish."""
+        (when asked for) and the whole thinking. Refused (its status) when it did not finish."""
         self._whole = True
         parts, thought, logprobs = [], [], []
         while True:
@@ -213,8 +222,7 @@ class Answer:
                 break
         if response.finish_reason not in FINISH_REASONS:
             status = self.failure_status or FAILURES.get(response.finish_reason, 499)
-            raise ApiError(status, response.error or "the request was cancelled",
-                           type_="invalid_request_error" if status == 400 else "server_error")
+            raise Refused(response.error or "the request was cancelled", status=status)
         if self.request.top_logprobs is not None:
             response.logprobs = logprobs
         response.thinking = "".join(thought)
@@ -230,15 +238,7 @@ def end_all(message: str) -> None:
 
 def _failed(exc: BaseException) -> Response:
     """The last response of an answer that failed on the way (llama.cpp's error, the server stopping)."""
-    from ..runtime.failures import message_for
-    from ..runtime.scheduler import ServerStopping
-
-    if isinstance(exc, ServerStopping):  # worded for an HTTP client (the command line's says how to start one again)
-        return Response(finish_reason="shutdown", error=exc.failure or STOPPING)
-    return Response(finish_reason="error", error=message_for(exc)[0])
-
-
-STOPPING = "the server is shutting down: retry later"
+    return Response(finish_reason="shutdown" if isinstance(exc, ServerStopping) else "error", error=failure_text(exc))
 
 
 def _log(message: str) -> None:
@@ -267,10 +267,7 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
     streams (runtime.AnswerStream): text that may still be a tool call is held, but a call goes out as soon as
     its name is known and its arguments as they grow; nothing is ever silent for longer than `ping_s` (a ping
     while a long prompt is evaluated, or while text is held)."""
-    reader = answer.reader()
-    tools = answer.tools
-    entries: list = []
-    ids: dict[int, str] = {}
+    reading = _Reading(answer)
     said = None  # the progress last given
     quiet_since = time.monotonic()
     while True:
@@ -281,7 +278,6 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
             yield Event("ping")
             quiet_since = time.monotonic()
             continue
-        entries += more
         ended_well = response.done and response.finish_reason in FINISH_REASONS
         if response.done and not ended_well:
             yield Event("failed", text=response.error or "the request was cancelled", final=response)
@@ -289,32 +285,7 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
         if answer.progress is not None and answer.progress is not said:  # (not written by every dialect: no silence reset)
             said = answer.progress
             yield Event("progress", progress=said)
-        out: list[Event] = []
-        if thought:
-            out.append(Event("thinking", thought))
-        if reader is None:
-            if text:
-                out.append(Event("text", text, logprobs=entries))
-                entries = []
-        else:
-            found = reader.feed(text) + (reader.finish() if ended_well else [])
-            for d in found:
-                if d.reasoning:
-                    out.append(Event("thinking", d.reasoning))
-                if d.content:
-                    out.append(Event("text", d.content, logprobs=entries))
-                    entries = []
-                if d.call_index is not None and tools is not None and (tools.parallel or d.call_index == 0):
-                    if d.call_index not in ids:
-                        ids[d.call_index] = d.id if d.id and not tools.nine_char_ids else tools.new_id()
-                        out.append(Event("call", d.arguments, index=d.call_index, name=d.name, id=ids[d.call_index]))
-                    elif d.arguments:
-                        out.append(Event("call_args", d.arguments, index=d.call_index))
-        if ended_well and tools is not None:
-            content, calls = tools._kept(reader.last.content, [{**tools.call(c), "id": ids.get(i) or tools.new_id()}
-                                                              for i, c in enumerate(reader.last.calls)])
-            if calls:
-                out.append(Event("tool_calls", calls=calls))
+        out = reading.events(text, thought, more, ended_well)
         for event in out:
             yield event
         if out:
@@ -327,29 +298,44 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
             return
 
 
-# -- what the translators (anthropic.py, responses.py) share --------------------------------------------
+class _Reading:
+    """An answer's text read as it comes: in its family's format (thinking, text, tool calls) where it has one, the
+    tokens' logprobs going with the text they made."""
 
+    def __init__(self, answer: Answer) -> None:
+        self.reader, self.tools = answer.reader(), answer.tools
+        self.entries: list = []  # logprobs of tokens whose text is not out yet
+        self.ids: dict[int, str] = {}  # a call's index -> its id
 
-def need(cond: bool, message: str, param: Optional[str] = None) -> None:
-    """A 400 naming what is wrong with the body, unless `cond`."""
-    if not cond:
-        raise ApiError(400, message, param=param)
+    def events(self, text: str, thought: str, logprobs: list, ended: bool) -> list[Event]:
+        """The events of one piece of the answer (`ended`: the last, which finished well)."""
+        self.entries += logprobs
+        out: list[Event] = [Event("thinking", thought)] if thought else []
+        if self.reader is None:
+            if text:
+                out.append(self.text(text))
+            return out
+        for d in self.reader.feed(text) + (self.reader.finish() if ended else []):
+            if d.reasoning:
+                out.append(Event("thinking", d.reasoning))
+            if d.content:
+                out.append(self.text(d.content))
+            if d.call_index is not None and self.tools is not None and (self.tools.parallel or d.call_index == 0):
+                out += self.call(d)
+        if ended and self.tools is not None:
+            last = self.reader.last
+            _, calls = self.tools.kept(last.content, [{**self.tools.call(c), "id": self.ids.get(i) or self.tools.new_id()}
+                                                      for i, c in enumerate(last.calls)])
+            out += [Event("tool_calls", calls=calls)] if calls else []
+        return out
 
+    def text(self, text: str) -> Event:
+        event, self.entries = Event("text", text, logprobs=self.entries), []
+        return event
 
-def function_tools(tools: Any, runs_here, schema_key: str) -> list[dict]:
-    """A dialect's tools as OpenAI function tools: those `runs_here(tool)` says are the client's own
-    functions; the rest (web_search and other tools the dialect's own service runs) are left out, as
-    nothing here can run them."""
-    if tools is None:
-        return []
-    need(isinstance(tools, list), "tools must be a list", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        need(isinstance(t, dict), f"tools.{i} must be an object", "tools")
-        if not runs_here(t):
-            continue
-        need(isinstance(t.get("name"), str) and t["name"], f"tools.{i}.name must be a non-empty string", "tools")
-        schema = t.get(schema_key) or {"type": "object", "properties": {}}
-        need(isinstance(schema, dict), f"tools.{i}.{schema_key} must be a JSON schema object", "tools")
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "", "parameters": schema}})
-    return out
+    def call(self, d) -> list[Event]:
+        """A call begins (its id and name, its arguments as far as they are written), or its arguments grow."""
+        if d.call_index not in self.ids:
+            self.ids[d.call_index] = d.id if d.id and not self.tools.nine_char_ids else self.tools.new_id()
+            return [Event("call", d.arguments, index=d.call_index, name=d.name, id=self.ids[d.call_index])]
+        return [Event("call_args", d.arguments, index=d.call_index)] if d.arguments else []

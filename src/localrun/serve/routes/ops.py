@@ -13,13 +13,12 @@ from starlette.responses import JSONResponse, Response as HttpResponse
 
 from ...errors import ModelNotFound
 from ...runtime.pool import model_key, pulled_refs
-from .. import anthropic, ollama, openai
+from ..dialects import ollama, openai, shape_for
 from ..endpoint import endpoint, refused, service_of
-from ..errors import ApiError
-from ..guards import speaks_anthropic
+from ..errors import Refused
 
 
-@endpoint("/v1/models", openai.error_answer, methods=("GET",))
+@endpoint("/v1/models", openai, methods=("GET",))
 async def models(request: Request):
     """The loaded models first (with their slots), then the pulled ones a request may name: OpenAI's list, which
     Anthropic's clients read too (each entry and the page carry Anthropic's fields as well)."""
@@ -28,15 +27,15 @@ async def models(request: Request):
                          "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
 
 
-@endpoint("/v1/models/{model_id:path}", openai.error_answer, methods=("GET",))
+@endpoint("/v1/models/{model_id:path}", openai, methods=("GET",))
 async def model(request: Request):
     """One model of /v1/models by its id (openai's and anthropic's models.retrieve); 404 otherwise, in the shape of
     the client's dialect."""
     wanted = request.path_params["model_id"]
     found = next((m for m in await _listed(request) if m["id"] == wanted), None)
     if found is None:
-        missing = ApiError(404, f"the model {wanted!r} does not exist: see /v1/models", param="model", code="model_not_found")
-        return refused(missing, anthropic.error_answer if speaks_anthropic(request.url.path, request.headers) else openai.error_answer)
+        missing = Refused(f"the model {wanted!r} does not exist: see /v1/models", "model", status=404, code="model_not_found")
+        return refused(missing, shape_for(request.url.path, request.headers))
     return JSONResponse(found)
 
 
@@ -65,12 +64,12 @@ def _entry(service, name: str, *, loaded: bool, file, **meta) -> dict:
             "meta": {**meta, "file": file, "loaded": loaded}}
 
 
-@endpoint("/api/ps", ollama.error_answer, methods=("GET",))
+@endpoint("/api/ps", ollama, methods=("GET",))
 async def ps(request: Request):
     return JSONResponse({"models": [ollama.listed(m) for m in service_of(request).pool.ps()]})
 
 
-@endpoint("/api/stop", openai.error_answer)
+@endpoint("/api/stop", openai)
 async def stop(request: Request):
     """Unload one model ({"model": NAME}), every model ({"all": true}), or end the server ({"server": true})."""
     try:
@@ -80,21 +79,21 @@ async def stop(request: Request):
     asks = [k for k in ("server", "all") if isinstance(body, dict) and body.get(k) is True]
     named = isinstance(body, dict) and isinstance(body.get("model"), str) and body["model"]
     if len(asks) + bool(named) != 1:
-        raise ApiError(400, 'send one of {"model": NAME}, {"all": true} or {"server": true}')
+        raise Refused('send one of {"model": NAME}, {"all": true} or {"server": true}')
     service = service_of(request)
     if asks == ["server"]:
         return _stop_server(service, if_idle=bool(body.get("if_idle")))
     try:  # {"model": NAME, "deleted": true}: NAME was deleted (`localrun rm`), not unloaded by any other name
         chosen = service.deleted(named) if named and body.get("deleted") is True else service.pool.stop(None if asks else named)
     except ModelNotFound as exc:
-        raise ApiError(404, exc.message + ": see /api/ps", param="model", code="model_not_found") from None
+        raise Refused(exc.message + ": see /api/ps", "model", status=404, code="model_not_found") from None
     # "busy": still answering, unloaded when those requests end
     return JSONResponse({"stopped": [name for name, _ in chosen], "busy": [name for name, busy in chosen if busy]})
 
 
 def _stop_server(service, if_idle: bool) -> JSONResponse:
     if if_idle and not service.end_if_idle():
-        raise ApiError(409, "the server is answering requests", code="busy")
+        raise Refused("the server is answering requests", status=409, code="busy")
     stopped = [r["name"] for r in service.pool.ps()]
     answering = sum(r.refs for r in list(service.pool.residents))  # ended with the server (said by `stop --server`)
     asyncio.get_running_loop().call_soon(service.end)
