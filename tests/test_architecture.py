@@ -7,6 +7,7 @@ lazy import counts as much as a top-level one. A violation names the importing m
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,157 @@ def test_engine_modules_do_not_load_llama_cpp_on_import(module):
     code = f"import sys, {module}; print('llama_cpp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# -- the HTTP layer (serve/): dialects as pure translators, models seen through their facts, no circles ---------------
+
+SERVE = SRC / "serve"
+
+
+def _serve_modules(root: Path = SERVE) -> dict[str, Path]:
+    """Dotted name -> file of every module under serve/ (a package by its own name)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ("localrun", *path.relative_to(root.parent).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _within(target: str, modules: dict[str, Path]) -> str | None:
+    """The serve module an import names (`from .x import name` names x.name: its module is x)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _dialect(module: str) -> str | None:
+    """The dialect a module of serve/dialects or serve/routes is (ollama_models is Ollama's), or None."""
+    parts = module.split(".")
+    if len(parts) == 4 and parts[2] in ("dialects", "routes"):
+        return parts[3].split("_")[0]
+    return None
+
+
+def dialect_violations(root: Path = SERVE) -> list[str]:
+    """A dialect's translator imports no other dialect, nor Starlette or uvicorn (it is pure: wire body in, request
+    out; events in, wire text out); a dialect's routes mount only their own dialect."""
+    modules, out = _serve_modules(root), []
+    for module, path in modules.items():
+        mine = _dialect(module)
+        if mine is None or module.endswith(".ops"):
+            continue
+        for line, target in imports_of(path, module):
+            other = _within(target, modules)
+            theirs = _dialect(other) if other and ".dialects." in other else None
+            if theirs is not None and theirs != mine:
+                out.append(f"{module}:{line} imports {target}: dialect {mine!r} may not import dialect {theirs!r}")
+            if ".dialects." in module and target.split(".")[0] in ("starlette", "uvicorn"):
+                out.append(f"{module}:{line} imports {target}: a dialect's translator imports no HTTP server")
+    return out
+
+
+def engine_violations(root: Path = SERVE) -> list[str]:
+    """serve sees a model through runtime.facts.ModelFacts only: no `.engine` attribute, no import of the engine."""
+    out = []
+    for module, path in _serve_modules(root).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        out += [f"{module}:{node.lineno} touches .engine" for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and node.attr == "engine"]
+        out += [f"{module}:{line} imports {target}" for line, target in imports_of(path, module)
+                if target == "localrun.engine" or target.startswith("localrun.engine.")]
+    return out
+
+
+def serve_cycles(root: Path = SERVE) -> list[list[str]]:
+    """The import circles among serve's modules (imports inside functions count: the import contract's reading)."""
+    modules = _serve_modules(root)
+    graph = {m: sorted({t for _, target in imports_of(p, m) if (t := _within(target, modules)) and t != m and not m.startswith(t + ".")})
+             for m, p in modules.items()}
+    cycles, done, stack = [], set(), []
+
+    def visit(node: str) -> None:
+        if node in stack:
+            cycles.append(stack[stack.index(node):] + [node])
+            return
+        if node in done:
+            return
+        stack.append(node)
+        for nxt in graph[node]:
+            visit(nxt)
+        stack.pop()
+        done.add(node)
+
+    for node in graph:
+        visit(node)
+    return cycles
+
+
+def long_functions(root: Path = SERVE, limit: int = 60) -> list[str]:
+    out = []
+    for module, path in _serve_modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                out.append(f"{module}:{node.lineno} {node.name} is {node.end_lineno - node.lineno + 1} lines")
+    return out
+
+
+def flags_below_the_dialects(root: Path = SERVE) -> list[str]:
+    """Strings (not docstrings) that name a command-line flag, in serve's modules below the dialects: only a dialect
+    words its clients' remedies, and serve.app (the `serve` command's own process) its own flags."""
+    out = []
+    for module, path in _serve_modules(root).items():
+        if ".dialects" in module or module.endswith(".serve.app"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                if re.search(r"(^|[\s`'(])--[a-z]", node.value):
+                    out.append(f"{module}:{node.lineno} names a flag: {node.value[:60]!r}")
+    return out
+
+
+def test_no_dialect_imports_another_and_translators_import_no_http_server():
+    assert dialect_violations() == []
+
+
+def test_serve_never_touches_an_engine():
+    assert engine_violations() == []
+
+
+def test_no_import_circle_inside_serve():
+    assert serve_cycles() == []
+
+
+def test_no_function_in_serve_is_over_60_lines():
+    assert long_functions() == []
+
+
+def test_nothing_below_the_dialects_names_a_flag_and_no_body_hides_private_fields():
+    assert flags_below_the_dialects() == []
+    hidden = [f"{m}: PrivateAttr" for m, p in _serve_modules().items() if "PrivateAttr" in p.read_text(encoding="utf-8")]
+    assert hidden == []
+
+
+def test_the_serve_rules_catch_what_they_forbid(tmp_path):
+    """The checkers themselves, on a made-up serve/: a dialect importing another and Starlette, an engine reached
+    into, a circle, a long function, a flag named below the dialects."""
+    root = tmp_path / "localrun" / "serve"
+    (root / "dialects").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "dialects" / "__init__.py").write_text("")
+    (root / "dialects" / "anthropic.py").write_text("from . import openai\nfrom starlette.responses import JSONResponse\n")
+    (root / "dialects" / "openai.py").write_text("")
+    (root / "dialects" / "ollama_models.py").write_text("from .ollama import x\n")  # Ollama's own: allowed
+    (root / "dialects" / "ollama.py").write_text("x = 1\n")
+    (root / "a.py").write_text("from .b import f\ndef g(resident):\n    return resident.engine.n_vocab\n")
+    (root / "b.py").write_text("def f():\n    from .a import g\n" + "    x = 1\n" * 60 + "    return 'try a larger --ctx'\n")
+    dialects = dialect_violations(root)
+    assert any("dialect 'anthropic' may not import dialect 'openai'" in v for v in dialects), dialects
+    assert any("imports no HTTP server" in v for v in dialects) and not any("ollama_models" in v for v in dialects), dialects
+    assert engine_violations(root) == ["localrun.serve.a:3 touches .engine"]
+    assert serve_cycles(root) == [["localrun.serve.a", "localrun.serve.b", "localrun.serve.a"]]
+    assert long_functions(root) == ["localrun.serve.b:1 f is 63 lines"]
+    assert flags_below_the_dialects(root) == ["localrun.serve.b:63 names a flag: 'try a larger --ctx'"]
