@@ -275,6 +275,8 @@ def run(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="do not use or fill the automatic prefix cache")] = False,
     keep_alive: KeepAliveOpt = "5m",
     think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="a reasoning model: thinking on or off (where its template has a switch)")] = None,
+    reasoning_effort: Annotated[Optional[str], typer.Option("--reasoning-effort", metavar="LEVEL", help="a reasoning model: how hard to "
+                                "think, to the template (gpt-oss reads it): low, medium or high; none: no thinking")] = None,
     hide_thinking: Annotated[bool, typer.Option("--hide-thinking", help="a reasoning model: leave its thinking out (it goes to stderr otherwise)")] = False,
     image: Annotated[Optional[list[Path]], typer.Option("--image", help="an image file for a vision model (repeat for more; placed before the text; - reads it from stdin)")] = None,
     mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="the vision model's projector (mmproj GGUF); default: the mmproj-*.gguf beside the model")] = None,
@@ -285,13 +287,19 @@ def run(
     from . import render
 
     # (flags that only a prompt's answer takes keep the usage error: chat has none of them)
-    if not prompt and not image and sys.stdin.isatty() and not (as_json or raw or truncate or no_cache or hide_thinking or think is not None):
+    if reasoning_effort is not None and reasoning_effort not in ("none", "minimal", "low", "medium", "high"):
+        raise UsageError(f"--reasoning-effort {reasoning_effort!r}: use low, medium or high (or none: no thinking)")
+    if not prompt and not image and sys.stdin.isatty() and not (as_json or raw or truncate or no_cache or hide_thinking or think is not None
+                                                                 or reasoning_effort is not None):
         _chat(model, system, session, verbose, keep_alive, mmproj, options)
     _check_before_loading(session, use_cache=not no_cache, options=options, model=model)
     images = _check_images(image or [], mmproj, options)
     text = read_prompt(prompt or [], None if "-" in map(str, image or []) else sys.stdin)  # --image -: stdin is the image
+    if reasoning_effort == "none" and think is None:
+        think = False
     asked = dict(messages=[{"role": "user", "content": text}], raw=True if raw else None, truncate=truncate, session=session,
-                 use_cache=not no_cache, system=system, think=think)
+                 use_cache=not no_cache, system=system, think=think,
+                 template_kwargs={"reasoning_effort": reasoning_effort} if reasoning_effort is not None else {})
     if images:
         asked["messages"][0]["images"] = images
     responses = _resident_answer(model, asked, keep_alive, options, mmproj=mmproj)

@@ -29,7 +29,7 @@ from ..errors import UsageError
 from .scheduler import ServerStopping, StepStats
 
 # The fields of a run request on the wire (localrun's own /api/run), besides model, load and keep_alive.
-RUN_FIELDS = ("messages", "raw", "system", "truncate", "session", "use_cache", "think")
+RUN_FIELDS = ("messages", "raw", "system", "truncate", "session", "use_cache", "think", "template_kwargs")
 RUN_ONLY = ("mmproj", "sampling", "tty")  # also on the wire: run --mmproj (a path on this machine), the sampling flags given,
 # whether the client's stderr is a terminal (advice for a person: busy_notice)
 # What a chat client asks of its conversation (localrun's own /api/converse).
