@@ -64,11 +64,8 @@ def _lifespan(service: Service, on_started):
 
 
 def _warm_request_path() -> None:
-    """What the first request's path would import and open (runtime.generate, the prefix cache's index,
-    migrated if it is new): done before the port opens, so that the first request is as fast as the next."""
-    from ..runtime.generate import generate  # noqa: F401
-    from ..runtime import AnswerStream, markers_for, parser_for  # noqa: F401 - tool calls and thinking, imported now
-
+    """What the first request's path would open (the prefix cache's index, migrated if it is new): done before the
+    port opens, so that the first request is as fast as the next."""
     try:
         Sessions.open().close()
     except Exception:  # noqa: BLE001 - a store that cannot open is said by the request that needs it, not here

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..runtime import Stats
-
-if TYPE_CHECKING:
-    from ..runtime.pool import ModelPool
+from ..runtime.pool import ModelPool
 
 
 class Metrics:
     """Prometheus metrics in their own registry (prometheus_client is thread-safe)."""
 
     def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Histogram
-
         r = self.registry = CollectorRegistry()
         self.requests = Counter("localrun_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("localrun_prompt_tokens", "prompt tokens received", registry=r)
@@ -41,10 +38,8 @@ class Metrics:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
         )
 
-    def watch(self, pool: "ModelPool") -> None:
+    def watch(self, pool: ModelPool) -> None:
         """Gauges over every resident model's scheduler, summed (one model: that model's)."""
-        from prometheus_client import Gauge
-
         r = self.registry
 
         def total(of) -> Callable[[], float]:
@@ -74,6 +69,4 @@ class Metrics:
             self.tpot.observe(stats.tpot_s)
 
     def render(self) -> bytes:
-        from prometheus_client import generate_latest
-
         return generate_latest(self.registry)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..runtime import Loaded
+from ..runtime.loader import load
 from ..runtime.options import LoadSpec
 from ..runtime.pool import FOREVER, ROOM_WAIT_S, ModelPool, Resident, pull_if_needed
 from ..runtime.serving import start_scheduler
@@ -114,8 +115,6 @@ class Service:
         self.exit()
 
     def _load(self, ref: str, spec: LoadSpec) -> Loaded:
-        from ..runtime.loader import load
-
         return load(ref, spec, source=self.options.source, sampling=self.options.sampling if spec.kind == "batch" else None)
 
     def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec):

@@ -24,6 +24,7 @@ from typing import Any, Optional
 from ..errors import LocalrunError, UsageError
 from ..runtime import AnswerStream, Response, parser_for
 from ..runtime.facts import facts_of
+from ..runtime.generate import generate
 from ..runtime.scheduler import ServerStopping
 from .errors import Refused, failure_text
 
@@ -168,8 +169,6 @@ class Answer:
                     loop.call_soon_threadsafe(settle, LocalrunError("the request ended before it was taken"))
 
     def _generate(self, on_admitted) -> None:
-        from ..runtime.generate import generate  # (imported as the server starts: serve.asgi warms the request path)
-
         held: list[Response] = []
         try:
             for response in generate(self.resident.loaded, self.request, on_notice=_log, cancelled=self.gone.is_set,
