@@ -46,7 +46,9 @@ def _caption(rows: Sequence[dict]) -> str:
     if any(noisy(r) for r in rows):
         warning = (f"\n! llama-bench's own repetitions spread over {REF_NOISY:.0%} (std / mean): that ratio is no verdict,"
                    " measure again on a quieter machine or with more --reps")
-    return f"{rows[0]['build']}; {text}{timing}{warning}"
+    adapters = rows[0]["settings"].get("lora")
+    lora = f"; LoRA {', '.join(adapters)}" if adapters else ""
+    return f"{rows[0]['build']}; {text}{lora}{timing}{warning}"
 
 
 def noisy(row: dict) -> bool:

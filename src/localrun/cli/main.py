@@ -11,8 +11,8 @@ import typer
 from .. import __version__
 from ..console import err, notice
 from ..errors import EXIT_INTERRUPTED, LocalrunError, UsageError
-from .options import (CtxOpt, DraftMaxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt, ThreadsOpt,
-                      shared_options)
+from .options import (CtxOpt, DraftMaxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, LoraOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt,
+                      ThreadsOpt, shared_options)
 from .render import render_error
 
 app = typer.Typer(
@@ -471,6 +471,51 @@ def embed(
 
 
 @app.command()
+def rerank(
+    model: ModelArg,
+    query: Annotated[str, typer.Argument(help="what the documents are ranked against")],
+    documents: Annotated[Optional[list[str]], typer.Argument(help="the documents; without them, each line of piped stdin")] = None,
+    top_n: Annotated[Optional[int], typer.Option("--top-n", help="only the N most relevant (default: all)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, most relevant first: {index, relevance_score, document}")] = False,
+    truncate: Annotated[bool, typer.Option("--truncate/--no-truncate", help="cut a document that does not fit the context beside the query (default), or fail")] = True,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = "auto",
+    source: SourceOpt = "auto",
+) -> None:
+    """Rank documents by their relevance to a query with a reranker (bge-reranker, jina-reranker, Qwen3-Reranker):
+    each document with its score, most relevant first."""
+    from ..runtime.options import LoadSpec
+    from ..runtime.rerank import load_reranker, rerank as rank_documents
+
+    given = list(documents or [])
+    if not given and not sys.stdin.isatty():
+        try:
+            given = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+        except UnicodeDecodeError:
+            raise UsageError("stdin is not UTF-8 text: convert it first (e.g. iconv -t UTF-8)") from None
+    if not query.strip():
+        raise UsageError("the query is empty: give the text to rank the documents against")
+    if not given:
+        raise UsageError("nothing to rank: pass documents after the query, or pipe them, one per line")
+    if top_n is not None and top_n < 1:
+        raise UsageError(f"invalid --top-n {top_n}: use 1 or more (or leave it out for every document)")
+    loaded = load_reranker(model, LoadSpec(ctx=ctx, gpu_layers=gpu_layers, threads=threads), source=_source(source), on_notice=notice)
+    try:
+        result = rank_documents(loaded, query, given, top_n=top_n, return_documents=True, truncate=truncate)
+    finally:
+        loaded.close()
+    import json
+
+    for ranked in result.results:
+        if as_json:
+            sys.stdout.write(json.dumps(ranked.as_dict(), ensure_ascii=False) + "\n")
+        else:
+            sys.stdout.write(f"{ranked.relevance_score:.4f}  {ranked.document}\n")
+    sys.stdout.flush()
+
+
+@app.command()
 @shared_options()
 def serve(
     model: Annotated[Optional[str], typer.Argument(help="a model to load at start and serve by default (alias, owner/repo[:QUANT] or path); others load when a request names them")] = None,
@@ -505,6 +550,8 @@ def serve(
     for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0), ("--max-models", max_models, 0)):
         if value < least or (flag == "--port" and value > 65535):
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
+    if options.get("lora"):
+        _check_adapters(options["lora"], model)
     serve_options = ServeOptions(
         spec=_served_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
@@ -643,6 +690,7 @@ def bench(
     source: SourceOpt = "auto",
     rpc: RpcOpt = None,
     tensor_split: TensorSplitOpt = None,
+    lora: LoraOpt = None,
 ) -> None:
     """Measure prefill and decode speed, TTFT, TPOT, load time, memory (and perplexity), optionally vs llama-bench;
     or with --serve, load-test a running server with concurrent streams."""
@@ -659,7 +707,7 @@ def bench(
     raise typer.Exit(benchmark.run_from_cli(
         models, pp=pp or "512", tg=tg, depth=depth, reps=reps, threads=threads, ctx=ctx, batch=batch, kv_type=kv_type,
         gpu_layers=gpu_layers, flash_attn=flash_attn, decode=decode, output=output, compare=compare, llama_bench=llama_bench,
-        quality=quality, plot=plot, source=_source(source), rpc=rpc, tensor_split=tensor_split,
+        quality=quality, plot=plot, source=_source(source), rpc=rpc, tensor_split=tensor_split, lora=lora,
     ))
 
 
@@ -728,6 +776,24 @@ def _check_before_loading(session: Optional[str], use_cache: bool, options: dict
             _check_session_model(session, model)
     if use_cache:
         cache_max_bytes()
+    if options.get("lora"):
+        _check_adapters(options["lora"], model)
+
+
+def _check_adapters(given: list[str], model: Optional[str]) -> None:
+    """--lora: each file a LoRA GGUF, and where the model is here already, made for it (its architecture, its
+    weights' shapes): one line naming the file, before any model loads or the background server is asked."""
+    from .. import hub
+    from ..runtime.lora import check_adapters, parse_adapters
+
+    adapters = parse_adapters(given)
+    if model is None:
+        return
+    try:
+        local = hub.resolve_local(model)
+    except LocalrunError:  # not pulled yet: checked once it is, before it loads (runtime.loader)
+        return
+    check_adapters(adapters, local.path)
 
 
 def _check_session_model(session: str, model: str) -> None:
@@ -782,6 +848,10 @@ def _load_spec(options: dict, parallel: int = 1, kind: str = "batch"):
     from ..runtime.options import LoadSpec
 
     given = {f.name: options[f.name] for f in fields(LoadSpec) if f.name in options}  # the flags this command has
+    if "lora" in given:  # --lora FILE[:SCALE]: absolute paths (the background server has another working folder)
+        from ..runtime.lora import parse_adapters
+
+        given["lora"] = parse_adapters(given["lora"] or [])
     return LoadSpec(**{**given, "parallel": parallel, "kind": kind})
 
 

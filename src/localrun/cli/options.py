@@ -39,6 +39,9 @@ RpcOpt = Annotated[Optional[str], typer.Option(
     help="split the model over llama.cpp RPC workers (`localrun worker` on other machines): HOST:PORT[,HOST:PORT...]")]
 TensorSplitOpt = Annotated[Optional[str], typer.Option(
     "--tensor-split", rich_help_panel=_M, help="proportions of the offloaded layers per device, RPC workers first then GPUs, e.g. 3,1 (default: by free memory)")]
+LoraOpt = Annotated[Optional[list[str]], typer.Option(
+    "--lora", metavar="FILE[:SCALE]", rich_help_panel=_M,
+    help="a LoRA adapter (GGUF) for the model, at SCALE (default 1.0); repeat for more. A model loaded with other adapters is another load")]
 KeepAliveOpt = Annotated[str, typer.Option(
     "--keep-alive", envvar="LOCALRUN_KEEP_ALIVE",
     help="keep the model loaded in the background server this long after the answer: 5m, 1h, -1 (forever); 0 runs in this process, no server")]
@@ -56,6 +59,7 @@ def _generation(
     source: SourceOpt = "auto",
     ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "auto", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
     threads: ThreadsOpt = None, batch: BatchOpt = 512, rpc: RpcOpt = None, tensor_split: TensorSplitOpt = None,
+    lora: LoraOpt = None,
 ) -> None:
     """The options run, chat and serve share: where the model comes from, model and hardware (the sampling
     options are added from SamplingOptions, see sampling_parameters)."""

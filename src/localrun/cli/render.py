@@ -298,6 +298,8 @@ def model_details(details: dict, as_json: bool) -> None:
         *([("vision", f"yes: projector {details['projector']}")] if details.get("projector") else []),
         *([("drafts", f"{details['draft']} by default (--draft none turns it off; a request's draft_max 0 too)")]
           if details.get("draft") else []),
+        *[(f"LoRA adapter {i}", f"{a['path']} at scale {a['scale']:g}" + ("" if a.get("present", True) else " (missing: the file is gone)"))
+          for i, a in enumerate(details.get("adapters") or [])],
         ("file size", human_size(details["file_size"])),
         ("sha256", details["sha256"] + (" (hashed now)" if details.get("sha256_checked") == "now" else
                                         f" (from the {'create' if details['source'] == 'created' else 'pull'}; size and mtime"
@@ -411,6 +413,9 @@ def session_details(info, as_json: bool) -> None:
         ("name", info.name), ("model", f"{info.model} ({info.quant})"), ("tokens", str(info.tokens)),
         ("context", f"{info.n_ctx} ({info.kv_type})"), ("size", human_size(info.size)), ("build", info.build),
     ]
+    if getattr(info, "adapters", ""):  # made under LoRA adapters: each file's sha256 (shortened) and scale
+        rows.append(("LoRA adapters", ", ".join(f"{sha[:12]} at scale {scale}" for sha, _, scale in
+                                                (part.partition("@") for part in info.adapters.split(",")))))
     _kv_rows(rows)
     out = sys.stdout
     for m in info.messages:

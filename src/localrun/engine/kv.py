@@ -62,6 +62,10 @@ class KVCache:
         self.n_stream = 1 if unified else n_seq  # llama.cpp's KV streams: one per sequence unless unified
         self.sliding_window = sliding_window or 0
         self.tokens: list[list[int]] = [[] for _ in range(n_seq)]
+        # The LoRA adapters and scales (engine.lora.lora_key) the context decodes under now, and those each
+        # sequence's KV was made under: a sequence is reused, copied or extended only under its own.
+        self.current: tuple = ()
+        self.made_with: list[tuple] = [() for _ in range(n_seq)]
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -95,17 +99,32 @@ class KVCache:
         first = self._ll.llama_memory_seq_pos_min(self.memory, seq)  # of the window's cells; -1: none left
         return 0 <= first <= max(0, n_keep - window + 1)
 
+    def matches(self, seq: int, key: Optional[tuple] = None) -> bool:
+        """Whether what `seq` holds was made under the adapters `key` (default: the context's now): an empty
+        sequence matches any."""
+        return not self.tokens[seq] or self.made_with[seq] == (self.current if key is None else key)
+
     def reuse(self, seq: int, prompt: Sequence[int]) -> int:
         """Keep the longest prefix `seq` shares with `prompt` and drop the rest; returns how many tokens were
-        kept. The prompt's last token is never kept: its logits are the ones to sample from."""
+        kept. The prompt's last token is never kept: its logits are the ones to sample from. What the sequence
+        holds under other LoRA adapters or scales is dropped whole."""
+        if not self.matches(seq):
+            self.clear(seq if self.n_seq > 1 else None)
+            return 0
         keep = image_start(prompt, min(common_prefix(self.tokens[seq], prompt), len(prompt) - 1))
         if keep < len(self.tokens[seq]) and not self.truncate(seq, keep):
             keep = 0
         return keep
 
-    def reuse_from(self, seq: int, prompt: Sequence[int], donors: Sequence[int]) -> int:
+    def reuse_from(self, seq: int, prompt: Sequence[int], donors: Sequence[int], key: Optional[tuple] = None) -> int:
         """As reuse(), but when another sequence among `donors` holds a longer prefix of `prompt`, copy it
-        into `seq` first (a server slot taking the prefix another slot evaluated)."""
+        into `seq` first (a server slot taking the prefix another slot evaluated). `key`: the adapters the
+        prompt will be evaluated under (default: the context's now); sequences made under others are no
+        donors, and `seq` itself is emptied when it holds such."""
+        key = self.current if key is None else key
+        if not self.matches(seq, key):
+            self.clear(seq)
+        donors = [other for other in donors if self.matches(other, key)]
         limit = len(prompt) - 1
         keep = min(common_prefix(self.tokens[seq], prompt), limit)
         donor, donor_keep = None, keep
@@ -115,7 +134,8 @@ class KVCache:
                 if n > donor_keep:
                     donor, donor_keep = other, n
         if donor is None or image_start(prompt, donor_keep) <= image_start(prompt, keep):
-            return self.reuse(seq, prompt)
+            keep = image_start(prompt, keep)
+            return keep if keep >= len(self.tokens[seq]) or self.truncate(seq, keep) else 0
         self.copy(donor, seq)
         donor_keep = image_start(prompt, donor_keep)
         return donor_keep if self.truncate(seq, donor_keep) else 0
@@ -127,6 +147,7 @@ class KVCache:
         ll.llama_memory_seq_rm(self.memory, dst, 0, -1)
         ll.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         self.tokens[dst] = list(self.tokens[src])
+        self.made_with[dst] = self.made_with[src]
 
     def held(self) -> int:
         return sum(len(t) for t in self.tokens)
@@ -179,9 +200,11 @@ class KVCache:
         """A saved state as llama.cpp reads it into this context (its number of KV streams)."""
         return data if self.n_stream == 1 else _rewrite(data, self.n_stream)
 
-    def restore(self, data: bytearray, tokens: Sequence[int], seq: int = 0, *, ready: bool = False) -> bool:
+    def restore(self, data: bytearray, tokens: Sequence[int], seq: int = 0, *, ready: bool = False,
+                made_with: Optional[tuple] = None) -> bool:
         """Make sequence `seq` hold `data` (from state_bytes, of any context; `ready`: for_this_context
-        made it already) holding `tokens`. On failure the sequence is left empty and False is returned."""
+        made it already) holding `tokens`, made under the LoRA adapters `made_with` (default: the context's
+        now; the store keys states by them). On failure the sequence is left empty and False is returned."""
         ll = self._ll
         if not ready:
             data = self.for_this_context(data)
@@ -194,6 +217,7 @@ class KVCache:
             self.clear(seq if self.n_seq > 1 else None)
             return False
         self.tokens[seq] = list(tokens)
+        self.made_with[seq] = self.current if made_with is None else made_with
         return True
 
 

@@ -17,7 +17,7 @@ from .kv import KVCache
 from .llama import deferred_interrupt, default_threads, llama_cpp_module, load_progress, loaded
 from .options import KV_TYPES, check_context
 
-POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
+POOLING = {"mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama_pooling_type (rank: a reranker's score, engine.Engine.rank)
 _GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 # The backend-sampling prefilter keeps this many candidates (more where a chain needs more): wider than
 # llama.cpp's default top-k of 40, so that common settings never re-attach it.
@@ -53,11 +53,14 @@ class LoadOptions:
     backend_sampling: Optional[bool] = None
     # An embeddings context (Engine.embed): pooled vectors per sequence instead of logits to sample from.
     embeddings: bool = False
-    pooling: Optional[str] = None  # mean, cls or last; None: the model's own (GGUF), else mean
+    pooling: Optional[str] = None  # mean, cls, last or rank; None: the model's own (GGUF), else mean
     # llama.cpp RPC workers (engine.rpc) whose devices take layers as GPUs would, before local GPUs; and the
     # proportions per device (RPC workers, then GPUs) instead of llama.cpp's split by free memory.
     rpc: tuple[str, ...] = ()
     tensor_split: Optional[tuple[float, ...]] = None
+    # LoRA adapters (engine.lora): (file, scale) each, loaded with the model and applied at these scales until
+    # a request asks for others (Engine.use_lora).
+    lora: tuple[tuple[str, float], ...] = ()
     verbose: bool = False
 
     def __post_init__(self) -> None:
@@ -261,12 +264,59 @@ class Engine:
             )
         self.kv = KVCache(self.ctx, options.n_seq_max, self.info.sliding_window if any(self.info.swa_layers or [True]) else None,
                           unified=options.kv_unified or options.shared_kv)
+        self.adapters: tuple = ()  # llama.cpp's handles of the LoRA adapters, in the order of options.lora
+        self.lora: tuple[float, ...] = ()  # the scales applied to the context now, one per adapter
+        # The scales a request is answered under when it names none: the load's, until changed (llama-server's
+        # POST /lora-adapters: runtime.lora.set_default_scales).
+        self.lora_defaults: tuple[float, ...] = ()
+        if options.lora:
+            self._load_adapters(ll, options.lora)
         # llama.cpp rounds the context up (to 256); the limit the user asked for is the one we honour.
         self.n_ctx = min(options.n_ctx, ll.llama_n_ctx(self.ctx))
         self.n_batch = options.n_batch
         self.load_s = time.perf_counter() - t0
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog: Optional[list[int]] = None
+
+    def _load_adapters(self, ll, adapters: tuple[tuple[str, float], ...]) -> None:
+        """Load the LoRA adapters into the model and apply them at their scales. A file llama.cpp refuses (checked
+        before: engine.lora.check_adapter) closes the engine and raises with llama.cpp's reason."""
+        from .llama import captured_llama_log
+        from .lora import AdapterError
+
+        handles = []
+        for path, _ in adapters:
+            with captured_llama_log() as log, deferred_interrupt():
+                handle = ll.llama_adapter_lora_init(self.model, str(path).encode())
+            if not handle:
+                reason = next((line.split("failed to apply lora adapter: ", 1)[1].strip() for line in log
+                               if "failed to apply lora adapter: " in line), "llama.cpp could not load it")
+                self.close()
+                raise AdapterError(path, reason)
+            handles.append(handle)
+        self.adapters = tuple(handles)
+        self.lora_defaults = tuple(float(scale) for _, scale in adapters)
+        self.use_lora(self.lora_defaults)
+
+    def use_lora(self, scales: Sequence[float]) -> None:
+        """Apply the adapters at `scales` (one per adapter, in load order; 0 leaves one out) to what the context
+        decodes from now on. One set for a whole batch: llama.cpp applies adapters per context. The KV a sequence
+        holds keeps the scales it was made under (engine.kv: KVCache.made_with), and is reused only under the same."""
+        from .lora import lora_key
+
+        scales = tuple(float(s) for s in scales)
+        if len(scales) != len(self.adapters):
+            raise EngineError(f"{len(scales)} LoRA scales for {len(self.adapters)} adapters")
+        if scales == self.lora:
+            return
+        ll = self._ll
+        n = len(scales)
+        handles = (ll.llama_adapter_lora_p_ctypes * n)(*self.adapters) if n else None
+        values = (ctypes.c_float * n)(*scales) if n else None
+        with deferred_interrupt():
+            ll.llama_set_adapters_lora(self.ctx, handles, n, values)
+        self.lora = scales
+        self.kv.current = lora_key(scales)
 
     def _init_context(self, ll, options: LoadOptions) -> None:
         self.vocab = ll.llama_model_get_vocab(self.model)
@@ -322,15 +372,21 @@ class Engine:
         if batch.outputs > self.max_outputs:  # llama.cpp would abort the process (an assertion)
             raise DecodeError(f"a batch asked for {batch.outputs} rows of logits; this context was loaded for "
                               f"{self.max_outputs}", -1)
+        kv = self.kv
+        seqs = set(batch.seqs)
+        if self.adapters and not all(kv.matches(seq) for seq in seqs):  # (a caller's mistake: never decoded so)
+            raise DecodeError("a batch would extend a sequence made under other LoRA scales", -1)
         batch.raw.n_tokens = batch.n
         rc = ll.llama_decode(self.ctx, batch.raw)
         if rc != 0:
-            for seq in set(batch.seqs):  # a batch stopped part-way may have left cells: back to what we know
-                ll.llama_memory_seq_rm(self.kv.memory, seq, len(self.kv.tokens[seq]), -1)
-            raise DecodeError(f"llama.cpp decode failed (code {rc}) after {self.kv.held()} tokens: try a smaller --ctx or --batch", rc)
-        tokens = self.kv.tokens
+            for seq in seqs:  # a batch stopped part-way may have left cells: back to what we know
+                ll.llama_memory_seq_rm(kv.memory, seq, len(kv.tokens[seq]), -1)
+            raise DecodeError(f"llama.cpp decode failed (code {rc}) after {kv.held()} tokens: try a smaller --ctx or --batch", rc)
+        tokens = kv.tokens
         for seq, tok in zip(batch.seqs, batch.tokens):
             tokens[seq].append(tok)
+        for seq in seqs:
+            kv.made_with[seq] = kv.current
 
     def logits(self, row: int, n_rows: int = 1):
         """The logits of batch row `row` (and the output rows after it) as a float32 numpy view. One row is
@@ -379,12 +435,36 @@ class Engine:
         many rows differently from a small one)."""
         import numpy as np
 
+        out = []
+        for vec in self._pooled(token_lists, self.n_embd):
+            vec = vec.astype(np.float64)
+            norm = float(np.linalg.norm(vec))
+            out.append((vec / norm if norm > 0 else vec).tolist())
+        return out
+
+    def rank(self, token_lists: Sequence[Sequence[int]]) -> list[float]:
+        """A reranker's score of each token list (a query and a document put together: runtime.rerank), in a context
+        loaded with rank pooling: the first of what llama.cpp's rank pooling gives per sequence (its classification
+        head's output; a softmax's first, "yes", for Qwen3-Reranker), as llama-server's /rerank reads it.
+
+        Each list is evaluated in a decode of its own: a score is then the same whatever else a request ranks, and
+        llama-server's to the last bit where it has one slot (-np 1). Decoded beside others, a score moves by float
+        rounding: five documents of 17 to 28 tokens in one decode scored up to 3e-5 apart from each alone, and so do
+        llama-server's several slots (tests/cli/test_rerank.py)."""
+        if self.pooling != "rank":
+            raise EngineError("this context does not rank: load it with LoadOptions(embeddings=True, pooling='rank')")
+        n_out = max(1, self._ll.llama_model_n_cls_out(self.model))
+        return [float(self._pooled([tokens], n_out)[0][0]) for tokens in token_lists]
+
+    def _pooled(self, token_lists: Sequence[Sequence[int]], width: int) -> list:
+        """What llama.cpp's pooling gives for each token list, `width` floats each (numpy copies)."""
+        import numpy as np
+
         if not self.options.embeddings:
             raise EngineError("this context makes no embeddings: load it with LoadOptions(embeddings=True)")
         ll, batch = self._ll, self.batch
-        n_embd = self.n_embd
         encode = ll.llama_encode if ll.llama_model_has_encoder(self.model) and not ll.llama_model_has_decoder(self.model) else ll.llama_decode
-        out: list[Optional[list[float]]] = [None] * len(token_lists)
+        out: list = [None] * len(token_lists)
         pending: list[int] = []
 
         def flush() -> None:
@@ -400,9 +480,7 @@ class Engine:
                     ptr = ll.llama_get_embeddings_seq(self.ctx, seq)
                     if not ptr:
                         raise EngineError("llama.cpp gave no pooled embedding for this model")
-                    vec = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float64)
-                    norm = float(np.linalg.norm(vec))
-                    out[index] = (vec / norm if norm > 0 else vec).tolist()
+                    out[index] = np.ctypeslib.as_array(ptr, shape=(width,)).copy()
             finally:
                 ll.llama_memory_clear(self.kv.memory, True)
                 batch.clear()

@@ -278,6 +278,7 @@ class Projector:
                                   " try a larger --batch or --ctx")
             self.encoded += 1
             kv.tokens[seq].extend(known.ids)
+            kv.made_with[seq] = kv.current  # (under the LoRA scales the context has now: the caller set them)
             self._chunks.move_to_end(known.ids[0])
             return at + len(known.ids)
 

@@ -57,6 +57,8 @@ class ModelEntry(BaseModel):
     revision: str = "main"
     embedding: bool = Field(default=False, description="an embedding model (for /v1/embeddings, /api/embed, `localrun embed`)")
     reasoning: bool = Field(default=False, description="a reasoning model: it thinks before it answers")
+    rerank: bool = Field(default=False, description="a reranker (a cross-encoder: `localrun rerank`, /v1/rerank), loaded "
+                                                   "with llama.cpp's rank pooling")
     mmproj: Optional[str] = Field(default=None, description="a vision model's projector: file name or glob in the repo "
                                   "(default: its only mmproj-*.gguf, else the F16 one)")
     draft: Optional[Literal["lookup"]] = Field(default=None, description="speculative decoding by default: lookup (prompt "

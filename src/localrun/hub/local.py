@@ -264,11 +264,13 @@ class ModelDefaults:
     embedding: bool = False
     made: bool = False  # a created model's (create, cp): not the same model as its file by another name
     draft: Optional[str] = None  # "lookup": prompt-lookup speculation unless a load says otherwise
+    adapters: tuple[tuple[str, float], ...] = ()  # LoRA adapters (a Modelfile's ADAPTER lines): absolute path, scale
+    rerank: bool = False  # a reranker (catalogue): loaded for rank pooling (runtime.rerank)
 
     def to_settings(self) -> dict[str, Any]:
         out = {"sampling": dict(self.sampling), "system": self.system, "context": self.context, "template": self.template,
                "messages": [dict(m) for m in self.messages], "license": self.license, "embedding": self.embedding,
-               "draft": self.draft}
+               "draft": self.draft, "adapters": [[path, scale] for path, scale in self.adapters]}
         return {k: v for k, v in out.items() if v not in (None, {}, [], False)}
 
     @classmethod
@@ -276,7 +278,8 @@ class ModelDefaults:
         return cls(sampling=dict(settings.get("sampling") or {}), system=settings.get("system"), context=settings.get("context"),
                    template=settings.get("template"), messages=tuple(settings.get("messages") or ()),
                    license=settings.get("license"), embedding=bool(settings.get("embedding")), made=True,
-                   draft=settings.get("draft"))
+                   draft=settings.get("draft"),
+                   adapters=tuple((str(path), float(scale)) for path, scale in settings.get("adapters") or ()))
 
 
 def defaults_for(ref: str) -> ModelDefaults:
@@ -286,7 +289,7 @@ def defaults_for(ref: str) -> ModelDefaults:
     entry = entry_for(ref)
     if entry is not None:
         return ModelDefaults(sampling=dict(entry.sampling), system=entry.system, context=entry.context,
-                             license=entry.license, embedding=entry.embedding, draft=entry.draft)
+                             license=entry.license, embedding=entry.embedding, draft=entry.draft, rerank=entry.rerank)
     name = ref.split(":", 1)[0]
     if "/" in name or name.lower().endswith(".gguf") or not name:
         return ModelDefaults()

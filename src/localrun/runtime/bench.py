@@ -136,6 +136,7 @@ class Settings:
     decode: str = "plain"  # plain, lookup, draft:MODEL or beamsN (engine/strategies.py)
     rpc: Optional[str] = None  # llama.cpp RPC workers taking the offloaded layers (engine.rpc)
     tensor_split: Optional[str] = None
+    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters (absolute path, scale), applied to every row
 
     def n_ctx(self, tests: Sequence["Test"]) -> int:
         return self.ctx if self.ctx is not None else max([16, *(t.context_needed for t in tests)])
@@ -149,7 +150,8 @@ class Settings:
         from .options import LoadSpec
 
         spec = LoadSpec(gpu_layers=self.gpu_layers, flash_attn={"auto": None, "on": True, "off": False}[self.flash_attn],
-                        kv_type=self.kv_type, threads=self.threads, batch=self.batch, rpc=self.rpc, tensor_split=self.tensor_split)
+                        kv_type=self.kv_type, threads=self.threads, batch=self.batch, rpc=self.rpc, tensor_split=self.tensor_split,
+                        lora=self.lora)
         decoding = self.decoding()
         options = spec.engine_options(n_ctx, decoding)
         return options if decoding.beams > 1 else replace(options, n_outputs=0)
@@ -165,7 +167,8 @@ class Settings:
         if layers == "auto":
             layers = "-1" if supports_gpu_offload() else "0"
         fa = "on" if self.flash_attn == "auto" and self.kv_type != "f16" else self.flash_attn
-        return ["-t", str(self.threads), "-ngl", layers, "-fa", fa, "-ctk", self.kv_type, "-ctv", self.kv_type]
+        adapters = ["--lora-scaled", ",".join(f"{path}:{scale!r}" for path, scale in self.lora)] if self.lora else []
+        return ["-t", str(self.threads), "-ngl", layers, "-fa", fa, "-ctk", self.kv_type, "-ctv", self.kv_type, *adapters]
 
     def as_dict(self, n_ctx: int) -> dict[str, Any]:
         layers: Any = self.gpu_layers if self.gpu_layers == "auto" else int(self.gpu_layers)
@@ -173,6 +176,8 @@ class Settings:
                "gpu_layers": layers, "flash_attn": self.flash_attn, "decode": self.decode}
         if self.rpc:
             out["rpc"] = self.rpc
+        if self.lora:
+            out["lora"] = [f"{path}:{scale:g}" for path, scale in self.lora]
         return out
 
 
@@ -231,6 +236,7 @@ def make_plan(
     source: str = "auto",
     rpc: Optional[str] = None,
     tensor_split: Optional[str] = None,
+    lora: Optional[Sequence[str]] = None,
 ) -> Plan:
     """Parse and check every option (naming the bad value), find llama-bench if asked to compare."""
     from ..engine import KV_TYPES, default_threads, parse_gpu_layers
@@ -266,7 +272,12 @@ def make_plan(
     parse_endpoints(rpc), parse_tensor_split(tensor_split)  # refused here, before anything runs
     if rpc and compare:
         raise UsageError("--compare llama-bench cannot combine with --rpc: compare a local run, or sweep --gpu-layers 0,-1 with --rpc")
-    settings = [Settings(*combo, rpc=rpc or None, tensor_split=tensor_split or None)
+    from .lora import parse_adapters
+
+    adapters = parse_adapters(lora or [])  # each a LoRA GGUF; against each model once it is here (run)
+    if adapters and compare:
+        raise UsageError("--compare llama-bench cannot combine with --lora: llama-bench loads no LoRA adapters")
+    settings = [Settings(*combo, rpc=rpc or None, tensor_split=tensor_split or None, lora=adapters)
                 for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values, decodes)]
     for s in settings:
         if s.kv_type != "f16" and s.flash_attn == "off":
@@ -586,8 +597,11 @@ def run(plan: Plan, status: Status = lambda _: None, notice: Status = lambda _: 
     from ..engine import build_id
 
     locals_ = []
+    from .lora import check_adapters
+
     for ref in plan.models:  # resolve (and pull) every model first: a typo fails before minutes of measuring
         local = hub.ensure_local(ref, source=plan.source)
+        check_adapters(plan.settings[0].lora if plan.settings else (), local.path)  # made for this model
         locals_.append((local.path.name if local.source == "path" else local.ref, local.path))
     build = build_id()
     for (name, path), settings in itertools.product(locals_, plan.settings):

@@ -3,8 +3,10 @@ pulled model or a .gguf file, with its own PARAMETERs, SYSTEM, TEMPLATE and MESS
 
 A made model shares its files with what it was made from (nothing is copied) and keeps its own defaults
 (hub.ModelDefaults) in the registry, so `list`, /api/tags and /v1/models show it whether loaded or not and
-every entry point runs it by its name. What localrun cannot honour is refused or noticed in one line naming
-it: ADAPTER (no LoRA yet), a TEMPLATE in Ollama's Go syntax (localrun renders Jinja chat templates).
+every entry point runs it by its name. ADAPTER names a LoRA adapter's GGUF (FILE or FILE:SCALE, relative to the
+Modelfile's folder), checked against the base model as the model is made and loaded with it every time. What
+localrun cannot honour is refused or noticed in one line naming it: an ADAPTER that is no LoRA GGUF or made for
+another model, a TEMPLATE in Ollama's Go syntax (localrun renders Jinja chat templates).
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, sourc
     name = hub.created_name(name)
     if not modelfile.base:
         raise UsageError("the Modelfile has no FROM line: FROM a model name (`localrun list`) or a .gguf file")
-    if modelfile.adapters:
-        raise UsageError("ADAPTER (a LoRA adapter) is not supported by localrun yet: remove the ADAPTER line")
+    adapters = _adapters(modelfile.adapters, base_dir)
     base_ref = _base_ref(modelfile.base, base_dir)
     base = hub.defaults_for(base_ref)
     sampling, context = _parameters(modelfile.parameters, base, say)
@@ -46,10 +47,15 @@ def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, sourc
     defaults = replace(base, sampling=sampling, context=context, template=template,
                        system=modelfile.system if modelfile.system is not None else base.system,
                        messages=tuple(modelfile.messages) or base.messages,
-                       license=modelfile.license if modelfile.license is not None else base.license)
+                       license=modelfile.license if modelfile.license is not None else base.license,
+                       adapters=tuple(base.adapters) + adapters)
     local = hub.ensure_local(base_ref, source=source, progress=progress)
     if local.source == "path":  # a file of the user's own: whole and a GGUF model, or no model is made of it
         _check_file(local.path)
+    if adapters:
+        from .lora import check_adapters
+
+        check_adapters(adapters, local.path)
     return hub.register_created(name, local, defaults, origin=f"FROM {local.ref if local.source != 'path' else local.path}")
 
 
@@ -73,6 +79,17 @@ def _check_file(path: Path) -> None:
     except InvalidModelFile as exc:
         reason = exc.message.rsplit(": ", 1)[0]  # (its advice, to pull again, is for a pulled file)
         raise UsageError(f"FROM {reason}: give FROM a complete .gguf model file") from None
+
+
+def _adapters(given: list[str], base_dir: Optional[Path]) -> tuple[tuple[str, float], ...]:
+    """ADAPTER lines as (absolute path, scale) pairs, each a LoRA adapter's GGUF (an Ollama ADAPTER of safetensors
+    is refused: llama.cpp loads GGUF adapters only)."""
+    from .lora import AdapterError, parse_adapters
+
+    try:
+        return parse_adapters(given, base_dir)
+    except AdapterError as exc:
+        raise UsageError(f"ADAPTER {exc.path}: {exc.reason}") from None
 
 
 def _base_ref(base: str, base_dir: Optional[Path]) -> str:

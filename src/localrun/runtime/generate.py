@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ..engine import Response, generate as engine_generate
+from ..engine.lora import lora_key
 from ..errors import SessionError
 from .loader import Loaded
 from .request import Prompt, Request, prompt_for, with_stops, with_system
@@ -26,8 +27,15 @@ class InProcess(EngineSeat):
         self.loaded = loaded
 
     @contextmanager
-    def hold(self, tokens: Sequence[int] = (), **waiting) -> Iterator["InProcess"]:
-        yield self  # one request at a time in this process: never waits
+    def hold(self, tokens: Sequence[int] = (), *, lora: Optional[Sequence[float]] = None, **waiting) -> Iterator["InProcess"]:
+        """The engine's one sequence (one request at a time in this process: never waits), under the LoRA scales
+        `lora` (None: the model's own): what it holds from other scales is dropped."""
+        engine = self.engine
+        scales = tuple(engine.lora_defaults if lora is None else lora)
+        if not engine.kv.matches(0, lora_key(scales)):
+            engine.reset()
+        engine.use_lora(scales)
+        yield self
 
     def held(self, tokens: Sequence[int] = ()) -> int:
         """Tokens in the KV cache now."""
@@ -68,8 +76,9 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
     elif request.use_cache and request.tokens is None:
         sessions = optional_cache(Sessions.open, on_notice)
     try:
+        lora = _scales(engine, request.lora)
         if request.tokens is None:
-            history = _history(sessions, request.session, engine, place.n_ctx) if request.session else []
+            history = _history(sessions, request.session, engine, place.n_ctx, lora) if request.session else []
             if request.raw is None:
                 request = replace(request, raw=engine.chat_template is None)
                 if request.raw and on_notice:
@@ -104,7 +113,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 on_notice(f"every slot of {loaded.name} on the server is busy: waiting for one")
 
         snapshot = None
-        with place.hold(prompt.tokens, on_wait=waiting, cancelled=cancelled) as seat:
+        with place.hold(prompt.tokens, on_wait=waiting, cancelled=cancelled, lora=lora) as seat:
             admit()
             if not request.use_cache and not request.session:
                 seat.reset()  # --no-cache: from an empty context, as a freshly loaded model starts
@@ -146,7 +155,17 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
             sessions.close()
 
 
-def _history(sessions: Sessions, name: str, engine, n_ctx: int) -> list[dict]:
+def _scales(engine, asked: Optional[Sequence[float]]) -> tuple[float, ...]:
+    """The LoRA scales a request is answered under: those it asks for (one per adapter the model loaded), else the
+    model's own."""
+    if asked is None:
+        return tuple(engine.lora_defaults)
+    from .lora import check_scales
+
+    return check_scales(engine, asked)
+
+
+def _history(sessions: Sessions, name: str, engine, n_ctx: int, lora: Sequence[float] = ()) -> list[dict]:
     """A session's messages (its KV state is restored once the prompt is known); none for a new session."""
     try:
         sessions.show(name)
@@ -154,7 +173,7 @@ def _history(sessions: Sessions, name: str, engine, n_ctx: int) -> list[dict]:
         return []  # a new session: created after this answer
     from .conversation import live
 
-    return live(sessions.messages(name, engine, n_ctx))  # refused here when made by another model or settings; images as chat keeps them
+    return live(sessions.messages(name, engine, n_ctx, lora))  # refused here when made by another model or settings; images as chat keeps them
 
 
 def optional_cache(action, on_notice):

@@ -48,9 +48,18 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     `sampling`: the request's sampling values (None = not given), merged over the catalogue's defaults. An
     embeddings context (spec.kind "embed", runtime.embed): `ctx` tokens, any text up to that long in one
     batch, and EMBED_SEQUENCES texts per decode sharing them."""
+    from dataclasses import replace
+
     from .. import hub
+    from ..engine.lora import read_adapter
+    from .lora import check_adapters
 
     brought = hub.defaults_for(model)
+    # A created model's adapters (its Modelfile's ADAPTER lines) first, then those the load adds (--lora): each a
+    # LoRA GGUF, checked before anything is pulled, and against the model before it loads.
+    spec = replace(spec, lora=tuple(brought.adapters) + tuple(spec.lora)) if brought.adapters else spec
+    for path, _ in spec.lora:
+        read_adapter(path)
     defaults = dict(brought.sampling)
     merged = merge_options(defaults, sampling)
     embeddings = spec.kind == "embed"
@@ -67,6 +76,11 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
 
     options_for(context_for(spec.ctx, brought, None, embeddings=embeddings))
     local = hub.ensure_local(model, source=source)  # (every option was checked first: nothing is pulled for a bad one)
+    check_adapters(spec.lora, local.path)
+    if embeddings and spec.pooling == "rank":  # a reranker's load (runtime.rerank): no other model ranks
+        from .rerank import check_reranker_file
+
+        check_reranker_file(local.path, local.path.name if local.source == "path" else local.ref, brought.rerank)
     info = read_info(local.path)
     n_ctx = context_for(spec.ctx, brought, local.path, spec.kv_streams(info), spec.kv_type, embeddings=embeddings)
     options = options_for(n_ctx, has_sliding_window(info))

@@ -50,6 +50,13 @@ class LoadSpec:
     beams: int = 1  # beam search (in this process only: the server's slots do not search beams)
     length_penalty: float = 1.0
     pooling: Optional[str] = None  # an embeddings context's pooling (None: the model's own)
+    # LoRA adapters, (absolute path, scale) each (--lora FILE[:SCALE], runtime.lora.parse_adapters): loaded with the
+    # model, so a model loaded with other adapters or scales is another load; a request picks other scales without one.
+    lora: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        # (as a client sends them on the wire: lists; the pool compares loads by value)
+        object.__setattr__(self, "lora", tuple((str(path), float(scale)) for path, scale in self.lora))
 
     def decoding(self, default_draft: Optional[str] = None):
         """The decoding strategy these options ask for (engine.strategies.DecodeOptions, checked). `default_draft`:
@@ -77,7 +84,8 @@ class LoadSpec:
         from .workers import parse_tensor_split
 
         placed = dict(n_threads=self.threads, gpu_layers=parse_gpu_layers(self.gpu_layers), flash_attn=self.flash_attn,
-                      kv_type=self.kv_type, rpc=parse_endpoints(self.rpc), tensor_split=parse_tensor_split(self.tensor_split))
+                      kv_type=self.kv_type, rpc=parse_endpoints(self.rpc), tensor_split=parse_tensor_split(self.tensor_split),
+                      lora=self.lora)
         if self.kind == "embed":  # one pool of cells for every text of a batch; a text must fit one batch
             return LoadOptions(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_seq_max=EMBED_SEQUENCES, kv_unified=True,
                                embeddings=True, pooling=self.pooling, **placed)

@@ -53,6 +53,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
         "vocab_size": info.vocab_size,
         "chat_template": info.chat_template is not None,
         "draft": brought.draft,  # a catalogue entry's speculative decoding by default (lookup), or None
+        "adapters": adapters_of(brought),  # a created model's LoRA adapters (its Modelfile's ADAPTER lines)
         "file_size": info.file_size,
         "sha256": local.sha256[0] if local.sha256 else sha256_file(local.path),
         # where the sha256 comes from: hashed now, or the pull's record (the file's size and mtime still match it)
@@ -72,6 +73,14 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
 
 
 _SIZE = re.compile(r"(\w+)\s+(model|KV|compute|output) buffer size\s*=\s*([\d.]+) MiB")
+
+
+def adapters_of(brought) -> list[dict[str, Any]]:
+    """A model's own LoRA adapters (a created model's ADAPTER lines: hub.ModelDefaults.adapters), as `show` and
+    /api/show list them: path, scale, and whether the file is still there."""
+    from pathlib import Path
+
+    return [{"path": path, "scale": scale, "present": Path(path).is_file()} for path, scale in brought.adapters]
 
 
 def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
@@ -234,6 +243,7 @@ def model_card(ref: str, local=None) -> dict[str, Any]:
         "modelfile": modelfile_text(local, brought), "parameters": parameters,
         **({"system": brought.system} if brought.system else {}),
         **({"messages": list(brought.messages)} if brought.messages else {}),
+        **({"adapters": adapters_of(brought)} if brought.adapters else {}),
         "template": brought.template or info.chat_template or "{{ .Prompt }}", "license": brought.license or "",
         "details": model_details(info), "model_info": model_info, "capabilities": capabilities,
         "modified_at": local.pulled_at or _mtime(local.path), "digest": _digest(local),
@@ -266,6 +276,8 @@ def modelfile_text(local, brought) -> str:
         lines.append(f"TEMPLATE {quoted(brought.template)}")
     if brought.system:
         lines.append(f"SYSTEM {quoted(brought.system)}")
+    for path, scale in brought.adapters:
+        lines.append(f"ADAPTER {path}" + (f":{scale!r}" if scale != 1.0 else ""))
     for m in brought.messages:
         lines.append(f"MESSAGE {m['role']} {quoted(m['content'])}")
     if brought.license:

@@ -37,6 +37,9 @@ class Request:
     draft_max: Optional[int] = None
     # Ollama's (deprecated) generate `context`: an earlier prompt and answer as tokens, put before this prompt
     context: Optional[list[int]] = None
+    # The LoRA scales it is answered under, one per adapter the model was loaded with (runtime.lora.request_scales
+    # makes them from llama-server's per-request `lora`); None: the model's own. No reload: the adapters are loaded.
+    lora: Optional[tuple[float, ...]] = None
 
 
 @dataclass

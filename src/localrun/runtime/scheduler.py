@@ -41,6 +41,7 @@ from typing import Any, Optional
 from ..engine import Engine, Response
 from ..engine.loop import Plain, step
 from ..engine.kv import common_prefix
+from ..engine.lora import lora_key
 from ..engine.model import Batch, DecodeError
 from ..engine.sampling import Sampler
 from ..engine.sequence import SequenceState
@@ -66,6 +67,7 @@ class Job:
     leased: Optional["Slot"] = None  # the slot a lease holds for it (run, chat); None: any free slot
     reuse: bool = True  # False: the slot starts empty (--no-cache), no prefix kept or copied
     draft_max: Optional[int] = None  # this request's cap on a lookup draft (0: none); None: the model's
+    lora: tuple = ()  # the LoRA scales it is answered under, one per adapter of the model (engine.lora)
     # scheduler thread only
     slot: Optional["Slot"] = None
     task: Optional[Plain] = None
@@ -74,17 +76,22 @@ class Job:
     def prompt(self) -> list[int]:
         return self.seq.prompt
 
+    @property
+    def lora_key(self) -> tuple:
+        return lora_key(self.lora)
+
     @classmethod
     def create(cls, engine: Engine, prompt: list[int], sampling, *, max_tokens: int, n_ctx: int,
-               top_logprobs: Optional[int] = None, draft_max: Optional[int] = None) -> "Job":
+               top_logprobs: Optional[int] = None, draft_max: Optional[int] = None, lora: Optional[tuple] = None) -> "Job":
         """A job for `prompt`: its sampler chain is built here (a bad grammar or logit bias fails in the
         caller's thread, before anything is queued); its time to first token counts from now.
         `top_logprobs`: report each token's log-probability and that many alternatives'. `draft_max`: at
-        most that many tokens drafted a step where the model drafts (0: this request decodes plainly)."""
+        most that many tokens drafted a step where the model drafts (0: this request decodes plainly). `lora`: the
+        LoRA scales it is answered under (None: the model's default, engine.lora_defaults)."""
         sampler = Sampler(engine, sampling)
         seq = SequenceState(engine, prompt, sampling, seq_id=-1, n_ctx=n_ctx, max_tokens=max_tokens)
         seq.top_logprobs = top_logprobs
-        return cls(seq, sampler, draft_max=draft_max)
+        return cls(seq, sampler, draft_max=draft_max, lora=tuple(engine.lora_defaults if lora is None else lora))
 
 
 @dataclass
@@ -144,6 +151,7 @@ class Scheduler:
         self.fatal: Optional[str] = None
         self.calls: collections.deque = collections.deque()  # (fn, result box, done event) for the scheduler thread
         self.waiters = 0  # requests waiting in `hold` for a free slot
+        self.lora_turn: tuple = ()  # the LoRA scales (engine.lora_key) of the last step's jobs: the next set takes its turn
 
     # -- called from other threads --------------------------------------------------------------
 
@@ -202,21 +210,29 @@ class Scheduler:
         """The context of one slot: what one request may fill."""
         return self.slot_ctx
 
-    def held(self, tokens: Sequence[int]) -> int:
-        """The longest prefix of `tokens` a slot holds (read without the lock: a glance, not a promise)."""
+    def held(self, tokens: Sequence[int], key: Optional[tuple] = None) -> int:
+        """The longest prefix of `tokens` a slot holds (read without the lock: a glance, not a promise), made
+        under the LoRA scales `key` (engine.lora.lora_key; None: the model's default)."""
         kv = self.engine.kv
-        return max((common_prefix(list(kv.tokens[s.seq_id]), tokens) for s in self.slots), default=0)
+        key = lora_key(self.engine.lora_defaults) if key is None else key
+        return max((common_prefix(list(kv.tokens[s.seq_id]), tokens) for s in self.slots if kv.matches(s.seq_id, key)), default=0)
 
     def idle_slots(self) -> int:
         return sum(1 for s in self.slots if s.free)
 
     @contextmanager
     def hold(self, tokens: Sequence[int] = (), *, on_wait: Optional[Callable[[], None]] = None,
-             cancelled: Optional[Callable[[], bool]] = None) -> Iterator["SlotSeat"]:
+             cancelled: Optional[Callable[[], bool]] = None, lora: Optional[Sequence[float]] = None) -> Iterator["SlotSeat"]:
         """Hold a slot for one request (waiting for one to be free: `on_wait` hears it once, and a request
         `cancelled` meanwhile stops waiting): the free slot sharing the longest prefix with `tokens`, else
         the least recently used. Raises ServerStopping once the server stops, QueueFull when `max_waiting`
-        requests wait already (a request an idle slot takes at once never waits)."""
+        requests wait already (a request an idle slot takes at once never waits). `lora`: the LoRA scales
+        the request is answered under (None: the model's default); a slot holding KV made under others is
+        emptied for it."""
+        scales = tuple(self.engine.lora_defaults if lora is None else (float(s) for s in lora))
+        if len(scales) != len(self.engine.adapters):
+            raise LocalrunError(f"{len(scales)} LoRA scales for a model with {len(self.engine.adapters)} adapters")
+        key = lora_key(scales)
         told = waiting = False
         try:
             with self.cond:
@@ -236,7 +252,7 @@ class Scheduler:
                         told = True
                         on_wait()
                     self.cond.wait(timeout=0.25)
-                slot = self._closest(free, tokens)
+                slot = self._closest(free, tokens, key)
                 slot.leased = True
         finally:
             if waiting:
@@ -245,7 +261,9 @@ class Scheduler:
         try:
             if self.engine.options.shared_kv:
                 self.call(lambda: self._alone_in_pool(slot))
-            yield SlotSeat(self, slot)
+            if not self.engine.kv.matches(slot.seq_id, key):  # made under other LoRA scales: of no use to it
+                self.call(lambda: self.engine.kv.clear(slot.seq_id))
+            yield SlotSeat(self, slot, scales)
         finally:
             with self.cond:
                 slot.leased = False
@@ -376,18 +394,20 @@ class Scheduler:
         PREFIX_WAIT tokens more) than any slot holds now: then `job` waits until that prefix is in the KV and
         copies it, instead of evaluating the same tokens beside it (a burst of requests with one long system
         prompt, as agents and the tests' samplers send, evaluated it once per slot)."""
-        kv, prompt = self.engine.kv, job.prompt
+        kv, prompt, key = self.engine.kv, job.prompt, job.lora_key
         limit = len(prompt) - 1
-        evaluating = [j for j in self.running if j.task is not None and j.task.next_token is None and not j.task.done]
+        evaluating = [j for j in self.running if j.task is not None and j.task.next_token is None and not j.task.done
+                      and j.lora_key == key]
         busy = {j.slot.seq_id for j in evaluating}
-        held = max((min(common_prefix(kv.tokens[s.seq_id], prompt), limit) for s in self.slots if s.seq_id not in busy), default=0)
+        held = max((min(common_prefix(kv.tokens[s.seq_id], prompt), limit) for s in self.slots
+                    if s.seq_id not in busy and kv.matches(s.seq_id, key)), default=0)
         for other in evaluating:
             coming = min(common_prefix(other.prompt, prompt), limit)
             if coming - held >= PREFIX_WAIT and len(kv.tokens[other.slot.seq_id]) < coming:
                 return True
         return False
 
-    def _closest(self, free: list[Slot], tokens: Sequence[int]) -> Slot:
+    def _closest(self, free: list[Slot], tokens: Sequence[int], key: tuple = ()) -> Slot:
         """The slot among `free` beside the busy slots, then the one sharing the longest prefix with `tokens`
         (its last token never counts: it is always evaluated, its logits sampled), then the least recently
         used (an empty one first).
@@ -400,13 +420,13 @@ class Scheduler:
         only where it is longer than what taking the slot throws away: a prompt that shares only `<bos>` or a
         first word with a slot takes another, and the prefix held there stays for its own next request.
         Token lists are copied: called from a request's thread, a running slot's list changes on the scheduler
-        thread."""
+        thread. `key`: the LoRA scales the tokens will be evaluated under: a slot made under others shares none."""
         kv, limit = self.engine.kv, max(0, len(tokens) - 1)
         busy = {s.seq_id for s in self.slots if not s.free} if kv.n_stream > 1 else set()  # one shared pool: any slot
 
         def key(slot: Slot) -> tuple[int, int, float]:
             held = list(kv.tokens[slot.seq_id])
-            shared = common_prefix(held, tokens)
+            shared = common_prefix(held, tokens) if kv.matches(slot.seq_id, key) else 0
             beside = (slot.seq_id - 1 in busy) + (slot.seq_id + 1 in busy)
             return beside, (min(shared, limit) if shared > len(held) - shared else 0), -slot.last_used
 
@@ -415,9 +435,9 @@ class Scheduler:
     def _assign(self, job: Job, free: list[Slot]) -> None:
         """Give `job` the free slot with the longest shared prefix (a longer one held by any slot is copied)."""
         kv, prompt = self.engine.kv, job.prompt
-        slot = self._closest(free, prompt)
+        slot = self._closest(free, prompt, job.lora_key)
         if job.reuse:
-            kept = kv.reuse_from(slot.seq_id, prompt, [s.seq_id for s in self.slots])
+            kept = kv.reuse_from(slot.seq_id, prompt, [s.seq_id for s in self.slots], key=job.lora_key)
         else:
             kv.clear(slot.seq_id)
             kept = 0
@@ -436,11 +456,25 @@ class Scheduler:
             job.task = Plain(self.engine, job.seq, job.sampler, chunk=self.prefill_chunk, reused=kept, prefilter=prefilter)
         job.task.job = job
 
+    def _this_step(self) -> list[Job]:
+        """The running jobs that go into this step: those of one set of LoRA scales (llama.cpp applies adapters to
+        a whole batch, as llama-server batches only slots whose adapters are equal), each set in its turn; that
+        set applied to the context. Every job, where the model has no adapters."""
+        if not self.engine.adapters:
+            return list(self.running)
+        keys = list(dict.fromkeys(j.lora_key for j in self.running))  # in admission order
+        key = keys[(keys.index(self.lora_turn) + 1) % len(keys)] if self.lora_turn in keys and len(keys) > 1 else keys[0]
+        jobs = [j for j in self.running if j.lora_key == key]
+        self.engine.use_lora(jobs[0].lora)
+        self.lora_turn = key
+        return jobs
+
     def _step(self, out: list) -> None:
         # Decoding sequences in slot order (llama.cpp splits a batch whose sequences come out of order into
         # several ubatches), then prompt chunks in admission order.
-        decoding = sorted((j for j in self.running if j.task.next_token is not None), key=lambda j: j.slot.seq_id)
-        prefilling = [j for j in list(self.running) if j.task.next_token is None and self._images_done(j, out)]
+        running = self._this_step()
+        decoding = sorted((j for j in running if j.task.next_token is not None), key=lambda j: j.slot.seq_id)
+        prefilling = [j for j in running if j.task.next_token is None and self._images_done(j, out)]
         while True:
             try:
                 results = step(self.engine, self.batch, [j.task for j in decoding + prefilling])
@@ -575,10 +609,11 @@ class SlotSeat:
     """A slot held by one request (Scheduler.hold): runtime.sessions' seat, as the engine's own sequence is
     in-process, and where the request generates, batched with the other slots."""
 
-    def __init__(self, scheduler: Scheduler, slot: Slot):
+    def __init__(self, scheduler: Scheduler, slot: Slot, lora: tuple = ()):
         self.scheduler = scheduler
         self.slot = slot
         self.kv = scheduler.engine.kv
+        self.lora = lora  # the LoRA scales its request is answered under: what its KV is made, saved and restored under
 
     @property
     def tokens(self) -> list[int]:
@@ -592,7 +627,7 @@ class SlotSeat:
     # llama.cpp's own reading and writing holds up the other slots.
     def restore(self, data: bytearray, tokens: Sequence[int]) -> bool:
         ready = self.kv.for_this_context(data)
-        return self.scheduler.call(lambda: self.kv.restore(ready, tokens, self.slot.seq_id, ready=True))
+        return self.scheduler.call(lambda: self.kv.restore(ready, tokens, self.slot.seq_id, ready=True, made_with=lora_key(self.lora)))
 
     def state_bytes(self) -> bytearray:
         return self.kv.portable(self.scheduler.call(lambda: self.kv.state_bytes(self.slot.seq_id, raw=True)), self.slot.seq_id)
@@ -609,7 +644,7 @@ class SlotSeat:
 
     def shared(self, tokens: Sequence[int]) -> int:
         """The longest prefix of `tokens` any slot holds (the job copies it into this one as it starts)."""
-        return self.scheduler.held(tokens)
+        return self.scheduler.held(tokens, lora_key(self.lora))
 
     def generate(self, tokens: list[int], sampling, *, cancelled: Optional[Callable[[], bool]] = None,
                  thinking=None, top_logprobs: Optional[int] = None, draft_max: Optional[int] = None) -> Iterator[Response]:
@@ -627,7 +662,7 @@ class SlotSeat:
         if scheduler.engine.vision is not None and any(t < 0 for t in tokens):  # evaluated by the job's prefill
             scheduler.engine.vision.check(tokens)
         job = Job.create(scheduler.engine, tokens, sampling, max_tokens=sampling.max_tokens, n_ctx=self.n_ctx,
-                         top_logprobs=top_logprobs, draft_max=draft_max)
+                         top_logprobs=top_logprobs, draft_max=draft_max, lora=self.lora)
         job.seq.thinking = thinking
         job.leased, job.reuse, self.reuse = self.slot, self.reuse, True
         job.sink = queue.SimpleQueue()

@@ -15,7 +15,7 @@ import collections
 import sqlite3
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
@@ -32,8 +32,26 @@ from ..store.writers import RUN
 _identities: "weakref.WeakKeyDictionary[Engine, Identity]" = weakref.WeakKeyDictionary()
 
 
-def identity(store: SessionStore, engine: Engine) -> Identity:
-    """What a state made by this engine depends on (the model file's sha256 is cached by the store)."""
+def identity(store: SessionStore, engine: Engine, lora: Optional[Sequence[float]] = None) -> Identity:
+    """What a state made by this engine depends on (the model file's sha256 is cached by the store), under the
+    LoRA scales `lora` (one per adapter the engine loaded; None: those it applies now): each adapter taking part
+    by its file's sha256 and its scale, so that a state made under other adapters or scales, or none, is another
+    identity (a prefix-cache chain of its own, a session refused)."""
+    ident = _base_identity(store, engine)
+    scales = engine.lora if lora is None else tuple(lora)
+    if not any(scales):
+        return ident
+    files = [Path(path) for path, _ in engine.options.lora]
+    return replace(ident, adapters=",".join(f"{store.model_sha256([files[i]])}@{float(scale)!r}"
+                                            for i, scale in enumerate(scales) if scale != 0))
+
+
+def seat_lora(seat) -> Optional[tuple[float, ...]]:
+    """The LoRA scales a seat's KV is made under (a server slot's request's; None: the engine's own now)."""
+    return getattr(seat, "lora", None)
+
+
+def _base_identity(store: SessionStore, engine: Engine) -> Identity:
     ident = _identities.get(engine)
     if ident is None:
         flash = {None: "auto", True: "on", False: "off"}[engine.options.flash_attn]
@@ -51,13 +69,13 @@ def identity(store: SessionStore, engine: Engine) -> Identity:
     return ident
 
 
-def _cache_identity(store: SessionStore, engine: Engine) -> Optional[Identity]:
+def _cache_identity(store: SessionStore, engine: Engine, lora: Optional[Sequence[float]] = None) -> Optional[Identity]:
     """identity(), or None when the model's file is gone (`localrun rm` while it answered): there is nothing
     to key its cache by, and nothing will ask for it again. Said nowhere: the user removed it."""
     try:
-        return identity(store, engine)
+        return identity(store, engine, lora)
     except FileNotFoundError:
-        if all(Path(p).exists() for p in list(engine.info.shards) or [engine.path]):
+        if all(Path(p).exists() for p in [*(list(engine.info.shards) or [engine.path]), *(a for a, _ in engine.options.lora)]):
             raise
         return None
 
@@ -94,6 +112,10 @@ class EngineSeat:
     @property
     def n_ctx(self) -> int:
         return self.engine.n_ctx
+
+    @property
+    def lora(self) -> tuple[float, ...]:
+        return self.engine.lora
 
     def restore(self, data: bytearray, tokens: Sequence[int]) -> bool:
         return self.engine.kv.restore(data, tokens)
@@ -198,12 +220,13 @@ class Sessions:
     def save(self, name: str, engine: Engine, messages: list[dict], *, model_ref: str, seat=None) -> SessionInfo:
         """Save what the engine's KV cache holds (`seat`: that sequence of it) and `messages` as session `name`."""
         seat = seat or EngineSeat(engine)
-        return self.store.save(name, identity(self.store, engine), list(seat.tokens), messages,
+        return self.store.save(name, identity(self.store, engine, seat_lora(seat)), list(seat.tokens), messages,
                                seat.state_bytes, model_ref=model_ref, n_ctx=seat.n_ctx)
 
-    def messages(self, name: str, engine: Engine, n_ctx: int) -> list[dict]:
-        """Session `name`'s messages, refused (as `load` would) when its state cannot go into this engine."""
-        return self.store.messages(name, identity(self.store, engine), n_ctx)
+    def messages(self, name: str, engine: Engine, n_ctx: int, lora: Optional[Sequence[float]] = None) -> list[dict]:
+        """Session `name`'s messages, refused (as `load` would) when its state cannot go into this engine (under
+        the LoRA scales `lora`: None, the engine's now)."""
+        return self.store.messages(name, identity(self.store, engine, lora), n_ctx)
 
     def load(self, name: str, engine: Engine, seat=None, on_notice: Optional[Callable[[str], None]] = None) -> list[dict]:
         """Restore session `name` into the engine (`seat`: into that sequence of it, replacing what it holds)
@@ -217,7 +240,8 @@ class Sessions:
             held = common_prefix(seat.tokens, tokens)
             return bool(tokens) and held >= min(len(tokens), MIN_PREFIX_TOKENS) and len(tokens) - held < MIN_PREFIX_TOKENS
 
-        return self.store.load(name, identity(self.store, engine), seat.n_ctx, seat.restore, held=holds, on_notice=on_notice)
+        return self.store.load(name, identity(self.store, engine, seat_lora(seat)), seat.n_ctx, seat.restore, held=holds,
+                               on_notice=on_notice)
 
     def lookup_prefix(self, engine: Engine, tokens: Sequence[int], *, on_notice: Optional[Callable[[str], None]] = None,
                       seat=None) -> int:
@@ -234,7 +258,7 @@ class Sessions:
         # What another slot of a server holds is copied into this one as the request starts: no disk read for that.
         limit = len(tokens) - 1
         have = min(seat.shared(tokens), limit)
-        store, ident = self.store, _cache_identity(self.store, engine)
+        store, ident = self.store, _cache_identity(self.store, engine, seat_lora(seat))
         if ident is None:
             return 0
         chain = store.prefix_chain(prefix_root(ident), tokens, limit)
@@ -300,7 +324,7 @@ class Sessions:
         tokens = list(seat.tokens)
         if len(tokens) < MIN_PREFIX_TOKENS or not prefix_cache_applies(engine):
             return None
-        ident = _cache_identity(store, engine)
+        ident = _cache_identity(store, engine, seat_lora(seat))
         if ident is None:
             return None
         plan = store.prefix_plan(prefix_root(ident), tokens, whole=_whole_states(engine))

@@ -105,6 +105,7 @@ class SessionInfo:
     created: float  # seconds since the epoch
     last_used: float
     messages: list[dict] = field(default_factory=list)
+    adapters: str = ""  # the LoRA adapters its state was made under (Identity.adapters); "" none
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -208,6 +209,13 @@ def m002_prefix_chunks(db: sqlite3.Connection) -> None:
     db.execute("DELETE FROM entries WHERE kind = 'prefix'")
 
 
+@migration
+def m003_adapters(db: sqlite3.Connection) -> None:
+    """A session's LoRA adapters and scales (Identity.adapters): a state made under them resumes only under them.
+    Sessions saved before were made without any."""
+    db.execute("ALTER TABLE entries ADD COLUMN adapters TEXT NOT NULL DEFAULT ''")
+
+
 def migrate(db: sqlite3.Connection) -> None:
     """Apply the migrations this database lacks, in order, in one transaction (safe with concurrent openers)."""
     db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied REAL NOT NULL)")
@@ -295,6 +303,9 @@ class Identity:
     flash_attn: str
     build: str
     system_info: str
+    # The LoRA adapters the KV was made under, with their scales ("SHA256@SCALE,..." of each taking part: the
+    # engine's and the request's, runtime.sessions.identity); "" for none, as a state of the model alone.
+    adapters: str = ""
 
 
 @dataclass(frozen=True)
@@ -319,9 +330,12 @@ def _chunk(row: sqlite3.Row) -> PrefixChunk:
 
 def prefix_root(ident: Identity) -> str:
     """The key every chain of chunks made with this identity starts from: a chunk made with another model
-    file, quant, KV type, swa_full, flash attention, llama.cpp build or chunk size hashes to other keys."""
+    file, quant, KV type, swa_full, flash attention, llama.cpp build, LoRA adapters and scales or chunk size
+    hashes to other keys (the model alone, with no adapters, keeps the keys it had before adapters were known)."""
     what = ["localrun prefix chunks 1", PREFIX_CHUNK_TOKENS, ident.model_sha256, ident.quant, ident.kv_type,
             bool(ident.swa_full), ident.flash_attn, ident.build]
+    if ident.adapters:
+        what.append(ident.adapters)
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 
@@ -891,13 +905,13 @@ class SessionStore:
             """
             INSERT INTO entries (name, kind, model_ref, model_file, model_sha256, quant, n_ctx, kv_type, swa_full,
                 flash_attn, build, system_info, n_tokens, tokens, head_hash, messages, state_file, state_size,
-                checksum, created, last_used)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                checksum, created, last_used, adapters)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             """,
             (
                 name, kind, model_ref, ident.model_file, ident.model_sha256, ident.quant, n_ctx, ident.kv_type,
                 int(ident.swa_full), ident.flash_attn, ident.build, ident.system_info, len(tokens), blob,
-                head_hash(tokens), messages, state_file, size, checksum, created, now,
+                head_hash(tokens), messages, state_file, size, checksum, created, now, ident.adapters,
             ),
         )
         return cur.lastrowid
@@ -1193,11 +1207,22 @@ def _mismatch(row: sqlite3.Row, ident: Identity, n_ctx: int) -> Union[str, Misma
         )
     if row["flash_attn"] != ident.flash_attn:
         return f"was saved with flash attention {row['flash_attn']}, not {ident.flash_attn}: load the model as it was saved"
+    if (row["adapters"] or "") != ident.adapters:
+        return (f"was saved {_adapters_said(row['adapters'])}, not {_adapters_said(ident.adapters)}: its KV holds "
+                "what they computed; resume it with the adapters and scales it was saved with")
     if row["build"] != ident.build:
         return f"was saved by {row['build']}, this is {ident.build}: KV states do not carry across llama.cpp builds, start a new session"
     if row["n_tokens"] >= n_ctx:
         return Mismatch(f"holds {row['n_tokens']} tokens but the context holds {n_ctx}", "ctx", row["n_ctx"])
     return None
+
+
+def _adapters_said(adapters: str) -> str:
+    """'without LoRA adapters', or 'with LoRA adapters 1a2b3c4d5e6f at 0.5, ...' (each file's sha256, shortened)."""
+    if not adapters:
+        return "without LoRA adapters"
+    parts = [part.partition("@") for part in adapters.split(",")]
+    return "with LoRA adapter" + ("s " if len(parts) > 1 else " ") + ", ".join(f"{sha[:12]} at {scale}" for sha, _, scale in parts)
 
 
 def _info(row: sqlite3.Row) -> SessionInfo:
@@ -1219,4 +1244,5 @@ def _info(row: sqlite3.Row) -> SessionInfo:
         created=row["created"],
         last_used=row["last_used"],
         messages=json.loads(row["messages"]),
+        adapters=row["adapters"] if "adapters" in row.keys() else "",
     )

@@ -1,0 +1,231 @@
+"""LoRA adapters end to end: `run --lora FILE[:SCALE]` (in this process and through the background server), a
+Modelfile's ADAPTER, what `show` lists, llama-server's answer with the same adapter token for token, and the KV a
+session or the prefix cache keeps never reused under other adapters. Each adapter is a GGUF written here
+(tests/loramodel.py): small random A and B matrices over SmolLM2's attention."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import last_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loramodel import write_lora  # noqa: E402
+
+PROMPT = "The capital of France is"
+# A document of some 380 tokens: past MIN_PREFIX_TOKENS, so the prefix cache stores it (tests/cli/test_run_sessions.py).
+DOC = (Path(__file__).resolve().parents[2] / "src" / "localrun" / "data" / "wonderland.txt").read_text()[:1500]
+
+
+@pytest.fixture(scope="module")
+def adapters(smollm2, tmp_path_factory) -> dict[str, Path]:
+    where = tmp_path_factory.mktemp("lora")
+    return {
+        "lora": write_lora(smollm2, where / "lora.gguf"),
+        "other": write_lora(smollm2, where / "other.gguf", seed=7, magnitude=0.1, targets=("attn_k", "attn_output")),
+        "qwen2": write_lora(smollm2, where / "qwen2.gguf", architecture="qwen2"),
+    }
+
+
+def answer(cli, model, *args, prompt=PROMPT, n=12, input=None) -> dict:
+    r = cli("run", str(model), "--raw", "-t", "0", "-n", str(n), "--threads", "1", "--json", *args, prompt, input=input)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    return last_json(r.stdout)
+
+
+def test_an_adapter_changes_the_greedy_answer_and_scale_0_is_the_model_alone(smollm2, adapters, cli):
+    base = answer(cli, smollm2)["tokens"]
+    adapted = answer(cli, smollm2, "--lora", str(adapters["lora"]))["tokens"]
+    assert adapted != base
+    assert answer(cli, smollm2, "--lora", f"{adapters['lora']}:0")["tokens"] == base
+    # the scale counts (llama.cpp's scale x alpha / rank): half of it is neither
+    half = answer(cli, smollm2, "--lora", f"{adapters['lora']}:0.5")["tokens"]
+    assert half not in (base, adapted)
+    # two adapters together, repeated --lora, are another answer still
+    both = answer(cli, smollm2, "--lora", str(adapters["lora"]), "--lora", str(adapters["other"]))["tokens"]
+    assert both not in (base, adapted)
+
+
+def _llama_server() -> Path | None:
+    from localrun.errors import LocalrunError
+    from localrun.runtime import bench
+
+    try:
+        server = bench.find_llama_bench().parent / "llama-server"  # scripts/build_llama_bench.sh builds both
+    except LocalrunError:
+        return None
+    return server if server.is_file() else None
+
+
+LLAMA_SERVER = _llama_server()
+
+
+@pytest.mark.skipif(LLAMA_SERVER is None, reason="no llama-server: build it with scripts/build_llama_bench.sh")
+def test_the_answer_under_an_adapter_is_llama_servers_token_for_token(smollm2, adapters, cli, resident):
+    """llama-server (built from the llama.cpp llama-cpp-python vendors) with --lora / --lora-scaled, asked for the
+    same prompt tokens greedily: localrun's answer in this process and through the background server (a slot of its
+    shared scheduler) is the same, token for token, at scale 1 and at 0.5, and differs from the model's alone."""
+    ours = {scale: answer(cli, smollm2, "--lora", f"{adapters['lora']}:{scale}", "--keep-alive", "0", n=24) for scale in ("1", "0.5")}
+    served = answer(cli, smollm2, "--lora", f"{adapters['lora']}:0.5", "--keep-alive", "5m", n=24)
+    assert served["tokens"] == ours["0.5"]["tokens"]
+    prompt = _tokens(smollm2)
+    for scale, flag in (("1", ["--lora", str(adapters["lora"])]), ("0.5", ["--lora-scaled", f"{adapters['lora']}:0.5"])):
+        theirs = _llama_server_tokens(smollm2, flag, prompt, 24)
+        assert ours[scale]["tokens"] == theirs, (scale, ours[scale]["text"])
+    assert _llama_server_tokens(smollm2, [], prompt, 24) != ours["1"]["tokens"]
+
+
+def _tokens(model: Path) -> list[int]:
+    from localrun.engine import Engine, LoadOptions
+
+    with Engine(model, LoadOptions(n_ctx=64, n_threads=1)) as engine:
+        return engine.tokenize(PROMPT)  # (as run --raw tokenizes it: BOS first where the model adds one)
+
+
+def _llama_server_tokens(model: Path, flags: list[str], prompt: list[int], n: int) -> list[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(model), *flags, "--port", str(port), "-c", "512", "-t", "1",
+                             "-np", "1", "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if http.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and proc.poll() is None, "llama-server did not start"
+                time.sleep(0.05)
+            reply = http.post("/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0, "return_tokens": True,
+                                                   "cache_prompt": False})
+            assert reply.status_code == 200, reply.text
+            return reply.json()["tokens"]
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_a_session_made_without_the_adapter_is_not_resumed_with_it(smollm2, adapters, cli):
+    first = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--session", "plain", "Hello")
+    assert first.returncode == 0, first.stderr
+    refused = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--session", "plain",
+                  "--lora", str(adapters["lora"]), "And then?")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    line = refused.stderr.strip()
+    assert "\n" not in line and "session 'plain'" in line and "without LoRA adapters" in line, line
+    # and the other way round: made under an adapter, resumed under it alone (not at another scale, not without it)
+    made = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--session", "tuned", "--lora", str(adapters["lora"]), "Hello")
+    assert made.returncode == 0, made.stderr
+    for flags in ([], ["--lora", f"{adapters['lora']}:0.5"]):
+        other = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--session", "tuned", *flags, "And then?")
+        assert other.returncode == 1 and "session 'tuned' was saved with LoRA adapter" in other.stderr, other.stderr
+    again = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--session", "tuned", "--lora", str(adapters["lora"]),
+                "--json", "And then?")
+    assert again.returncode == 0, again.stderr
+    assert last_json(again.stdout)["stats"]["cached_tokens"] > 0  # its KV, restored
+    shown = cli("sessions", "show", "tuned").stdout
+    assert "LoRA adapters" in shown and "at scale 1.0" in shown and "LoRA" not in cli("sessions", "show", "plain").stdout
+
+
+def test_the_prefix_cache_is_not_shared_across_adapters_or_scales(smollm2, adapters, cli):
+    flags = ["--ctx", "2048", "--no-flash-attn"]
+    plain = answer(cli, smollm2, *flags, prompt="Who is the story about?", input=DOC, n=8)
+    assert plain["stats"]["cached_tokens"] == 0
+    tuned = answer(cli, smollm2, *flags, "--lora", str(adapters["lora"]), prompt="Where did Alice fall?", input=DOC, n=8)
+    assert tuned["stats"]["cached_tokens"] == 0  # the document's chunks made without the adapter: not for it
+    half = answer(cli, smollm2, *flags, "--lora", f"{adapters['lora']}:0.5", prompt="Where did Alice fall?", input=DOC, n=8)
+    assert half["stats"]["cached_tokens"] == 0  # nor at another scale
+    again = answer(cli, smollm2, *flags, "--lora", str(adapters["lora"]), prompt="Where did Alice fall?", input=DOC, n=8)
+    assert again["stats"]["cached_tokens"] > 0.9 * tuned["stats"]["prompt_tokens"]  # its own, restored from disk
+    cold = answer(cli, smollm2, *flags, "--lora", str(adapters["lora"]), "--no-cache", prompt="Where did Alice fall?", input=DOC, n=8)
+    assert cold["tokens"] == again["tokens"]  # and restored, the same answer as evaluated afresh
+    zero = answer(cli, smollm2, *flags, "--lora", f"{adapters['lora']}:0", prompt="Where did Alice fall?", input=DOC, n=8)
+    assert zero["stats"]["cached_tokens"] > 0  # scale 0 is the model alone: its chunks are the same
+
+
+def test_a_modelfile_adapter_is_kept_by_the_model_and_shown(smollm2, adapters, cli, tmp_path):
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text(f"FROM {smollm2}\nADAPTER {adapters['lora'].name}\n")
+    (tmp_path / adapters["lora"].name).write_bytes(adapters["lora"].read_bytes())  # relative to the Modelfile's folder
+    made = cli("create", "tuned", "-f", str(modelfile))
+    assert made.returncode == 0, made.stderr
+    assert answer(cli, "tuned")["tokens"] == answer(cli, smollm2, "--lora", str(adapters["lora"]))["tokens"]
+    shown = cli("show", "tuned", "--no-measure")
+    assert f"LoRA adapter 0:" in shown.stdout and str(tmp_path / adapters["lora"].name) in shown.stdout
+    assert f"ADAPTER {tmp_path / adapters['lora'].name}" in cli("show", "tuned", "--modelfile").stdout
+
+
+def test_each_bad_adapter_is_one_line_before_anything_loads(smollm2, adapters, cli, tmp_path):
+    half = tmp_path / "half.gguf"
+    write_lora(smollm2, half, layers=1)
+    text = half.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(text[: len(text) // 3])
+    gemma_shaped = tmp_path / "wide.gguf"
+    cases = {
+        (str(tmp_path / "none.gguf"),): "no such file",
+        (str(smollm2),): "is a model, not a LoRA adapter",
+        (str(tmp_path),): "is a folder",
+        (str(adapters["qwen2"]),): "is for the qwen2 architecture, not llama",
+        (str(tmp_path / "cut.gguf"),): "truncated",
+        (f"{adapters['lora']}:fast",): "the scale 'fast' is not a number",
+        (f"{adapters['lora']}:inf",): "must be a finite number",
+    }
+    _write_wide(smollm2, gemma_shaped)
+    cases[(str(gemma_shaped),)] = "it was made for another base model"
+    for given, said in cases.items():
+        r = cli("run", str(smollm2), "-n", "2", "--lora", *given, "x")
+        assert r.returncode == 2, (given, r.stderr)
+        assert said in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (given, r.stderr)
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text(f"FROM {smollm2}\nADAPTER {adapters['qwen2']}\n")
+    r = cli("create", "wrong", "-f", str(modelfile))
+    assert r.returncode == 2 and "qwen2 architecture" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert cli("show", "wrong", "--no-measure").returncode != 0  # nothing was made
+
+
+def _write_wide(base: Path, out: Path) -> None:
+    """An adapter of the llama architecture whose attn_q is wider than SmolLM2's: one for another base."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(out, "llama")
+    writer.add_type("adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 16.0)
+    writer.add_tensor("blk.0.attn_q.weight.lora_a", np.zeros((8, 640), dtype=np.float32))
+    writer.add_tensor("blk.0.attn_q.weight.lora_b", np.zeros((640, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.skipif(LLAMA_SERVER is None, reason="no llama-perplexity: build it with scripts/build_llama_bench.sh")
+def test_bench_measures_under_the_adapter_and_its_perplexity_is_llama_perplexitys(smollm2, adapters, cli):
+    """bench --lora: the adapter applies to every row, and --quality's reference, llama-perplexity run with
+    --lora-scaled, computes the same perplexity (SmolLM2 Q4_1 alone: 18.9830 by both; at scale 1, 20.7576 by both)."""
+    from localrun.runtime import bench
+
+    tools = ["--pp", "0", "--tg", "0", "--quality", "--threads", "1", "-o", "json", "--llama-bench", str(bench.find_llama_bench())]
+    import json
+
+    def row(*flags) -> dict:
+        r = cli("bench", str(smollm2), *tools, *flags)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)[0]
+
+    tuned = row("--lora", f"{adapters['lora']}:0.5")
+    assert tuned["ppl"] == tuned["ref_ppl"] and tuned["settings"]["lora"] == [f"{adapters['lora']}:0.5"]
+    assert tuned["ppl"] != 18.983  # SmolLM2 Q4_1's own on the bundled text, by both
+    refused = cli("bench", str(smollm2), "--compare", "llama-bench", "--lora", str(adapters["lora"]))
+    assert refused.returncode == 2 and "llama-bench loads no LoRA adapters" in refused.stderr
