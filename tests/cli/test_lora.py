@@ -229,3 +229,23 @@ def test_bench_measures_under_the_adapter_and_its_perplexity_is_llama_perplexity
     assert tuned["ppl"] != 18.983  # SmolLM2 Q4_1's own on the bundled text, by both
     refused = cli("bench", str(smollm2), "--compare", "llama-bench", "--lora", str(adapters["lora"]))
     assert refused.returncode == 2 and "llama-bench loads no LoRA adapters" in refused.stderr
+
+
+def test_on_the_background_server_a_session_and_a_load_keep_their_adapters(smollm2, adapters, cli, resident):
+    """Through the background server's slots: a session made there without the adapter is refused with it, as in
+    this process, before the server is asked (it would have loaded the model again with the adapter, a load option,
+    only to refuse the session); a run with the adapter then loads it so (ps: its load's lora)."""
+    made = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--session", "served", "Hello")
+    assert made.returncode == 0, made.stderr
+    refused = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--session", "served", "--lora", str(adapters["lora"]), "Go on")
+    assert refused.returncode == 1 and "session 'served' was saved without LoRA adapters" in refused.stderr, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    import json
+
+    def loads() -> list:
+        return [c["load"]["lora"] for c in json.loads(cli("ps", "--json").stdout)[0]["contexts"]]
+
+    assert loads() == [[]]
+    tuned = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--lora", str(adapters["lora"]), "Hello")
+    assert tuned.returncode == 0, tuned.stderr
+    assert loads() == [[[str(adapters["lora"]), 1.0]]]

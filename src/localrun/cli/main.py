@@ -773,7 +773,7 @@ def _check_before_loading(session: Optional[str], use_cache: bool, options: dict
         if (options.get("beams") or 1) > 1:  # the answer streamed, then "sessions need a single-sequence context"
             raise UsageError("--session cannot combine with --beams (a session keeps one sequence, beam search several): drop one")
         if model is not None:
-            _check_session_model(session, model)
+            _check_session_model(session, model, options.get("lora") or [])
     if use_cache:
         cache_max_bytes()
     if options.get("lora"):
@@ -796,13 +796,15 @@ def _check_adapters(given: list[str], model: Optional[str]) -> None:
     check_adapters(adapters, local.path)
 
 
-def _check_session_model(session: str, model: str) -> None:
+def _check_session_model(session: str, model: str, lora: list[str] = ()) -> None:
     """A session saved with another model file is refused before this one loads (a 5 GB model was loaded, then
     the session refused), where the file's sha256 is known without hashing it: recorded at its pull, or
-    hashed by the store before. Otherwise the check after the load says it, as before."""
+    hashed by the store before. Otherwise the check after the load says it, as before. So is one saved under
+    other LoRA adapters or scales than the model's own (a Modelfile's ADAPTER) and --lora's: the background
+    server would load the model again with them, only to refuse the session."""
     from .. import hub
     from ..errors import SessionError
-    from ..store.sessions import SessionStore
+    from ..store.sessions import SessionStore, adapters_mismatch
 
     try:
         local = hub.resolve_local(model)
@@ -817,8 +819,16 @@ def _check_session_model(session: str, model: str) -> None:
         except SessionError:  # a new session
             return
         sha = (local.sha256[0] if local.sha256 else None) or store.known_sha256(local.path)
+        adapters = None
+        if sha is None or sha == saved.model_sha256:
+            from ..runtime.lora import parse_adapters
+            from ..runtime.sessions import adapters_key
+
+            adapters = adapters_key(store, [*hub.defaults_for(model).adapters, *parse_adapters(lora)])
     finally:
         store.close()
+    if adapters is not None and adapters != saved.adapters:
+        raise SessionError(f"session {session!r} {adapters_mismatch(saved.adapters, adapters)}")
     if sha and sha != saved.model_sha256:
         raise SessionError(f"session {session!r} was saved with {saved.model_file} ({saved.quant}), not {local.path.name}: "
                            f"resume it with {saved.model}")

@@ -41,9 +41,13 @@ def identity(store: SessionStore, engine: Engine, lora: Optional[Sequence[float]
     scales = engine.lora if lora is None else tuple(lora)
     if not any(scales):
         return ident
-    files = [Path(path) for path, _ in engine.options.lora]
-    return replace(ident, adapters=",".join(f"{store.model_sha256([files[i]])}@{float(scale)!r}"
-                                            for i, scale in enumerate(scales) if scale != 0))
+    return replace(ident, adapters=adapters_key(store, [(path, scale) for (path, _), scale in zip(engine.options.lora, scales)]))
+
+
+def adapters_key(store: SessionStore, adapters: Sequence[tuple[str, float]]) -> str:
+    """Identity.adapters of KV made under these (file, scale) adapters: each taking part (a scale not 0) by its file's
+    sha256 (cached by the store) and its scale; "" for none."""
+    return ",".join(f"{store.model_sha256([Path(path)])}@{float(scale)!r}" for path, scale in adapters if scale != 0)
 
 
 def seat_lora(seat) -> Optional[tuple[float, ...]]:

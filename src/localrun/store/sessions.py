@@ -1208,13 +1208,19 @@ def _mismatch(row: sqlite3.Row, ident: Identity, n_ctx: int) -> Union[str, Misma
     if row["flash_attn"] != ident.flash_attn:
         return f"was saved with flash attention {row['flash_attn']}, not {ident.flash_attn}: load the model as it was saved"
     if (row["adapters"] or "") != ident.adapters:
-        return (f"was saved {_adapters_said(row['adapters'])}, not {_adapters_said(ident.adapters)}: its KV holds "
-                "what they computed; resume it with the adapters and scales it was saved with")
+        return adapters_mismatch(row["adapters"] or "", ident.adapters)
     if row["build"] != ident.build:
         return f"was saved by {row['build']}, this is {ident.build}: KV states do not carry across llama.cpp builds, start a new session"
     if row["n_tokens"] >= n_ctx:
         return Mismatch(f"holds {row['n_tokens']} tokens but the context holds {n_ctx}", "ctx", row["n_ctx"])
     return None
+
+
+def adapters_mismatch(saved: str, now: str) -> str:
+    """Why a state made under the LoRA adapters `saved` (Identity.adapters) is not resumed under `now` (completing
+    'session NAME ...')."""
+    return (f"was saved {_adapters_said(saved)}, not {_adapters_said(now)}: its KV holds what they computed; resume it "
+            "with the adapters and scales it was saved with")
 
 
 def _adapters_said(adapters: str) -> str:
