@@ -116,6 +116,7 @@ def test_each_bad_input_is_one_line_and_no_traceback(rerankers, smollm2, cli, tm
     model = str(rerankers["template"])
     cases = [
         (("rerank", str(smollm2), QUERY, "a", "b"), 2, "is not a reranker"),
+        (("rerank", "qwen2.5-0.5b", QUERY, "a"), 2, "qwen2.5-0.5b is not a reranker"),  # (a chat model's alias: nothing pulled)
         (("rerank", model, QUERY), 2, "nothing to rank"),
         (("rerank", model, " ", "a"), 2, "the query is empty"),
         (("rerank", model, QUERY, "a", "--top-n", "0"), 2, "invalid --top-n 0"),
@@ -126,5 +127,6 @@ def test_each_bad_input_is_one_line_and_no_traceback(rerankers, smollm2, cli, tm
         r = cli(*args)
         assert r.returncode != 0 and (code is None or r.returncode == code), (args, r.returncode, r.stderr)
         assert said in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+    assert not any((Path(tmp_path) / "..").glob("**/*qwen2.5*0.5b*.gguf"))
     cut = cli("rerank", model, QUERY, "word " * 800, "short", "--ctx", "256", "--json", "--threads", "1")  # cut to fit by default
     assert cut.returncode == 0 and len(cut.stdout.splitlines()) == 2, cut.stderr

@@ -64,7 +64,11 @@ def check_reranker(ref: str) -> None:
     """Refuse `ref` before it loads when it is not a reranker (NotAReranker naming it); ModelNotFound where it is
     not here (a server does not pull for a request)."""
     from .. import hub
+    from ..hub.catalogue import entry_for
 
+    entry = entry_for(ref)
+    if entry is not None and not entry.rerank:  # (a catalogue alias says what it is: no file needed)
+        raise NotAReranker(ref)
     local = hub.resolve_local(ref)
     check_reranker_file(local.path, local.path.name if local.source == "path" else local.ref, hub.defaults_for(ref).rerank)
 
@@ -79,8 +83,13 @@ def check_reranker_file(path, name: str, listed: bool = False) -> None:
 
 def load_reranker(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", on_notice=None):
     """Resolve (pulling if needed), check and load a reranker in this process (runtime.loader.load: the check runs
-    there, before llama.cpp sees the file)."""
+    there, before llama.cpp sees the file). A catalogue alias that is no reranker is refused before it is pulled."""
+    from ..hub.catalogue import entry_for
     from .loader import load
+
+    entry = entry_for(model)
+    if entry is not None and not entry.rerank:
+        raise NotAReranker(model)
 
     return load(model, reranker_spec(spec), source=source, on_notice=on_notice)
 
