@@ -77,6 +77,9 @@ def test_what_llama_cpp_would_refuse_without_the_model_is_refused_naming_the_fil
     norms = written("norms.gguf", lambda w: lora(w, tensors=[("blk.0.attn_q.weight.lora_a", (8, 576)),
                                                               ("blk.0.attn_q.weight.lora_b", (576, 8)), ("blk.0.attn_norm.weight", (576,))]))
     assert list(read_adapter(norms).pairs) == ["blk.0.attn_q.weight"]  # a norm's tensor is skipped, as llama.cpp skips it
+    named = written("named.gguf", lambda w: (lora(w), w.add_string("adapter.lora.task_name", "summarize"),
+                                             w.add_string("adapter.lora.prompt_prefix", "Summarize: ")))
+    assert (read_adapter(named).task_name, read_adapter(named).prompt_prefix) == ("summarize", "Summarize: ")  # as llama-server lists
 
 
 def test_an_adapter_for_another_model_is_refused_naming_both(smollm2, gemma, tmp_path):

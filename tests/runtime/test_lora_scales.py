@@ -141,12 +141,13 @@ def test_default_scales_change_while_the_model_stays_loaded(served, adapter, mon
     adapted = ask(loaded, scheduler, (1.0,), use_cache=False)[0]
     base = ask(loaded, scheduler, (0.0,), use_cache=False)[0]
     try:
-        assert runtime_lora.set_default_scales(loaded, [{"id": 0, "scale": 0}]) == [{"id": 0, "path": str(adapter), "scale": 0.0}]
+        assert runtime_lora.set_default_scales(loaded, [{"id": 0, "scale": 0}]) == [
+            {"id": 0, "path": str(adapter), "scale": 0.0, "task_name": "", "prompt_prefix": ""}]
         assert ask(loaded, scheduler, None, use_cache=False)[0] == base  # a request that names none: the new default
         assert ask(loaded, scheduler, (1.0,), use_cache=False)[0] == adapted  # one that names its own: that
     finally:
         runtime_lora.set_default_scales(loaded, [{"id": 0, "scale": 1.0}])
-    assert runtime_lora.listed(loaded) == [{"id": 0, "path": str(adapter), "scale": 1.0}]
+    assert [(a["id"], a["scale"]) for a in runtime_lora.listed(loaded)] == [(0, 1.0)]
 
 
 def test_a_model_loaded_with_other_adapters_is_another_load(smollm2, adapter, tmp_path):

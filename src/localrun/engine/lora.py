@@ -43,6 +43,8 @@ class AdapterFile:
     name: Optional[str]
     pairs: dict  # weight name -> (A's shape, B's shape)
     base_model: Optional[str] = None  # general.base_model.0.name, where the converter wrote it
+    task_name: str = ""  # adapter.lora.task_name and adapter.lora.prompt_prefix, as llama-server lists them
+    prompt_prefix: str = ""
 
 
 def parse_adapter(text: str, base_dir: Optional[Path] = None) -> tuple[str, float]:
@@ -111,10 +113,14 @@ def read_adapter(path: "Path | str") -> AdapterFile:
     if not pairs:
         raise AdapterError(path, "holds no LoRA tensors")
     alpha = meta.get("adapter.lora.alpha", 0.0)
-    base = meta.get("general.base_model.0.name")
-    return AdapterFile(path, arch, float(alpha) if isinstance(alpha, (int, float)) else 0.0,
-                       meta.get("general.name") if isinstance(meta.get("general.name"), str) else None,
-                       {k: (tuple(v[0]), tuple(v[1])) for k, v in pairs.items()}, base if isinstance(base, str) else None)
+
+    def text(key: str) -> Optional[str]:
+        value = meta.get(key)
+        return value if isinstance(value, str) else None
+
+    return AdapterFile(path, arch, float(alpha) if isinstance(alpha, (int, float)) else 0.0, text("general.name"),
+                       {k: (tuple(v[0]), tuple(v[1])) for k, v in pairs.items()}, text("general.base_model.0.name"),
+                       text("adapter.lora.task_name") or "", text("adapter.lora.prompt_prefix") or "")
 
 
 def check_adapter(adapter: AdapterFile, model_path: "Path | str") -> None:

@@ -6,7 +6,8 @@ ADAPTER lines, checked against the model before it loads); a request only picks 
 What an HTTP handler calls (each raises LoraRequestError, a SettingError of the setting "lora", for a request
 it cannot honour):
 
-    listed(loaded)                      -> [{"id", "path", "scale"}]   GET /lora-adapters, /api/show
+    listed(loaded)                      -> [{"id", "path", "scale", "task_name", "prompt_prefix"}]
+                                                                       GET /lora-adapters, /api/show
     request_scales(loaded, entries)     -> scales for Request.lora     a request's `lora: [{"id", "scale"}]`
     set_default_scales(loaded, entries) -> listed(loaded)              POST /lora-adapters
 """
@@ -51,9 +52,18 @@ def check_adapters(adapters: Sequence[tuple[str, float]], model_path: "Path | st
 
 def listed(loaded) -> list[dict[str, Any]]:
     """The adapters a loaded model has, as llama-server's GET /lora-adapters lists them: id (the index a request's
-    `lora` names), path, and the scale a request that names none is answered under."""
+    `lora` names), path, the scale a request that names none is answered under, and the adapter's own task name and
+    prompt prefix (its GGUF's adapter.lora.task_name and prompt_prefix; "" where it has none)."""
     engine = loaded.engine
-    return [{"id": i, "path": path, "scale": engine.lora_defaults[i]} for i, (path, _) in enumerate(engine.options.lora)]
+    out = []
+    for i, (path, _) in enumerate(engine.options.lora):
+        try:
+            made = read_adapter(path)
+            task, prefix = made.task_name, made.prompt_prefix
+        except AdapterError:  # (gone since it loaded: llama.cpp holds its tensors still)
+            task, prefix = "", ""
+        out.append({"id": i, "path": path, "scale": engine.lora_defaults[i], "task_name": task, "prompt_prefix": prefix})
+    return out
 
 
 def request_scales(loaded, entries: Any) -> tuple[float, ...]:
