@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,8 +14,7 @@ import httpx
 import pytest
 from conftest import last_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from loramodel import write_lora  # noqa: E402
+from loramodel import write_lora
 
 PROMPT = "The capital of France is"
 # A document of some 380 tokens: past MIN_PREFIX_TOKENS, so the prefix cache stores it (tests/cli/test_run_sessions.py).

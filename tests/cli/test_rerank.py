@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rerankmodel import write_reranker  # noqa: E402
+from rerankmodel import write_reranker
 
 QUERY = "What is machine learning?"
 DOCUMENTS = [

@@ -4,13 +4,11 @@ Adapters written here with the gguf package (tests/loramodel.py); no model is lo
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from loramodel import write_lora  # noqa: E402
+from loramodel import write_lora
 
 from localrun.engine.lora import AdapterError, check_adapter, lora_key, parse_adapter, read_adapter
 from localrun.errors import UsageError

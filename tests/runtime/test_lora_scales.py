@@ -5,14 +5,12 @@ refused naming the field. On SmolLM2 with an adapter written here (tests/loramod
 
 from __future__ import annotations
 
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from loramodel import write_lora  # noqa: E402
+from loramodel import write_lora
 
 from localrun.engine import merge_options
 from localrun.runtime import lora as runtime_lora

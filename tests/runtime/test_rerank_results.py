@@ -5,13 +5,11 @@ refused with the field named; and the same through a server's model pool (rerank
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rerankmodel import QWEN3_RERANK, write_reranker  # noqa: E402
+from rerankmodel import QWEN3_RERANK, write_reranker
 
 from localrun.errors import SettingError
 from localrun.runtime.options import LoadSpec
