@@ -109,7 +109,7 @@ def test_the_last_response_says_which_stop_ended_it_and_whether_the_context_was_
 
     from localrun.engine.sampling import SamplingOptions
     from localrun.engine.sequence import SequenceState
-    from localrun.serve.anthropic import stop_reason
+    from localrun.serve.dialects.anthropic import stop_reason
 
     words = {1: "It is ", 2: "Par", 3: "is.", 4: " And"}
     engine = SimpleNamespace(load_s=0.0, is_eog=lambda t: t == 0, token_bytes=lambda t, special=False: words[t].encode())

@@ -30,7 +30,7 @@ OLLAMA_IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram"
 @dataclass(frozen=True)
 class LoadSpec:
     """The load-time options (Ollama's api.Runner), the one shape of them: built from a command's flags, a
-    request's `options` (serve.openai.load_spec) or a bench row; `runtime.loader.load` loads by it, the server's pool
+    request's `options` (serve.checks.load_options) or a bench row; `runtime.loader.load` loads by it, the server's pool
     compares it (a request asking for other values reloads the model), and `engine_options` is the one place
     it becomes the engine's LoadOptions."""
 

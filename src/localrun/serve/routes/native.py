@@ -77,9 +77,9 @@ async def _streamed(request: Request, work_on):
         service.activity(-1)
         raise native.load_failed(exc, ref) from None
     if fresh and await request.is_disconnected():
-        # The client asked for this load and went away during it (Ctrl-C): nobody will use it, so it is not
-        # held for a keep-alive.
-        service.pool.release(resident, 0.0)
+        # The client asked for this load and went away during it (Ctrl-C): the load is done, so it stays for its
+        # keep-alive (as Ollama keeps it: the next run need not load it again)
+        service.pool.release(resident, keep_alive)
         service.activity(-1)
         raise native.RunRefused(499, "the client went away while its model loaded", 130, code="cancelled")
     out, gone = ToLoop(), threading.Event()
