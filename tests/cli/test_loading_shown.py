@@ -57,3 +57,32 @@ def test_ps_shows_a_loading_row():
     finally:
         sys.stdout = out
     assert "loading 42% (1 s)" in table and "big.gguf" in table
+
+
+def test_a_load_left_by_ctrl_c_stays_for_its_keep_alive(resident, qwen):
+    """A run stopped by Ctrl-C while its model loads: the load finishes and the model stays for its keep-alive (as
+    Ollama keeps it), instead of being thrown away and loaded again by the next run."""
+    import signal
+
+    from localrun.runtime.client import resident as server
+
+    assert run_cli("run", str(qwen), "-n", "1", "--threads", "1", "--ctx", "512", "Hi").returncode == 0  # a server up
+    assert run_cli("stop", "--all").returncode == 0
+    left = subprocess.Popen([LOCALRUN, "run", str(qwen), "-t", "0", "-n", "2", "--threads", "1", "--ctx", "1024", "Hi"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    BACKGROUND_CLIENTS.append(left)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(m.get("loading") for m in server().get("/api/ps")["models"]):
+        time.sleep(0.02)
+    left.send_signal(signal.SIGINT)
+    assert left.wait(timeout=60) == 130
+    deadline = time.monotonic() + 120
+    models: list = []
+    while time.monotonic() < deadline:
+        models = server().get("/api/ps")["models"]
+        if models and not models[0].get("loading"):
+            break
+        time.sleep(0.1)
+    assert [m["name"] for m in models] == [qwen.name] and not models[0].get("loading"), models
+    time.sleep(1.0)  # (a load given up at once would be gone by now: its release came right after the load)
+    assert [m["name"] for m in server().get("/api/ps")["models"]] == [qwen.name]
