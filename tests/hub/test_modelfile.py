@@ -107,7 +107,7 @@ def test_create_keeps_the_modelfiles_defaults_over_the_files_own(model_dir):
     ("FROM ./model.gguf\nPARAMETER num_predict -5\n", "invalid PARAMETER num_predict '-5'"),
     ("FROM ./model.gguf\nPARAMETER num_ctx lots\n", "invalid PARAMETER num_ctx 'lots'"),
     ("FROM ./model.gguf\nPARAMETER warmth 3\n", "unknown PARAMETER 'warmth'"),
-    ("FROM ./model.gguf\nADAPTER ./lora.gguf\n", "ADAPTER (a LoRA adapter) is not supported"),
+    ("FROM ./model.gguf\nADAPTER ./lora.gguf\n", "lora.gguf: no such file"),
     ("FROM ./model.gguf\nTEMPLATE {% for m in messages %}\n", "TEMPLATE is not a valid Jinja chat template"),
     ("FROM nosuchmodel\n", "unknown model 'nosuchmodel'"),
 ])

@@ -120,7 +120,7 @@ def test_migrations_are_recorded_once_by_name(tmp_path):
     SessionStore.open(tmp_path / "s").close()
     with SessionStore.open(tmp_path / "s") as again:
         names = [row[0] for row in again.db.execute("SELECT name FROM _migrations")]
-    assert names == ["m001_initial", "m002_prefix_chunks"]
+    assert names == ["m001_initial", "m002_prefix_chunks", "m003_adapters"]
 
 
 # -- fidelity --------------------------------------------------------------------------------
