@@ -36,7 +36,7 @@ class FakeSource:
             raise ModelNotFound(f"{self.name} has no {mref}")
         return Resolved(ref=mref.with_quant(mref.quant or "Q4_0"), files=(RemoteFile("m.gguf", 3, "0" * 64),))
 
-    def fetch(self, found, progress):
+    def fetch(self, found, progress, *, verbose=False):
         path = Path(registry.registry_path().parent / f"{self.name}.gguf")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"abc")

@@ -17,12 +17,11 @@ from typing import Any, Optional, Union
 from ..console import notice
 from ..errors import ConfigError, IntegrityError, LocalrunError, ModelNotFound, UsageError
 from ..store import paths, registry
-from ..store.files import delete_files, hash_file
+from ..store.files import MODEL_CHUNK as CHUNK, delete_files, hash_file
 from ..store.registry import LocalModel
 from .catalogue import catalogue
 from .refs import ModelRef, parse_ref, quant_of
 
-CHUNK = 4 << 20  # bytes read at a time when a model file is hashed or copied
 # The tag of a quant made here (`quantize`) of a model `pull` fetches: smollm2:Q4_0-local, beside the Hub's smollm2:Q4_0.
 MADE_HERE_TAG = "-local"
 
@@ -326,7 +325,7 @@ def remove(ref: Union[str, ModelRef]) -> list[Path]:
     Files another registry record still uses are kept; a created model's files are its base's, never deleted.
     Returns the paths deleted.
     """
-    from .pulling import SOURCE_BY_NAME
+    from .sources import PULL_ORDER, source_by_name
 
     mref = parse_ref(ref) if isinstance(ref, str) else ref
     if mref.kind == "path":
@@ -337,8 +336,8 @@ def remove(ref: Union[str, ModelRef]) -> list[Path]:
             raise ModelNotFound(f"model '{mref}' is not pulled: `localrun list` shows what is")
         del models[registry.key(model.name, model.quant)]
         still_used = {Path(f["path"]) for r in models.values() for f in r["files"]}
-        if model.source in SOURCE_BY_NAME:
-            return SOURCE_BY_NAME[model.source].delete(model, still_used)
+        if model.source in PULL_ORDER:
+            return source_by_name(model.source).delete(model, still_used)
         if model.source == "local":
             return delete_files(model.files, still_used, paths.home() / "quantized")
     return []

@@ -16,11 +16,10 @@ from ..store.registry import MADE_HERE, LocalModel
 from .local import MADE_HERE_TAG, already_present, path_model, resolve_local
 from .progress import Progress
 from .refs import ModelRef, parse_ref
-from .sources import PULL_ORDER, SOURCES, Source, Unavailable
-from .sources.hf import HubSource
-from .sources.mirror import PyPIMirrorSource
+from .sources import PULL_ORDER, SOURCES, Source, Unavailable, source_by_name
 
-SOURCE_BY_NAME: dict[str, Source] = {source.name: source for source in (HubSource(), PyPIMirrorSource())}
+SOURCE_BY_NAME: dict[str, Source] = {name: source_by_name(name) for name in ("hub", "mirror")}
+
 
 
 def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = True,

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import SessionError
+from .paths import _statvfs, home, read_only
 
 CHUNK = 1 << 20
+MODEL_CHUNK = 4 << 20  # bytes read at a time when a model file is hashed or copied
 
 
 def fsync_file(path: Path) -> None:
@@ -120,8 +122,6 @@ class StoreReadOnly(SessionError):
     """The file system holding `path` (LOCALRUN_HOME's, as a rule) is read-only: reading works, writing cannot."""
 
     def __init__(self, path: Path | str):
-        from .paths import home
-
         where = home()
         if Path(path).is_relative_to(where):
             message = (f"LOCALRUN_HOME ({where}) is on a read-only file system, so {path} cannot be written: "
@@ -133,12 +133,6 @@ class StoreReadOnly(SessionError):
 
 
 FULL_BELOW = 64 * 1024  # free bytes under which a failed write is taken for a full disk
-
-
-def read_only(path: Path) -> bool:
-    """Whether the file system holding `path` (or its nearest existing parent) is mounted read-only."""
-    st = _statvfs(path)
-    return st is not None and bool(st.f_flag & os.ST_RDONLY)
 
 
 def disk_problem(path: Path, exc: Optional[BaseException] = None) -> Optional[SessionError]:
@@ -161,13 +155,3 @@ def disk_problem(path: Path, exc: Optional[BaseException] = None) -> Optional[Se
 def store_write_error(exc: OSError, path: Path) -> BaseException:
     """What to raise for an OSError writing under `path`: StoreFull or StoreReadOnly, else `exc` itself."""
     return disk_problem(path, exc) or exc
-
-
-def _statvfs(path: Path):
-    path = Path(path)
-    for candidate in (path, *path.parents):
-        try:
-            return os.statvfs(candidate)
-        except OSError:
-            continue
-    return None

@@ -80,8 +80,6 @@ def logs_dir() -> Path:
 def _private_folder(path: Path, chmod: bool = True) -> Path:
     import stat
 
-    from .files import read_only
-
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         if chmod and stat.S_IMODE(path.stat().st_mode) != 0o700:
@@ -90,3 +88,19 @@ def _private_folder(path: Path, chmod: bool = True) -> Path:
         if not read_only(path):
             raise
     return path
+
+
+def read_only(path: Path) -> bool:
+    """Whether the file system holding `path` (or its nearest existing parent) is mounted read-only."""
+    st = _statvfs(path)
+    return st is not None and bool(st.f_flag & os.ST_RDONLY)
+
+
+def _statvfs(path: Path):
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        try:
+            return os.statvfs(candidate)
+        except OSError:
+            continue
+    return None

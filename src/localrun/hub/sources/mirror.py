@@ -17,10 +17,9 @@ from typing import Optional
 
 from ...errors import DownloadError, IntegrityError, ModelNotFound
 from ...store import paths, registry
-from ...store.files import delete_files, fsync_dir, hash_file
+from ...store.files import MODEL_CHUNK as CHUNK, delete_files, fsync_dir, hash_file
 from ...store.registry import LocalModel
 from ..catalogue import MirrorSource
-from ..local import CHUNK
 from ..progress import Bars, Progress
 from ..refs import ModelRef
 from . import RemoteFile, Resolved
