@@ -36,13 +36,18 @@ def in_terminal(*args: str) -> str:
 
 @pytest.fixture
 def busy_core():
-    """A process spinning on this test's cores (it inherits their affinity) while the test runs."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """Two processes per core of this test's (they inherit its affinity) spinning while the test runs, each in a
+    session of its own: Linux shares a core between sessions (autogroups) before threads, so on a pytest-xdist
+    worker pinned to one core the command in its terminal (a session) beside one session of spinners got half of
+    it, and the spinners took 0.5 cores, the advice's threshold; beside two sessions they take two thirds."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+             for _ in range(2 * len(os.sched_getaffinity(0)))]
     try:
-        yield proc
+        yield procs
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def test_doctor_says_the_threads_and_how_busy_the_cores_are(cli):

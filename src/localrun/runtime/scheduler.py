@@ -424,13 +424,13 @@ class Scheduler:
         kv, limit = self.engine.kv, max(0, len(tokens) - 1)
         busy = {s.seq_id for s in self.slots if not s.free} if kv.n_stream > 1 else set()  # one shared pool: any slot
 
-        def key(slot: Slot) -> tuple[int, int, float]:
+        def rank(slot: Slot) -> tuple[int, int, float]:
             held = list(kv.tokens[slot.seq_id])
             shared = common_prefix(held, tokens) if kv.matches(slot.seq_id, key) else 0
             beside = (slot.seq_id - 1 in busy) + (slot.seq_id + 1 in busy)
             return beside, (min(shared, limit) if shared > len(held) - shared else 0), -slot.last_used
 
-        return max(free, key=key)
+        return max(free, key=rank)
 
     def _assign(self, job: Job, free: list[Slot]) -> None:
         """Give `job` the free slot with the longest shared prefix (a longer one held by any slot is copied)."""
