@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UsageError
+
 RANK_POOLING = 4  # LLAMA_POOLING_TYPE_RANK
 # A classification head over the pooled state (llama.cpp's LLM_TENSOR_CLS, LLM_TENSOR_CLS_OUT): what a cross-encoder
 # reranker converted to GGUF has (bge-reranker-v2-m3: cls and cls.output; Qwen3-Reranker: cls.output, yes and no).
@@ -59,3 +61,18 @@ def rerank_tokens(engine, query: str, document: str, template: "str | None" = No
     tokens += engine.tokenize(document, add_special=False, parse_special=False)
     tokens += [eos] if add_eos else []
     return tokens
+
+
+class NotAReranker(UsageError):
+    """`model` is no reranker: its GGUF asks for no rank pooling and has no classification head."""
+
+    def __init__(self, model: str):
+        self.model = model
+        super().__init__(f"{model} is not a reranker (its GGUF has no rank pooling and no classification head): "
+                         "rerank with a reranker such as bge-reranker-v2-m3 or qwen3-reranker-0.6b (`localrun list --available`)")
+
+
+def check_reranker_file(path, name: str, listed: bool = False) -> None:
+    """The check itself, on a model's file (`listed`: the catalogue says it is a reranker)."""
+    if not listed and not is_reranker(path):
+        raise NotAReranker(name)

@@ -21,10 +21,7 @@ background server keeps for a chat client (`place` given) takes none: its client
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -33,11 +30,13 @@ from ..engine.kv import common_prefix, extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
 from ..engine.thinking import splitter_for, thinking_in
 from ..engine.vision import MARKER, Image
-from ..errors import ContextOverflow, LocalrunError, SessionError, UsageError
+from ..errors import ContextOverflow, LocalrunError, UsageError
 from ..store.writers import SessionClaims
 from .loader import Loaded
 from .messages import Messages
 from .request import with_stops
+from .images import images_in, live, live_images, stored, stored_images  # noqa: F401 - (their old home)
+from .seats import InProcess
 from .sessions import Sessions
 
 
@@ -47,8 +46,6 @@ class Conversation(Messages):
     def __init__(self, loaded: Loaded, system: Optional[str], place=None, mmproj: Optional[Path | str] = None):
         """`mmproj`: the projector for the conversation's images (chat --mmproj); by default the one named for
         the model in this process (serve MODEL --mmproj) or the one beside its file, loaded with the first image."""
-        from .generate import InProcess
-
         self.loaded = loaded
         self.mmproj = mmproj
         self.engine = loaded.engine
@@ -315,57 +312,3 @@ def _marked(messages: Sequence[dict]) -> tuple[list[dict], list[Image]]:
     return marked, images
 
 
-def stored(messages: Sequence[dict], *, leave_out: Collection[str] = ()) -> list[dict]:
-    """The messages as JSON keeps them (a session's, the resident server's wire): each image as stored_images
-    gives it."""
-    return [{**m, "images": stored_images(m["images"], leave_out=leave_out)} if m.get("images") else m for m in messages]
-
-
-def stored_images(images: Sequence[Image], *, leave_out: Collection[str] = ()) -> list[dict]:
-    """Each image as {"sha256", "name", "data": base64 of its bytes}, without "data" for the digests in
-    `leave_out` (the other side has them)."""
-    out = []
-    for image in images:
-        digest = image.digest.hex()
-        out.append({"sha256": digest, "name": image.name} | ({} if digest in leave_out else {"data": base64.b64encode(image.data).decode()}))
-    return out
-
-
-def live(messages: Sequence[dict], known: Mapping[str, Image] = {}) -> list[dict]:
-    """`stored` messages with engine.vision.Image again (live_images)."""
-    return [{**m, "images": live_images(m["images"], known)} if m.get("images") else dict(m) for m in messages]
-
-
-def live_images(items: Sequence, known: Mapping[str, Image] = {}) -> list[Image]:
-    """`stored_images` as engine.vision.Image: `known`'s of its sha256, else from its data. SessionError
-    when neither gives bytes of that sha256 (a damaged session, or a client that left out data the server no
-    longer has)."""
-    images = []
-    for item in items:
-        if isinstance(item, Image):
-            images.append(item)
-            continue
-        if not isinstance(item, dict):
-            raise UsageError("an image of the conversation is not an object with sha256, name and data")
-        digest, name = str(item.get("sha256")), str(item.get("name") or "image")
-        if digest in known and known[digest].name == name:  # by its hash, as llama-server keys its images: not decoded again
-            images.append(known[digest])
-            continue
-        if "data" not in item:
-            if digest not in known:
-                raise SessionError(f"{name}: an image of the conversation (sha256 {digest[:12]}) whose bytes were not given")
-            images.append(Image(known[digest].data, name))
-            continue
-        try:
-            data = base64.b64decode(item["data"], validate=True)
-        except (binascii.Error, ValueError, TypeError):
-            raise SessionError(f"{name}: an image of the conversation whose bytes are not base64") from None
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise SessionError(f"{name}: an image of the conversation whose bytes do not match its sha256 {digest[:12]}")
-        images.append(Image(data, name))
-    return images
-
-
-def images_in(messages: Sequence[dict]) -> dict[str, Image]:
-    """The messages' images by the hex sha256 of their bytes (what `live` knows without their data)."""
-    return {image.digest.hex(): image for m in messages for image in m.get("images") or () if isinstance(image, Image)}

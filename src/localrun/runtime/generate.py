@@ -5,55 +5,15 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Optional
 
-from ..engine import Response, generate as engine_generate
-from ..engine.lora import lora_key
+from ..engine import Response
 from ..errors import SessionError
 from .loader import Loaded
 from .request import Prompt, Request, prompt_for, with_stops, with_system
-from .sessions import EngineSeat, Sessions, cache_skipped
-
-
-class InProcess(EngineSeat):
-    """Requests answered in this process: on the loaded model's one sequence, with its decoding strategy.
-    The place a request path works in (`hold` a seat for a prompt); a resident server's slots are the
-    other (runtime.scheduler.Scheduler)."""
-
-    def __init__(self, loaded: Loaded):
-        super().__init__(loaded.engine)
-        self.loaded = loaded
-
-    @contextmanager
-    def hold(self, tokens: Sequence[int] = (), *, lora: Optional[Sequence[float]] = None, **waiting) -> Iterator["InProcess"]:
-        """The engine's one sequence (one request at a time in this process: never waits), under the LoRA scales
-        `lora` (None: the model's own): what it holds from other scales is dropped."""
-        engine = self.engine
-        scales = tuple(engine.lora_defaults if lora is None else lora)
-        if not engine.kv.matches(0, lora_key(scales)):
-            engine.reset()
-        engine.use_lora(scales)
-        yield self
-
-    def held(self, tokens: Sequence[int] = ()) -> int:
-        """Tokens in the KV cache now."""
-        return len(self.tokens)
-
-    def generate(self, tokens: list[int], sampling, *, cancelled=None, thinking=None, top_logprobs=None,
-                 draft_max=None) -> Iterator[Response]:
-        if top_logprobs is not None:
-            from ..errors import UsageError
-
-            raise UsageError("log-probabilities are given by the server's slots only")
-        if self.engine.vision is not None and any(t < 0 for t in tokens):  # images: evaluated by the loop's prefill
-            self.engine.check_fits(len(tokens))
-            self.engine.vision.check(tokens)
-        return engine_generate(self.engine, tokens, sampling, strategy=self.loaded.strategy, cancelled=cancelled, thinking=thinking)
-
-    def reset(self) -> None:
-        self.engine.reset()
+from .seats import InProcess  # noqa: F401 - (its old home)
+from .sessions import Sessions, cache_skipped
 
 
 def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[str], None]] = None,
@@ -135,7 +95,7 @@ def generate(loaded: Loaded, request: Request, *, on_notice: Optional[Callable[[
                 return
             if request.session:
                 messages = request.messages + [{"role": "assistant", "content": "".join(answer)}]
-                from .conversation import stored
+                from .images import stored
 
                 sessions.save(request.session, engine, stored(messages), model_ref=loaded.ref, seat=seat)
                 return
@@ -171,7 +131,7 @@ def _history(sessions: Sessions, name: str, engine, n_ctx: int, lora: Sequence[f
         sessions.show(name)
     except SessionError:
         return []  # a new session: created after this answer
-    from .conversation import live
+    from .images import live
 
     return live(sessions.messages(name, engine, n_ctx, lora))  # refused here when made by another model or settings; images as chat keeps them
 

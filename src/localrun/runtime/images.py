@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from ..engine.vision import BadImage  # noqa: F401 - the request's own fault, which the edges word
-from ..errors import LocalrunError, UsageError
-from .loader import Loaded
+from ..engine.vision import BadImage, Image  # noqa: F401 - (BadImage: the request's own fault, which the edges word)
+from ..errors import LocalrunError, SessionError, UsageError
 
 
 class NoProjector(UsageError):
@@ -163,8 +163,8 @@ def projector_beside(model_paths: Sequence[Path]) -> Optional[Path]:
     return None
 
 
-def attach_projector(loaded: Loaded, mmproj: Optional[Path | str], model: Optional[str] = None) -> None:
-    """Load the projector for `loaded`'s model: `mmproj`, else the one beside its file (`model`: the model as
+def attach_projector(loaded, mmproj: Optional[Path | str], model: Optional[str] = None) -> None:
+    """Load the projector for `loaded`'s model (a runtime.loader.Loaded): `mmproj`, else the one beside its file (`model`: the model as
     the user named it, where that is a path). UsageError when there is none."""
     paths = [loaded.engine.path]
     if model is not None and Path(model).expanduser().is_file():
@@ -173,3 +173,62 @@ def attach_projector(loaded: Loaded, mmproj: Optional[Path | str], model: Option
     if path is None:
         raise UsageError(f"{loaded.name} has no image projector beside it (mmproj-*.gguf): pass --mmproj FILE")
     loaded.engine.load_projector(path)
+
+
+# -- images in a conversation's messages, as JSON keeps them (a session's, the resident server's wire) ------------
+
+
+def stored(messages: Sequence[dict], *, leave_out: Collection[str] = ()) -> list[dict]:
+    """The messages as JSON keeps them (a session's, the resident server's wire): each image as stored_images
+    gives it."""
+    return [{**m, "images": stored_images(m["images"], leave_out=leave_out)} if m.get("images") else m for m in messages]
+
+
+def stored_images(images: Sequence[Image], *, leave_out: Collection[str] = ()) -> list[dict]:
+    """Each image as {"sha256", "name", "data": base64 of its bytes}, without "data" for the digests in
+    `leave_out` (the other side has them)."""
+    out = []
+    for image in images:
+        digest = image.digest.hex()
+        out.append({"sha256": digest, "name": image.name} | ({} if digest in leave_out else {"data": base64.b64encode(image.data).decode()}))
+    return out
+
+
+def live(messages: Sequence[dict], known: Mapping[str, Image] = {}) -> list[dict]:
+    """`stored` messages with engine.vision.Image again (live_images)."""
+    return [{**m, "images": live_images(m["images"], known)} if m.get("images") else dict(m) for m in messages]
+
+
+def live_images(items: Sequence, known: Mapping[str, Image] = {}) -> list[Image]:
+    """`stored_images` as engine.vision.Image: `known`'s of its sha256, else from its data. SessionError
+    when neither gives bytes of that sha256 (a damaged session, or a client that left out data the server no
+    longer has)."""
+    images = []
+    for item in items:
+        if isinstance(item, Image):
+            images.append(item)
+            continue
+        if not isinstance(item, dict):
+            raise UsageError("an image of the conversation is not an object with sha256, name and data")
+        digest, name = str(item.get("sha256")), str(item.get("name") or "image")
+        if digest in known and known[digest].name == name:  # by its hash, as llama-server keys its images: not decoded again
+            images.append(known[digest])
+            continue
+        if "data" not in item:
+            if digest not in known:
+                raise SessionError(f"{name}: an image of the conversation (sha256 {digest[:12]}) whose bytes were not given")
+            images.append(Image(known[digest].data, name))
+            continue
+        try:
+            data = base64.b64decode(item["data"], validate=True)
+        except (binascii.Error, ValueError, TypeError):
+            raise SessionError(f"{name}: an image of the conversation whose bytes are not base64") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise SessionError(f"{name}: an image of the conversation whose bytes do not match its sha256 {digest[:12]}")
+        images.append(Image(data, name))
+    return images
+
+
+def images_in(messages: Sequence[dict]) -> dict[str, Image]:
+    """The messages' images by the hex sha256 of their bytes (what `live` knows without their data)."""
+    return {image.digest.hex(): image for m in messages for image in m.get("images") or () if isinstance(image, Image)}

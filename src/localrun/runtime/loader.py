@@ -11,6 +11,7 @@ from ..engine.gguf_info import read_info
 from ..engine.llama import CpuLoad, busy_advice
 from ..engine.strategies import PLAIN, load_draft, make_strategy
 from ..errors import UsageError
+from .memory import CONTEXT_CAP, capped_context, context_for, default_context  # noqa: F401 - (their old home)
 from .options import FALLBACK_CONTEXT, LoadSpec, has_sliding_window
 
 
@@ -78,7 +79,7 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     local = hub.ensure_local(model, source=source)  # (every option was checked first: nothing is pulled for a bad one)
     check_adapters(spec.lora, local.path)
     if embeddings and spec.pooling == "rank":  # a reranker's load (runtime.rerank): no other model ranks
-        from .rerank import check_reranker_file
+        from ..engine.rerank import check_reranker_file
 
         check_reranker_file(local.path, local.path.name if local.source == "path" else local.ref, brought.rerank)
     info = read_info(local.path)
@@ -97,54 +98,6 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     return Loaded(engine=engine, name=local.path.name if local.source == "path" else local.ref, sampling=merged,
                   system=brought.system, decoding=decoding, strategy=strategy, defaults=defaults, messages=brought.messages,
                   brought=brought, capped=capped, busy=busy)
-
-
-CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx, num_ctx), not given unasked
-
-
-def context_for(ctx: Optional[int], brought, path, streams: int = 1, kv_type: str = "f16", *, embeddings: bool = False) -> int:
-    """The context one request may fill: the one asked for (--ctx, num_ctx), else the one the model brings
-    (its catalogue entry, a Modelfile's num_ctx), at most the length the model at `path` was trained on
-    (capped_context says so); else sized for it by default_context (an embeddings context and a model not read
-    yet, `path` None: FALLBACK_CONTEXT)."""
-    given = ctx if ctx is not None else brought.context
-    if given:
-        trained = read_info(path).context_length if path is not None else None
-        return min(given, trained) if trained else given
-    if embeddings or path is None:
-        return FALLBACK_CONTEXT
-    return default_context(read_info(path), streams, kv_type)
-
-
-def capped_context(ctx: Optional[int], brought, info, name: str) -> Optional[str]:
-    """What to tell a user whose context (--ctx, else the model's num_ctx) is past the length the model was
-    trained on, which context_for gives instead, as Ollama caps it and says so; None when it is not."""
-    trained = info.context_length
-    given = ctx if ctx is not None else brought.context
-    if not given or not trained or given <= trained:
-        return None
-    what = f"--ctx {given}" if ctx is not None else f"{name}'s num_ctx {given}"  # (a catalogue entry's context, a Modelfile's)
-    return f"{what} is more than {name} was trained on ({trained} tokens): using {trained}"
-
-
-def default_context(info, streams: int = 1, kv_type: str = "f16", available: Optional[int] = None) -> int:
-    """A model's context when neither the request nor the catalogue names one (as Ollama sizes its default
-    from the memory it has): the trained length up to CONTEXT_CAP, halved while its KV cache would take more
-    than a quarter of the memory free now (`available`), for each of the context's KV `streams` (a server's
-    slots keep one each, or one pool: LoadSpec.kv_streams); never below FALLBACK_CONTEXT, nor above the
-    trained length."""
-    from ..engine.gguf_info import kv_cache_bytes
-
-    trained = info.context_length or FALLBACK_CONTEXT
-    floor = min(trained, FALLBACK_CONTEXT)
-    if available is None:
-        from .pool import available_memory
-
-        available = available_memory()
-    n_ctx = min(trained, CONTEXT_CAP)
-    while n_ctx > floor and kv_cache_bytes(info, n_ctx * streams, kv_type) > available // 4:
-        n_ctx //= 2
-    return max(n_ctx, floor)
 
 
 def strategy_for(engine: Engine, decoding: DecodeOptions, *, ctx_limit: int, source: str = "auto"):

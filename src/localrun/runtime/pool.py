@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError, LocalrunError, ModelNotFound, UsageError
+from .memory import available_memory, estimate_breakdown, estimate_bytes, gpu_free_bytes, gpu_share  # noqa: F401
 from .options import LoadSpec
 
 FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or by `stop`)
@@ -66,39 +67,6 @@ def parse_keep_alive(value: Any) -> float:
     if math.isnan(seconds):
         raise bad
     return FOREVER if seconds < 0 or seconds > FOREVER_AFTER_S else seconds
-
-
-def estimate_bytes(path: Path, spec: LoadSpec, ref: Optional[str] = None) -> int:
-    """What a model takes loaded with `spec`, in all (see estimate_breakdown)."""
-    return estimate_breakdown(path, spec, ref)["total_bytes"]
-
-
-def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, repack: Optional[bool] = None) -> dict[str, int]:
-    """What a model takes loaded with `spec`, by what holds it (engine.footprint): the weights (the mapped
-    file), llama.cpp's repacked copy of them (CPU_REPACK: 597 MiB for Qwen2.5 1.5B Q4_K_M, where the CPU is
-    the only device), the KV cache (a stream of the context per slot, or one pool of it: LoadSpec.kv_streams),
-    and the compute buffers for a micro-batch of
-    `batch` tokens with llama.cpp's logits (a vocabulary of floats for each row a batch may ask for: one per
-    slot, held twice, as the output layer's result and as the copy handed out; every row of an embeddings
-    batch, which dominate for gemma-3's 262k vocabulary). Mirrors how runtime.loader loads each kind.
-    `repack`: whether llama.cpp repacks here (None: no GPU and no RPC worker, engine.footprint.repacks_here)."""
-    from .. import hub
-    from ..engine.footprint import footprint, repacks_here
-    from ..engine.gguf_info import read_info
-
-    from .loader import context_for
-
-    info = read_info(path)
-    brought = hub.defaults_for(ref or str(path))
-    ctx = context_for(spec.ctx or None, brought, path, spec.kv_streams(info), spec.kv_type, embeddings=spec.kind == "embed")
-    repack = repacks_here(bool(spec.rpc)) if repack is None else repack
-    if spec.kind == "embed":  # one micro-batch holds a whole context; a vocabulary row for each of a batch's rows
-        return footprint(info, ctx, spec.kv_type, n_ubatch=ctx, n_outputs=max(1, spec.batch // 2), repack=repack)
-    decoding = spec.decoding(brought.draft)
-    rows = decoding.draft_max + 1 if decoding.draft else 1  # a verified draft reads a row per token
-    streams = spec.kv_streams(info)  # a stream of the context per slot, or one pool of it
-    return footprint(info, ctx * streams, spec.kv_type, n_ubatch=spec.batch, n_outputs=spec.parallel * rows,
-                     n_seq=streams, repack=repack)
 
 
 def model_key(resident: Resident, name: Optional[str] = None) -> str:
@@ -174,34 +142,6 @@ def listed_local() -> list:
 _SAID: set = set()
 
 
-def gpu_free_bytes() -> Optional[int]:
-    """Free memory on the GPUs llama.cpp can use, all together (None where it has none: a CPU build)."""
-    from ..engine.llama import gpu_memory
-
-    devices = gpu_memory()
-    return sum(free for _, free, _ in devices) if devices else None
-
-
-def gpu_share(path: Path, gpu_layers: str, has_gpu: bool) -> float:
-    """The share of a model that --gpu-layers puts on a GPU (repeating layers plus the output layer, as
-    llama.cpp counts them), to budget against GPU memory: 0 without a GPU."""
-    from ..engine.gguf_info import read_info
-
-    if not has_gpu or gpu_layers in ("0", 0):
-        return 0.0
-    if gpu_layers in ("auto", "-1", -1):
-        return 1.0
-    total = read_info(path).n_layer + 1
-    return min(int(gpu_layers), total) / total
-
-
-def available_memory() -> int:
-    """RAM the kernel can hand out now (MemAvailable), the room a new model's weights and KV go into."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
 class Resident:
     """One loaded model: its engine (via `loaded`), its scheduler, and how long it stays."""
 
@@ -249,7 +189,7 @@ class Resident:
         from datetime import datetime
 
         from ..store.digests import file_digest
-        from .report import model_details
+        from .details import model_details
 
         on_gpu = self.engine.gpu_fraction()
         # Always a time, as Ollama writes it (clients parse it as a date): in use, its keep-alive from now;
@@ -308,7 +248,7 @@ class Loading:
         """`ps`'s row for it: what its load will hold (the estimate), how far llama.cpp has read it."""
         from ..engine.gguf_info import read_info
         from ..engine.llama import default_threads
-        from .report import model_details
+        from .details import model_details
 
         from .. import hub
 

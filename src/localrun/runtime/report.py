@@ -11,6 +11,7 @@ import sys
 from typing import Any, Optional
 
 from .. import __version__
+from .details import model_details  # noqa: F401 - (its old home)
 
 
 def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: bool = False, rpc: bool = False) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     from ..engine.footprint import footprint, repacks_here
     from ..engine.gguf_info import read_info
 
-    from .loader import capped_context, context_for
+    from .memory import capped_context, context_for
     from .options import LoadSpec
 
     info = read_info(local.path)
@@ -63,7 +64,7 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     }
     if not rpc:  # run and chat load it in the background server, with its slots (each this context): what `ps` shows
         from .options import SERVER_SLOTS
-        from .pool import estimate_breakdown
+        from .memory import estimate_breakdown
 
         spec = LoadSpec(ctx=n_ctx, kv_type=kv_type, parallel=SERVER_SLOTS, kind="run")
         out["memory_served"] = {"slots": SERVER_SLOTS, "n_ctx": n_ctx, **estimate_breakdown(local.path, spec, local.ref)}
@@ -168,19 +169,6 @@ def cpu_report(window_s: float = 0.5) -> dict[str, Any]:
 
 
 # -- what the Ollama dialect lists and shows ---------------------------------------------------------------
-
-
-def model_details(info) -> dict[str, Any]:
-    """Ollama's `details` of a model (/api/tags, /api/show, /api/ps) from its GGUF metadata."""
-    return {"parent_model": "", "format": "gguf", "family": info.architecture, "families": [info.architecture],
-            "parameter_size": _parameter_size(info.n_params), "quantization_level": info.quant}
-
-
-def _parameter_size(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}".replace(".0" + unit, unit)
-    return str(n)
 
 
 def tags_listing() -> list[dict[str, Any]]:

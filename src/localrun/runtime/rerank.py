@@ -19,17 +19,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
-from ..errors import ContextOverflow, SettingError, UsageError
+from ..errors import ContextOverflow, SettingError
+from ..engine.rerank import NotAReranker, check_reranker_file  # noqa: F401 - (their old home)
 from .options import LoadSpec
-
-
-class NotAReranker(UsageError):
-    """`model` is no reranker: its GGUF asks for no rank pooling and has no classification head."""
-
-    def __init__(self, model: str):
-        self.model = model
-        super().__init__(f"{model} is not a reranker (its GGUF has no rank pooling and no classification head): "
-                         "rerank with a reranker such as bge-reranker-v2-m3 or qwen3-reranker-0.6b (`localrun list --available`)")
 
 
 @dataclass
@@ -71,14 +63,6 @@ def check_reranker(ref: str) -> None:
         raise NotAReranker(ref)
     local = hub.resolve_local(ref)
     check_reranker_file(local.path, local.path.name if local.source == "path" else local.ref, hub.defaults_for(ref).rerank)
-
-
-def check_reranker_file(path, name: str, listed: bool = False) -> None:
-    """The check itself, on a model's file (`listed`: the catalogue says it is a reranker)."""
-    from ..engine.rerank import is_reranker
-
-    if not listed and not is_reranker(path):
-        raise NotAReranker(name)
 
 
 def load_reranker(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", on_notice=None):

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Optional
 
-from ..thinking import Markers, ThinkingSplitter
+from .thinking import Markers, ThinkingSplitter, opened_in_prompt
 from .syntax import Tools, held, read_answer
 from .types import Delta, Message, ToolCall
 
-__all__ = ["AnswerStream", "Delta", "Message", "Parser", "ToolCall", "deltas", "family_for", "parser_for", "prompt_tail",
-           "supports_tools"]
+__all__ = ["AnswerStream", "Delta", "Message", "Parser", "ToolCall", "deltas", "family_for", "markers_for", "parser_for",
+           "prompt_tail", "supports_tools", "thinking_in"]
 
 
 def family_for(template: Optional[str]):
@@ -226,3 +226,14 @@ class AnswerStream:
         if len(now.calls) >= len(self.last.calls) or not partial:
             self.last = now
         return out
+
+
+def markers_for(template: Optional[str]) -> Optional[Markers]:
+    """The thinking markers a chat template's family uses, or None (not a reasoning model's template)."""
+    return family_for(template).thinking
+
+
+def thinking_in(template: Optional[str], prompt: str) -> Optional[tuple[Markers, bool]]:
+    """(the template's markers, whether `prompt` opened the block) for a reasoning model's prompt, or None."""
+    markers = markers_for(template)
+    return None if markers is None else (markers, opened_in_prompt(prompt, markers))

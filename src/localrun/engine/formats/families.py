@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Optional
 
-from ..thinking import GPT_OSS, Markers
+from .thinking import GPT_OSS, Markers
 from . import special
 from .syntax import WS, Cap, JsonCalls, NameArgs, Opt, Syntax, Tagged, held
 
