@@ -22,9 +22,13 @@ install: $(VENV)/.llama-$(strip $(BACKEND))
 	$(PY) -m pip install --quiet -e .
 	$(PY) -m compileall -q src
 
+# The browser tests drive Chromium through Playwright (CORS, the chat page): Debian's, installed here where it is
+# missing and this is root (CI), since Playwright's own download needs its CDN; elsewhere they skip and say why.
 install-test: $(VENV)/.llama-$(strip $(BACKEND)) $(VENV)/.llama-tools
 	$(PY) -m pip install --quiet -e '.[test,plot]'
 	$(PY) -m compileall -q src
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; fi
 
 # llama.cpp's own llama-bench, llama-perplexity and llama-batched-bench (the references the tests compare
 # against), built once from the same vendored source and flags and cached in ~/.cache/localrun.

@@ -524,6 +524,12 @@ def serve(
     port: Annotated[Optional[int], typer.Option("--port", help="port to listen on (0 = any free port; default 11435, with --ollama 11434)")] = None,
     ollama: Annotated[bool, typer.Option("--ollama", help="listen on Ollama's port, 11434, so that clients set up for Ollama work unchanged")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
+    api_key_file: Annotated[Optional[Path], typer.Option("--api-key-file", help="require one of the keys in FILE (one a line; # starts a comment), with --api-key's")] = None,
+    allowed_origins: Annotated[Optional[list[str]], typer.Option("--allowed-origins", metavar="ORIGINS", help="web pages that may call this server from a browser, "
+                                                                 "besides loopback ones: http://HOST:PORT, a pattern with one * (chrome-extension://*), or * for any; "
+                                                                 "comma-separated or repeated (also LOCALRUN_ORIGINS)")] = None,
+    ssl_certfile: Annotated[Optional[Path], typer.Option("--ssl-certfile", help="serve HTTPS with this PEM certificate (its key in it, or --ssl-keyfile)")] = None,
+    ssl_keyfile: Annotated[Optional[Path], typer.Option("--ssl-keyfile", help="the certificate's PEM private key (unencrypted)")] = None,
     queue: Annotated[int, typer.Option("--queue", help="requests that may wait for a slot; more get 429")] = 64,
     prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="prompt tokens evaluated per step (smaller: running streams stall less)")] = 256,
     keep_alive: Annotated[str, typer.Option("--keep-alive", help="how long a model stays loaded after its last request: 5m, 1h, 90s, 0 (unload at once) or -1 (forever)")] = "5m",
@@ -544,6 +550,7 @@ def serve(
     from ..runtime.pool import parse_keep_alive
     from ..serve.app import ServeOptions, serve as run_server
     from ..store.paths import parse_size
+    from . import lan
 
     if port is None:
         port = 11434 if ollama else 11435
@@ -552,8 +559,11 @@ def serve(
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
     if options.get("lora"):
         _check_adapters(options["lora"], model)
+    keys = lan.api_keys(api_key, api_key_file)
+    certfile, keyfile = lan.tls_files(ssl_certfile, ssl_keyfile)
     serve_options = ServeOptions(
-        spec=_served_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, api_key=api_key, model=model,
+        spec=_served_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, model=model,
+        api_keys=keys, origins=lan.allowed_origins(allowed_origins), ssl_certfile=certfile, ssl_keyfile=keyfile,
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
         max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
         exit_when_idle=exit_when_idle, quiet=quiet,
@@ -564,13 +574,14 @@ def serve(
         if model is None:
             raise UsageError("--mmproj needs the MODEL it was made for: localrun serve MODEL --mmproj FILE")
         name_projector(model, mmproj)
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        notice(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
+    if host not in ("127.0.0.1", "localhost", "::1") and not keys:
+        notice(f"listening on {host} without --api-key or --api-key-file: anyone who can reach this port can use the model")
 
     def ready(bound: Optional[int], resident) -> None:
         what = (f"{resident.name} ({parallel} slots x {resident.slot_ctx} tokens) and any pulled model"
                 if resident else "any pulled model")
-        where = f"unix:{socket_path}" if socket_path else f"http://{host}:{bound}/v1 (and Ollama's API at /api)"
+        url = f"{'https' if certfile else 'http'}://{'[' + host + ']' if ':' in host else host}:{bound}"
+        where = f"unix:{socket_path}" if socket_path else f"{url}/v1 (and Ollama's API at /api; a chat page at {url}/)"
         err.print(f"[ok]serving[/ok] {what} on {where}; Ctrl-C stops", markup=True, highlight=False)
 
     run_server(serve_options, host=host, port=port, socket_path=socket_path, on_ready=ready, on_notice=notice)

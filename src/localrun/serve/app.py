@@ -81,7 +81,7 @@ def serve(options: ServeOptions, *, host: str, port: int, socket_path=None, on_r
         inode = os.stat(socket_path).st_ino if socket_path else None
         app = build_app(service, on_started=(lambda: on_ready(bound, resident)) if on_ready else None)
         config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="on",
-                                http=header_timeout(AutoHTTPProtocol))
+                                http=header_timeout(AutoHTTPProtocol), ssl_certfile=options.ssl_certfile, ssl_keyfile=options.ssl_keyfile)
         server = Server(config, service)
         service.exit = lambda: setattr(server, "should_exit", True)
         if options.exit_when_idle is not None:

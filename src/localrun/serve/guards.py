@@ -1,8 +1,9 @@
-"""What the HTTP layer refuses before any route sees a request, for every route alike: a request without the API
-key (401), a body over the cap (413, answered at once from Content-Length, or as soon as a chunked body passes it),
-and a connection that has not sent its request's headers in time (a slow-loris client: closed). Each refusal is in
-the shape of the dialect its path belongs to. JSON bodies that are not JSON (NaN, a lone surrogate) are refused
-where they are parsed (serve.wire.parse_json)."""
+"""What the HTTP layer refuses before any route sees a request, for every route alike: a page on an origin the
+server does not allow (403, serve.cors), a request without one of the API keys (401), a body over the cap (413,
+answered at once from Content-Length, or as soon as a chunked body passes it), and a connection that has not sent
+its request's headers in time (a slow-loris client: closed). Each refusal is in the shape of the dialect its path
+belongs to. JSON bodies that are not JSON (NaN, a lone surrogate) are refused where they are parsed
+(serve.wire.parse_json)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import hmac
 import os
 from typing import Optional
 
+from .cors import Origins, browsers
 from .dialects import error_bytes, speaks_anthropic
 from .errors import Fault
 
 DEFAULT_MAX_BODY = 32 << 20  # 32 MiB: a long conversation with a few images in base64 fits; LOCALRUN_MAX_BODY (MiB) changes it
+PAGE_FILES = "/static/"  # the chat page's files (serve.page), public as the page is
 HEADER_TIMEOUT_S = 10.0  # a request's headers must be whole this long after the connection (or the last answer)
 
 
@@ -143,15 +146,31 @@ def given_key(headers: dict) -> bytes:
     return headers.get(b"x-api-key", b"").strip()
 
 
-def require_key(app, key: str):
-    """ASGI wrapper: every path but /health needs the key, as `Authorization: Bearer KEY` or Anthropic's
-    `x-api-key: KEY` (compared in constant time); a 401 in the shape of the dialect the path is under."""
-    expected = key.encode()
+def read_key_file(path) -> list[str]:
+    """The keys in a key file: one a line; blank lines and lines starting with # left out. OSError and
+    UnicodeDecodeError as reading the file raises them (the command line words them)."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def public(path: str) -> bool:
+    """Paths answered without the key: /health (a load balancer's probe) and the chat page with its files (no data:
+    the page asks for the key itself, and sends it with each request)."""
+    return path in ("/health", "/") or path.startswith(PAGE_FILES)
+
+
+def require_key(app, keys):
+    """ASGI wrapper: every path but the public ones needs one of `keys` (a key, or several: each a client's), as
+    `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY` (compared with each in constant time); a 401 in
+    the shape of the dialect the path is under."""
+    expected = [k.encode() for k in ([keys] if isinstance(keys, str) else keys)]
 
     async def guarded(scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and not public(scope["path"]):
             headers = dict(scope["headers"])
-            if not hmac.compare_digest(given_key(headers), expected):
+            given = given_key(headers)
+            if not sum(hmac.compare_digest(given, key) for key in expected):  # each compared: no early way out
                 path = scope["path"]
                 claude = speaks_anthropic(path, headers)
                 how = "'x-api-key: KEY'" if claude else "'Authorization: Bearer KEY'"
@@ -163,3 +182,11 @@ def require_key(app, key: str):
         await app(scope, receive, send)
 
     return guarded
+
+
+def guarded(app, options):
+    """What every request of a server passes before its route, outermost first: the browser's checks (serve.cors:
+    its origin, a preflight answered), the API key where `options` (ServeOptions) has any, the body cap."""
+    app = limit_body(app, options.max_body)
+    app = require_key(app, options.api_keys) if options.api_keys else app
+    return browsers(app, Origins(options.origins))

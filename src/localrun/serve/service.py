@@ -26,7 +26,10 @@ class ServeOptions:
     spec: LoadSpec = field(default_factory=lambda: LoadSpec(parallel=4))  # the server's load-time options (requests may differ)
     max_waiting: int = 64
     prefill_chunk: int = 256
-    api_key: Optional[str] = None
+    api_keys: tuple[str, ...] = ()  # a request needs one of them (none: no key); serve.guards
+    origins: tuple[str, ...] = ()  # the browser origins allowed besides the loopback ones (serve.cors)
+    ssl_certfile: Optional[str] = None  # TLS: uvicorn's, with ssl_keyfile
+    ssl_keyfile: Optional[str] = None
     max_body: int = field(default_factory=max_body_bytes)  # bytes; 0: no cap (serve/guards.py)
     model: Optional[str] = None  # the model named on the command line: loaded at start, the default
     sampling: Optional[dict] = None  # the sampling flags given to serve, over each model's catalogue defaults
