@@ -74,8 +74,62 @@ class ThinkingWriter:
             self.open = False
 
 
+class PromptProgress:
+    """How far a long prompt's evaluation is, while the answer waits for it: one line on stderr at a terminal (the
+    tokens read of the total, those that came from a cache, the rate), redrawn with each chunk and erased when the
+    answer begins. A prompt read in one go shows nothing; nothing is shown where stderr is no terminal."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.on = self.stream.isatty()
+        self.drawn = False
+        self.since: Optional[tuple[float, int]] = None  # (when, tokens in) at the first progress heard: the rate counts from it
+
+    def show(self, progress) -> None:
+        if not self.on:
+            return
+        import shutil
+        import time
+
+        now = time.monotonic()
+        if self.since is None:
+            self.since = (now, progress.processed)
+        if progress.processed >= progress.total and not self.drawn:
+            return  # read in one go (or all of it from a cache)
+        line = f"reading the prompt: {progress.processed:,} of {progress.total:,} tokens"
+        if progress.cached:
+            line += f" ({progress.cached:,} from the cache)"
+        read, seconds = progress.processed - self.since[1], now - self.since[0]
+        if read > 0 and seconds > 0:
+            line += f", {read / seconds:,.0f} tokens/s"
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        self.stream.write("\r\x1b[2K\x1b[2m" + line[:width] + "\x1b[0m")
+        self.stream.flush()
+        self.drawn = True
+
+    def end(self) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+            self.drawn = False
+
+
+def progress_event(progress) -> dict:
+    """--json's event for a prompt's progress (engine.Progress)."""
+    return {"type": "progress", "total": progress.total, "cached": progress.cached, "processed": progress.processed}
+
+
 def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool = False, limit_unasked: bool = False,
                    threads: Optional[int] = None):
+    progress = PromptProgress()
+    try:
+        return _answer_lines(responses, as_json, verbose, hide_thinking, limit_unasked, threads, progress)
+    finally:
+        progress.end()  # an answer that failed before its first word: the line goes
+
+
+def _answer_lines(responses: Iterable, as_json: bool, verbose: bool, hide_thinking: bool, limit_unasked: bool,
+                  threads: Optional[int], progress: PromptProgress):
     out = sys.stdout
     final = None
     wrote_any = False
@@ -86,6 +140,14 @@ def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_think
     try:
         for response in responses:
             tokens.extend(response.tokens)
+            if response.progress is not None:
+                if as_json:
+                    out.write(json.dumps(progress_event(response.progress)) + "\n")
+                    out.flush()
+                else:
+                    progress.show(response.progress)
+            if response.thinking or response.text or response.done:
+                progress.end()
             if response.thinking:
                 thought.append(response.thinking)
                 if as_json and not hide_thinking:
@@ -106,6 +168,7 @@ def _stream_answer(responses: Iterable, as_json: bool, verbose: bool, hide_think
             if response.done:
                 final = response
     except KeyboardInterrupt:
+        progress.end()
         thinking.end()
         if as_json:  # a JSON Lines reader still gets its last event (then exit 130 as usual)
             out.write(json.dumps({"type": "done", "text": "".join(shown), "stats": {"finish_reason": "interrupted"}}) + "\n")

@@ -128,14 +128,16 @@ def resident_run(model: str, *, load: dict, request: dict, keep_alive: float, so
 
 
 def _responses(items: Iterator[dict]) -> Iterator:
+    from ..engine.types import Progress
     from . import Response, Stats
 
     for item in items:
         stats = Stats(**item["stats"]) if item.get("stats") else None
         if stats is not None and item.get("threads"):
             stats.threads = item["threads"]  # the server's CPU threads, for --verbose (beside the stats on the wire)
+        progress = Progress(**item["progress"]) if item.get("progress") else None  # a long prompt's, as in-process
         yield Response(text=item["text"], tokens=item["tokens"], finish_reason=item.get("finish_reason"),
-                       stats=stats, error=item.get("error_text"), thinking=item.get("thinking", ""))
+                       stats=stats, error=item.get("error_text"), thinking=item.get("thinking", ""), progress=progress)
 
 
 def resident_stream(path: str, model: str, *, load: dict, request: dict, keep_alive: float, source: str,

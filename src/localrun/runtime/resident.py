@@ -67,6 +67,8 @@ def wire(response) -> dict[str, Any]:
     out: dict[str, Any] = {"text": response.text, "tokens": response.tokens}
     if response.thinking:
         out["thinking"] = response.thinking
+    if response.progress is not None:  # a long prompt's evaluation, chunk by chunk (the client shows how far it is)
+        out["progress"] = asdict(response.progress)
     if response.done:
         out["finish_reason"] = response.finish_reason
         out["stats"] = asdict(response.stats) if response.stats is not None else None
