@@ -1,7 +1,9 @@
 """What the HTTP layer knows of a loaded model, and nothing more: its vocabulary, its chat template and what
-that template can do (tools, thinking), its tokenizer both ways, its fill-in-the-middle tokens and how long a
-request's prompt would be. serve reads a model through `ModelFacts` only (tests/test_architecture.py: serve
-never touches an engine), as ollama's scheduler sees a runner through a small interface."""
+that template can do (tools, thinking), its tokenizer both ways (llama-server's /tokenize and /detokenize), its
+fill-in-the-middle prompt (/infill), how long a request's prompt would be and what it renders to (/apply-template),
+its LoRA adapters and their scales (/lora-adapters, a request's `lora`), whether it is a reranker. serve reads a
+model through `ModelFacts` only (tests/test_architecture.py: serve never touches an engine), as ollama's scheduler
+sees a runner through a small interface."""
 
 from __future__ import annotations
 
@@ -9,7 +11,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..engine import formats, thinking
+from ..engine.prompt import render
+from . import lora
 from .request import Request, prompt_for, with_system
+
+# llama.cpp's names for the repository and file-separator tokens of repo-level fill-in-the-middle (llama-vocab.cpp),
+# where a GGUF does not give their ids (tokenizer.ggml.fim_rep_token_id, fim_sep_token_id)
+_FIM_REP = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
+_FIM_SEP = ("<|file_sep|>",)
+_SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's separator of extra chunks where the model has no file separator
 
 
 class ModelFacts:
@@ -75,6 +85,105 @@ class ModelFacts:
     def infill_tokens(self, prefix: str, suffix: str) -> Optional[list[int]]:
         """The fill-in-the-middle prompt between `prefix` and `suffix`, or None for a model without those tokens."""
         return self._loaded.engine.infill_tokens(prefix, suffix)
+
+    def tokens_of(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """`text` as tokens as llama-server's /tokenize makes them: special markers read as such unless
+        `parse_special` is false, BOS (and EOS where the model adds one) only with `add_special`."""
+        return self._loaded.engine.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def piece(self, token: int) -> bytes:
+        """A token's text as llama-server gives it (/tokenize's pieces, /detokenize): special markers written out."""
+        return self._loaded.engine.token_bytes(token, special=True)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Tokens as text, each special marker written out (llama-server's /detokenize)."""
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    @property
+    def bos_text(self) -> str:
+        engine = self._loaded.engine
+        return self.piece(engine.bos_token).decode("utf-8", "replace") if 0 <= engine.bos_token < engine.n_vocab else ""
+
+    @property
+    def eos_text(self) -> str:
+        eos = self.info.eos_token_id
+        return self.piece(eos).decode("utf-8", "replace") if eos is not None and 0 <= eos < self.n_vocab else ""
+
+    @property
+    def adds_bos(self) -> bool:
+        return self._loaded.engine.add_bos
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self.info.context_length
+
+    @property
+    def n_embd(self) -> int:
+        return self.info.n_embd
+
+    def infill_prompt(self, prefix: str, suffix: str, extra: list[tuple[str, str]], prompt: list[int], *, n_batch: int,
+                      n_predict: int, n_ctx: int) -> Optional[list[int]]:
+        """llama-server's /infill prompt (format_prompt_infill, repo-level fill-in-the-middle): the extra files
+        (`extra`: (file name, text) pairs) each after the model's file separator, then the prefix and `prompt`
+        (tokens: the text typed before the cursor) in FIM_PRE, the suffix in FIM_SUF, FIM_MID; the prefix and suffix
+        cut to a batch (3:1), the extra files to the context left after a batch and twice the answer. None for a model
+        without fill-in-the-middle tokens."""
+        frame = self._loaded.engine.infill_tokens("", "")  # [BOS,] FIM_PRE, FIM_SUF, FIM_MID: the model's own
+        if frame is None:
+            return None
+        bos, (pre, suf, mid) = frame[:-3], frame[-3:]
+        rep, sep = self._special(_FIM_REP, "fim_rep"), self._special(_FIM_SEP, "fim_sep")
+        chunks: list[int] = [rep, *self.tokenize("myproject\n")] if rep is not None else []
+        for name, text in extra:
+            chunks += [sep, *self.tokenize(name + "\n")] if sep is not None else self.tokenize(_SNIPPET)
+            chunks += self.tokenize(text)
+        if sep is not None:
+            chunks += [sep, *self.tokenize("filename\n")]
+        before, after = self.tokenize(prefix), self.tokenize(suffix)
+        before = before[len(before) - min(len(before), 3 * (n_batch // 4)):]
+        after = after[:min(len(after), max(0, n_batch // 4 - (2 + len(prompt))))]
+        n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(chunks))
+        return [*(chunks[len(chunks) - n_extra:] if n_extra else []), *bos, pre, *before, *prompt, suf, *after, mid]
+
+    def _special(self, names: tuple[str, ...], key: str) -> Optional[int]:
+        """A special token's id: the GGUF's tokenizer.ggml.KEY_token_id, else the first of `names` that is one
+        token of its own, as llama.cpp finds it."""
+        given = (self.info.metadata or {}).get(f"tokenizer.ggml.{key}_token_id") if self.info is not None else None
+        if isinstance(given, int) and 0 <= given < self.n_vocab:
+            return given
+        for name in names:
+            tokens = self.tokens_of(name)
+            if len(tokens) == 1 and self.piece(tokens[0]) == name.encode():
+                return tokens[0]
+        return None
+
+    # -- LoRA adapters (runtime.lora: each refusal a LoraRequestError, the setting "lora") ------------------------
+
+    @property
+    def adapters(self) -> list[dict[str, Any]]:
+        """The LoRA adapters it was loaded with, as llama-server's GET /lora-adapters lists them (id, path, scale,
+        task_name, prompt_prefix); [] for none."""
+        return lora.listed(self._loaded)
+
+    def lora_scales(self, entries: Any) -> tuple[float, ...]:
+        """A request's `lora` ([{"id", "scale"}]) as the scales runtime.Request.lora takes."""
+        return lora.request_scales(self._loaded, entries)
+
+    def set_lora_defaults(self, entries: Any) -> list[dict[str, Any]]:
+        """POST /lora-adapters: the scales every later request that names none is answered under."""
+        return lora.set_default_scales(self._loaded, entries)
+
+    @property
+    def reranks(self) -> bool:
+        """Whether it was loaded as a reranker (rank pooling: runtime.rerank)."""
+        return self._loaded.engine.options.pooling == "rank"
+
+    def rendered(self, request: Request) -> str:
+        """The text `request`'s prompt is for this model, as its template renders it (llama-server's /apply-template),
+        with the model's default system prompt where the request has none, as it is answered."""
+        request.messages = with_system(request, self._loaded.system)
+        return render(self._loaded.engine, request.messages, raw=request.raw, tools=request.tools, think=request.think,
+                      kwargs=request.template_kwargs).text
 
     def prompt_length(self, request: Request) -> int:
         """How many tokens `request`'s prompt is for this model, whether it fits a slot or not (with the model's

@@ -15,20 +15,21 @@ from starlette.routing import Route
 
 from ..runtime.sessions import Sessions, wait_for_saves
 from . import access
-from .endpoint import receiving
+from .endpoint import also, receiving
 from .dialects import error_bytes
 from .errors import Fault
-from .guards import limit_body, require_key
-from .routes import anthropic, native, ollama, ops, openai, responses
+from .guards import guarded
+from .routes import anthropic, llama, native, ollama, ops, openai, rerank, responses
 from .service import Service
 from .stream import finish_answers
 
 
 def build_app(service: Service, on_started=None):
     """The app for `service`; `on_started()` once it takes requests."""
-    routes = [*openai.ROUTES, *anthropic.ROUTES, *responses.ROUTES, *ollama.ROUTES, *ops.ROUTES,
-              Route("/health", ops.health, methods=["GET"]), Route("/metrics", ops.prometheus, methods=["GET"]),
-              Route("/", ollama.root, methods=["GET", "HEAD"])]
+    routes = [*openai.ROUTES, *anthropic.ROUTES, *responses.ROUTES, *ollama.ROUTES, *ops.ROUTES, *llama.ROUTES,
+              *rerank.ROUTES, also(ops.models, "/models"), also(llama.completion, "/completions"),
+              Route("/health", ops.health, methods=["GET"]), Route("/v1/health", ops.health, methods=["GET"]),
+              Route("/metrics", ops.prometheus, methods=["GET"]), Route("/", ollama.root, methods=["GET", "HEAD"])]
     if service.options.socket:  # localrun's own dialect (sessions, any .gguf path) only on the resident server's socket,
         routes += native.ROUTES  # which answers /api/version with what made it
     else:
@@ -36,8 +37,7 @@ def build_app(service: Service, on_started=None):
     app = Starlette(routes=routes, lifespan=_lifespan(service, on_started), exception_handlers={404: _no_route, 405: _no_route})
     app.state.service = service
     app = receiving(app)
-    app = limit_body(app, service.options.max_body)
-    app = require_key(app, service.options.api_key) if service.options.api_key else app
+    app = guarded(app, service.options)
     return app if service.options.quiet or service.options.socket else access.access_log(app)
 
 

@@ -96,6 +96,7 @@ class Asked:
     max_tokens: Optional[int] = None
     ignore_eos: bool = False  # exactly max_tokens (llama-server's)
     draft_max: Optional[int] = None  # at most this many tokens drafted a step by prompt lookup (0: none)
+    lora: Optional[list] = None  # llama-server's per-request LoRA scales, as given ([{"id", "scale"}]; None: the model's)
     top_logprobs: Optional[int] = None  # each token's logprob with this many alternatives (None: none)
     # Thinking: the template's switch, the effort it reads, more for the template, where the thinking goes
     think: Optional[bool] = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 import re
 import sys
 import threading
@@ -23,10 +25,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response as HttpResponse, StreamingResponse
 from starlette.routing import Route
 
+from .. import __version__
 from ..errors import ContextOverflow, LocalrunError
 from ..runtime import Response
 from ..runtime.facts import ModelFacts, facts_of
+from ..runtime.identity import build_identity
 from ..runtime.pool import Resident, parse_keep_alive
+from ..runtime.rerank import NotAReranker, check_reranker, reranker_spec
 from ..runtime.resident import embed_on
 from . import access
 from .asked import Asked
@@ -41,6 +46,14 @@ BIG_BODY = 1 << 20  # bodies over this are parsed (and their prompts made) on a 
 
 def service_of(request: Request) -> Service:
     return request.app.state.service
+
+
+@functools.lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """What answers, as OpenAI's system_fingerprint says it (and llama-server's, "b" then its build): localrun's
+    version and a digest of the build it runs (runtime.identity: the llama.cpp libraries, the settings), so that a
+    client sees when the same seed may answer differently."""
+    return f"b{__version__}-{hashlib.sha256(build_identity().encode()).hexdigest()[:8]}"
 
 
 # -- the route --------------------------------------------------------------------------------------
@@ -68,6 +81,12 @@ def endpoint(path: str, dialect, methods: tuple[str, ...] = ("POST",)) -> Callab
         route.__name__, route.__doc__ = handler.__name__, handler.__doc__
         return Route(path, route, methods=list(methods))
     return wrap
+
+
+def also(route: Route, path: str) -> Route:
+    """`route`'s handler at another path too (llama-server's unprefixed /chat/completions, /rerank...), counted for
+    /metrics under the route's own."""
+    return Route(path, route.endpoint, methods=sorted(route.methods - {"HEAD"}) if route.methods else None)
 
 
 def refused(exc: BaseException, dialect, model: Optional[str] = None) -> JSONResponse:
@@ -128,8 +147,9 @@ class Held:
 
 @contextlib.asynccontextmanager
 async def holding(request: Request, asked: Asked, kind: str = "batch") -> AsyncIterator[Held]:
-    """The model the request names (the server's own when it names none), loaded as `kind` with the request's load
-    options, a reference taken and given back on leaving, unless an answer took it over (`answering`)."""
+    """The model the request names (the server's own when it names none), loaded as `kind` (batch: answers; embed:
+    embeddings; rerank: a reranker, refused before it loads when it is none) with the request's load options, a
+    reference taken and given back on leaving, unless an answer took it over (`answering`)."""
     service = service_of(request)
     held = await _take(service, asked, kind)
     try:
@@ -152,6 +172,8 @@ async def _take(service: Service, asked: Asked, kind: str) -> Held:
     resident = service.pool.take(ref, spec)  # loaded already (most requests): no hop to a worker thread and back
     if resident is not None:
         return Held(resident, keep_alive, 0.0, facts_of(resident))
+    if kind == "rerank":
+        await _check_reranker(ref)
     started = time.perf_counter()
     try:
         # The command line's model, back after an eject: pinned again, as it was. A client that goes away while
@@ -179,6 +201,16 @@ def _model_ref(service: Service, asked: Asked) -> str:
     return ref
 
 
+async def _check_reranker(ref: str) -> None:
+    """A model asked to rerank that is none: refused naming it before it loads (its file's header says)."""
+    try:
+        await run_in_threadpool(check_reranker, ref)
+    except NotAReranker as exc:
+        raise Refused(exc.message, "model", code="model_not_reranker") from None
+    except LocalrunError as exc:  # not here: a server does not pull for a request
+        raise LoadFailed(exc, ref) from None
+
+
 def _load_spec(service: Service, asked: Asked, kind: str):
     """The server's load options with the request's over them, checked before any model is touched (a bad value never
     unloads the one in use)."""
@@ -189,6 +221,8 @@ def _load_spec(service: Service, asked: Asked, kind: str):
             spec.check()
         except LocalrunError as exc:
             raise LoadRefused(exc) from None
+    if kind == "rerank":
+        return reranker_spec(replace(spec, parallel=1))  # an embeddings context with rank pooling, its requests in turn
     return spec if kind == spec.kind else replace(spec, kind=kind, parallel=1)
 
 

@@ -163,6 +163,11 @@ def _option(exc: OptionError, w: Wording) -> Fault:
     return Fault(400, f"invalid {name!r}: {exc.reason}" if exc.field else exc.reason, name)
 
 
+def _setting(exc: SettingError, w: Wording) -> Fault:
+    name = w.name_of(exc.setting) if exc.setting else None
+    return Fault(400, exc.worded(w.name_of), name)
+
+
 def _no_projector(exc: NoProjector, w: Wording) -> Fault:
     return Fault(400, f"{exc.image}: the model {exc.model} has no image projector: {w.no_projector}", exc.image,
                  "model_without_vision")
@@ -219,6 +224,7 @@ TABLE: tuple[tuple[type, Callable[..., Fault]], ...] = (
     (OptionError, _option),
     (BadImage, lambda exc, w: Fault(400, exc.message, exc.name, "invalid_image")),
     (NoProjector, _no_projector),
+    (SettingError, _setting),  # a request's lora, a reranker's query, documents or top_n
     (UsageError, lambda exc, w: Fault(400, exc.message)),  # a chat template refusing these messages, a grammar
     (LocalrunError, lambda exc, w: Fault(500, exc.message)),
 )

@@ -42,6 +42,8 @@ def prepared(asked: Asked, facts: ModelFacts) -> tuple[Request, Optional["ToolMo
     forced = tooling is not None and (tooling.forced is not None or tooling.grammar is not None)
     _check_sampler(facts, request.sampling, "tool_choice" if forced else "response_format")
     request.top_logprobs, request.draft_max = asked.top_logprobs, asked.draft_max
+    if asked.lora is not None:
+        request.lora = facts.lora_scales(asked.lora)  # LoraRequestError (a SettingError of "lora"): a 400 naming it
     return request, tooling
 
 
@@ -49,6 +51,13 @@ def prompt_length(asked: Asked, facts: ModelFacts) -> int:
     """How many tokens `asked`'s prompt is for this model, whether it fits a slot or not."""
     request, _ = _request(asked, facts)
     return facts.prompt_length(request)
+
+
+def rendered(asked: Asked, facts: ModelFacts) -> str:
+    """The text `asked`'s conversation is for this model, its template rendered as the request would be answered
+    (llama-server's /apply-template)."""
+    request, _ = _request(_plain_if_no_template(asked, facts), facts)
+    return facts.rendered(request)
 
 
 def _plain_if_no_template(asked: Asked, facts: ModelFacts) -> Asked:

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -92,6 +92,7 @@ class Answer:
         self.on_end = on_end
         self.prompt = None  # runtime.request.Prompt, once admitted
         self.progress = None  # engine.Progress: how far the prompt's evaluation is (its cached part), as last heard
+        self.piece_tokens: list[int] = []  # the tokens of the piece next_piece gave last
         self.failure_status: Optional[int] = None  # an answer that failed for the request's own fault: 400
         self.final: Optional[Response] = None  # its last response, once it is done
         self.gone = threading.Event()
@@ -191,9 +192,9 @@ class Answer:
     async def next_piece(self) -> tuple[Response, str, str, list]:
         """The next response and whatever already waits behind it, as one: (the last response, the text, the
         thinking, the tokens' logprobs). One write per step instead of one per token. The prompt's last progress
-        among them is kept in `progress`."""
+        among them is kept in `progress`, their tokens in `piece_tokens`."""
         response: Response = await self._out.queue.get()
-        text, thought, entries = response.text, response.thinking, list(response.logprobs or [])
+        text, thought, entries, tokens = response.text, response.thinking, list(response.logprobs or []), list(response.tokens)
         if response.progress is not None:
             self.progress = response.progress
         while not response.done and not self._out.queue.empty():
@@ -201,22 +202,25 @@ class Answer:
             text += more.text
             thought += more.thinking
             entries += more.logprobs or []
+            tokens += more.tokens
             if more.progress is not None:
                 self.progress = more.progress
             if more.done:
                 response = more
+        self.piece_tokens = tokens
         return response, text, thought, entries
 
     async def collect(self) -> tuple[str, Response]:
         """The whole answer (not streamed) and its last response, which then carries every token's logprobs
-        (when asked for) and the whole thinking. Refused (its status) when it did not finish."""
+        (when asked for), every token and the whole thinking. Refused (its status) when it did not finish."""
         self._whole = True
-        parts, thought, logprobs = [], [], []
+        parts, thought, logprobs, tokens = [], [], [], []
         while True:
             response, text, thinking, entries = await self.next_piece()
             parts.append(text)
             thought.append(thinking)
             logprobs += entries
+            tokens += self.piece_tokens
             if response.done:
                 break
         if response.finish_reason not in FINISH_REASONS:
@@ -224,7 +228,7 @@ class Answer:
             raise Refused(response.error or "the request was cancelled", status=status)
         if self.request.top_logprobs is not None:
             response.logprobs = logprobs
-        response.thinking = "".join(thought)
+        response.thinking, response.tokens = "".join(thought), tokens
         return "".join(parts), response
 
 
@@ -259,6 +263,8 @@ class Event:
     name: str = ""
     id: str = ""
     progress: Any = None  # "progress": engine.Progress (the prompt's tokens, cached, processed)
+    tokens: list[int] = field(default_factory=list)  # "text" of a plain completion: the tokens that made it ("done": those
+    # whose text never came out, a stop word's)
 
 
 async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator[Event]:
@@ -284,7 +290,7 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
         if answer.progress is not None and answer.progress is not said:  # (not written by every dialect: no silence reset)
             said = answer.progress
             yield Event("progress", progress=said)
-        out = reading.events(text, thought, more, ended_well)
+        out = reading.events(text, thought, more, ended_well, getattr(answer, "piece_tokens", ()))
         for event in out:
             yield event
         if out:
@@ -292,8 +298,8 @@ async def answer_events(answer: Answer, ping_s: float = PING_S) -> AsyncIterator
         elif time.monotonic() - quiet_since >= ping_s:  # tokens come, but all are held: still not silent
             yield Event("ping")
             quiet_since = time.monotonic()
-        if response.done:
-            yield Event("done", final=response)
+        if response.done:  # (with the plain text's tokens whose text never came: a stop word's, cut)
+            yield Event("done", final=response, tokens=reading.tokens)
             return
 
 
@@ -304,15 +310,19 @@ class _Reading:
     def __init__(self, answer: Answer) -> None:
         self.reader, self.tools = answer.reader(), answer.tools
         self.entries: list = []  # logprobs of tokens whose text is not out yet
+        self.tokens: list[int] = []  # plain text's tokens whose text is not out yet
         self.ids: dict[int, str] = {}  # a call's index -> its id
 
-    def events(self, text: str, thought: str, logprobs: list, ended: bool) -> list[Event]:
-        """The events of one piece of the answer (`ended`: the last, which finished well)."""
+    def events(self, text: str, thought: str, logprobs: list, ended: bool, tokens: Sequence[int] = ()) -> list[Event]:
+        """The events of one piece of the answer (`ended`: the last, which finished well); `tokens`: the piece's, which
+        a plain text's event carries (llama-server's /completion writes them)."""
         self.entries += logprobs
         out: list[Event] = [Event("thinking", thought)] if thought else []
         if self.reader is None:
+            self.tokens += tokens
             if text:
                 out.append(self.text(text))
+                out[-1].tokens, self.tokens = self.tokens, []
             return out
         for d in self.reader.feed(text) + (self.reader.finish() if ended else []):
             if d.reasoning:

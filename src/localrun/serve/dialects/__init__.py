@@ -7,6 +7,8 @@ imports Starlette (tests/test_architecture.py); serve/routes serves them.
     responses   /v1/responses (Codex, the Responses modes of LangChain and pydantic-ai)
     ollama      /api/chat, /api/generate, /api/embed (ollama_models: /api/create, /api/copy)
     native      /api/run, /api/converse: localrun's own, for `run` and `chat` (the resident server's socket only)
+    llama       llama-server's own: /completion, /infill, /tokenize, /detokenize, /props, /lora-adapters
+    rerank      /v1/rerank, /rerank (llama-server's, Jina's, Cohere's, TEI's forms)
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import anthropic, ollama, openai
+from . import anthropic, llama, ollama, openai, rerank
 from ..errors import Fault
 
 
@@ -30,7 +32,15 @@ def shape_for(path: str, headers: Mapping) -> Any:
     """The error shape of the dialect a request speaks by its path (and Anthropic's clients by their headers)."""
     if path.startswith("/api/"):
         return ollama
+    if path in LLAMA_PATHS:
+        return llama
+    if path.rstrip("/").endswith(("/rerank", "/reranking")):
+        return rerank
     return anthropic if speaks_anthropic(path, headers) else openai
+
+
+# llama-server's own paths: refused before a route (no key, a body too large) in its shape
+LLAMA_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/lora-adapters"})
 
 
 def error_bytes(path: str, headers: Mapping, fault: Fault) -> bytes:

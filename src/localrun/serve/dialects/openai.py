@@ -108,6 +108,8 @@ class _Fields(BaseModel):
                                         "(prompt_progress: total, cache, processed, time_ms)")
     draft_max: Optional[StrictInt] = Field(None, ge=0, le=DRAFT_MAX, description="at most this many tokens drafted a step by prompt "
                                            "lookup, where the model drafts (serve --draft lookup, a catalogue default); 0: none")
+    lora: Optional[list[Any]] = Field(None, description="llama.cpp server's extension: this request's LoRA scales, "
+                                      '[{"id": N, "scale": X}] (an adapter left out: 0), without a reload')
     # Sent (mostly with their off values) by common clients: accepted when off, refused when asked for.
     logprobs: Union[StrictBool, StrictInt, None] = None
     top_logprobs: Optional[StrictInt] = None
@@ -343,7 +345,7 @@ def _common(body: Union[ChatBody, CompletionBody]) -> dict[str, Any]:
     return dict(model=body.model, keep_alive=body.keep_alive, load=load_options(body.options),
                 sampling={name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None},
                 stops=stops_of(body.stop), logit_bias=body.logit_bias, max_tokens=length, ignore_eos=body.ignore_eos,
-                draft_max=body.draft_max, top_logprobs=_top_logprobs(body), **_response_format(body.response_format),
+                draft_max=body.draft_max, lora=body.lora, top_logprobs=_top_logprobs(body), **_response_format(body.response_format),
                 reply=Reply(stream=body.stream, n=body.n, usage=bool((body.stream_options or {}).get("include_usage")),
                             progress=body.return_progress))
 
@@ -456,8 +458,9 @@ def timings(stats: Stats) -> dict:
 
 
 def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, logprobs: Optional[dict] = None,
-               read: Optional[Callable[[str], tuple[str, list[dict]]]] = None) -> dict:
-    """The whole answer; `read`: the text read as (content, calls) in the model's family format."""
+               read: Optional[Callable[[str], tuple[str, list[dict]]]] = None, fingerprint: Optional[str] = None) -> dict:
+    """The whole answer; `read`: the text read as (content, calls) in the model's family format; `fingerprint`: what
+    answered it (OpenAI's system_fingerprint: the build and the llama.cpp it runs)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": logprobs}
     if chat:
         content, calls = read(text) if read is not None else (text, [])
@@ -471,7 +474,8 @@ def completion(rid: str, chat: bool, model_id: str, text: str, final: Response, 
         choice["text"] = text
     return {
         "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-        "model": model_id, "choices": [choice], "usage": usage(final.stats), "timings": timings(final.stats),
+        "model": model_id, **({"system_fingerprint": fingerprint} if fingerprint else {}), "choices": [choice],
+        "usage": usage(final.stats), "timings": timings(final.stats),
     }
 
 
@@ -491,10 +495,11 @@ def new_id(chat: bool) -> str:
 
 
 async def sse(events: AsyncIterator[Event], rid: str, chat: bool, include_usage: bool, model_id: str, facts=None,
-              top_logprobs: Optional[int] = None, progress: bool = False) -> AsyncIterator[str]:
+              top_logprobs: Optional[int] = None, progress: bool = False, fingerprint: Optional[str] = None) -> AsyncIterator[str]:
     """An answer's events (serve.stream.answer_events) as OpenAI's server-sent events; `progress`: the prompt's
-    progress as llama-server writes it (a chunk with prompt_progress), asked by return_progress."""
-    chunks = _Chunks(rid, chat, include_usage, model_id)
+    progress as llama-server writes it (a chunk with prompt_progress), asked by return_progress; `fingerprint` in
+    every chunk, as OpenAI sends it."""
+    chunks = _Chunks(rid, chat, include_usage, model_id, fingerprint)
     offset, called = 0, False
     if chat:
         yield chunks.chunk(None, None, role=True)
@@ -529,13 +534,14 @@ async def sse(events: AsyncIterator[Event], rid: str, chat: bool, include_usage:
 class _Chunks:
     """One stream's chunks: each with its id, object, creation time and model."""
 
-    def __init__(self, rid: str, chat: bool, include_usage: bool, model_id: str) -> None:
-        self.rid, self.chat, self.include_usage, self.model_id = rid, chat, include_usage, model_id
+    def __init__(self, rid: str, chat: bool, include_usage: bool, model_id: str, fingerprint: Optional[str] = None) -> None:
+        self.rid, self.chat, self.include_usage, self.model_id, self.fingerprint = rid, chat, include_usage, model_id, fingerprint
         self.created, self.began = int(time.time()), time.monotonic()
         self.kind = "chat.completion.chunk" if chat else "text_completion"
 
     def event(self, choices: list, **more: Any) -> str:
-        return _event({"id": self.rid, "object": self.kind, "created": self.created, "model": self.model_id, "choices": choices, **more})
+        return _event({"id": self.rid, "object": self.kind, "created": self.created, "model": self.model_id,
+                       **({"system_fingerprint": self.fingerprint} if self.fingerprint else {}), "choices": choices, **more})
 
     def delta(self, fields: dict) -> str:
         return self.event([{"index": 0, "delta": fields, "finish_reason": None, "logprobs": None}])

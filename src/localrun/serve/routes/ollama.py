@@ -135,15 +135,26 @@ async def _making(work, missing: Optional[str] = None):
 @endpoint("/api/show", ollama)
 async def show(request: Request):
     """The model a body names (`model`, or the older `name`): its own by that name, else what a loaded model
-    answers to by it, as /api/ps or /v1/models list it (a path model's file name)."""
+    answers to by it, as /api/ps or /v1/models list it (a path model's file name). A loaded model's LoRA adapters
+    (its Modelfile's and the server's --lora) are listed as it runs with them: id, path, the scale a request gets."""
     given = ollama.model_named(await _body(request))
     ref = service_of(request).resolve(given)
     try:
-        return JSONResponse(await _making(lambda: model_card(given), missing=None if ref != given else f"model {given!r} not found"))
+        card = await _making(lambda: model_card(given), missing=None if ref != given else f"model {given!r} not found")
     except MakeFailed as exc:
         if not isinstance(exc.cause, ModelNotFound) or ref == given:
             raise
-    return JSONResponse(await _making(lambda: model_card(ref), missing=f"model {given!r} not found"))
+        card = await _making(lambda: model_card(ref), missing=f"model {given!r} not found")
+    adapters = _loaded_adapters(service_of(request), {given.casefold(), ref.casefold()})
+    return JSONResponse({**card, "adapters": adapters} if adapters else card)
+
+
+def _loaded_adapters(service, names: set) -> list[dict]:
+    """The LoRA adapters of the loaded model (answers, not embeddings) that answers to one of `names`, or []."""
+    for resident in list(service.pool.residents):
+        if names & resident.names and resident.spec.kind != "embed":
+            return facts_of(resident).adapters
+    return []
 
 
 @endpoint("/api/delete", ollama, methods=("DELETE",))

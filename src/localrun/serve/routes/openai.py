@@ -10,8 +10,10 @@ from starlette.responses import JSONResponse
 
 from ..asked import Asked
 from ..dialects import openai
-from ..endpoint import (answering, counted_events, embeddings_of, endpoint, holding, named, off_loop_if_big, read_body,
-                        streamed, whole)
+from ..endpoint import (also, answering, counted_events, embeddings_of, endpoint, fingerprint, holding, named,
+                        off_loop_if_big, read_body, streamed, whole)
+from ..errors import PromptFailed, is_refusal
+from ..prepare import rendered
 
 
 @endpoint("/v1/chat/completions", openai)
@@ -36,14 +38,14 @@ async def _completion(request: Request, asked: Asked, chat: bool):
     async with holding(request, asked) as held:
         answer = await answering(request, held, asked)
     rid, model_id = openai.new_id(chat), asked.model or held.resident.name  # the name the client used, as OpenAI echoes it
-    top_logprobs = answer.request.top_logprobs
+    top_logprobs, made_by = answer.request.top_logprobs, fingerprint()
     if asked.reply.stream:
         wire = openai.sse(counted_events(request, answer), rid, chat, asked.reply.usage, model_id, held.facts, top_logprobs,
-                          progress=asked.reply.progress)
+                          progress=asked.reply.progress, fingerprint=made_by)
         return streamed(request, answer, wire)
     text, final = await whole(request, answer)
     logprobs = openai.logprobs_of(held.facts, chat, final.logprobs) if top_logprobs is not None else None
-    return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, answer.read_whole))
+    return JSONResponse(openai.completion(rid, chat, model_id, text, final, logprobs, answer.read_whole, made_by))
 
 
 async def _choices(request: Request, asked: Asked, chat: bool):
@@ -64,7 +66,7 @@ async def _choices(request: Request, asked: Asked, chat: bool):
         raise
     replies = [openai.completion("", chat, asked.model or answer.resident.name, text, final,
                                  openai.logprobs_of(of, chat, final.logprobs) if answer.request.top_logprobs is not None else None,
-                                 answer.read_whole)
+                                 answer.read_whole, fingerprint())
                for (answer, text, final), of in zip(results, facts)]
     return JSONResponse(openai.merged(replies, openai.new_id(chat)))
 
@@ -78,4 +80,22 @@ async def embeddings(request: Request):
     return JSONResponse(openai.embeddings_answer(name, result, body.encoding_format))
 
 
-ROUTES = [chat_completions, completions, embeddings]
+@endpoint("/apply-template", openai)
+async def apply_template(request: Request):
+    """llama-server's /apply-template: a chat body's prompt, its model's template rendered as the request would be
+    answered, without an answer ({"prompt"})."""
+    raw = await read_body(request)
+    body = await off_loop_if_big(len(raw), openai.parse_body, raw, openai.ChatBody)
+    named(request, body.model)
+    asked = openai.chat_asked(body)
+    async with holding(request, asked) as held:
+        try:
+            prompt = await off_loop_if_big(len(raw), rendered, asked, held.facts)
+        except Exception as exc:  # noqa: BLE001 - a template raising on these messages is the request's fault
+            raise exc if is_refusal(exc) else PromptFailed(exc) from None
+    return JSONResponse({"prompt": prompt})
+
+
+# llama-server's unprefixed paths of the same (its /completions is its own native completion: serve/routes/llama.py)
+ROUTES = [chat_completions, completions, embeddings, apply_template, also(chat_completions, "/chat/completions"),
+          also(embeddings, "/embeddings")]
