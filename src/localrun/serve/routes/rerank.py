@@ -1,6 +1,6 @@
-"""Reranking (serve.dialects.rerank) at llama-server's paths: /v1/rerank, /rerank, /v1/reranking, /reranking, on
-the reranker a body names (the server's own when it names none), loaded with rank pooling (runtime.rerank); a model
-that is no reranker is refused before it loads."""
+"""Reranking (serve.dialects.rerank) at llama-server's paths (/v1/rerank, /rerank, /v1/reranking, /reranking) and
+Cohere's v2 client's (/v2/rerank), on the reranker a body names (the server's own when it names none), loaded with
+rank pooling (runtime.rerank); a model that is no reranker is refused before it loads."""
 
 from __future__ import annotations
 
@@ -23,4 +23,5 @@ async def reranked(request: Request):
     return JSONResponse(rerank.answer(ranking, asked.model or held.resident.name, result))
 
 
-ROUTES = [reranked, also(reranked, "/rerank"), also(reranked, "/v1/reranking"), also(reranked, "/reranking")]
+ROUTES = [reranked, also(reranked, "/rerank"), also(reranked, "/v1/reranking"), also(reranked, "/reranking"),
+          also(reranked, "/v2/rerank")]
