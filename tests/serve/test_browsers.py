@@ -9,35 +9,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
-import shutil
 import threading
 
 import httpx
 import pytest
 
+from browser import chromium
 from conftest import start_server
 
 pytestmark = pytest.mark.slow
 KEY = "browser-key-1"
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CHROMIUM = "/usr/bin/chromium"  # Debian's (make install-test installs it): Playwright downloads no browser here
 # Every name under .example is this machine to the browser, so that a page can come from an origin that is not
 # loopback by name (the server's default allows loopback pages) while its server is a local http.server.
 HOST_RULES = "--host-resolver-rules=MAP *.example 127.0.0.1"
-
-
-@contextlib.contextmanager
-def chromium(*args: str):
-    """Headless Chromium driven by Playwright, closed however the test ends; skipped where it is not installed."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not shutil.which(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (make install-test installs Debian's chromium)")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=list(args))
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @contextlib.contextmanager
