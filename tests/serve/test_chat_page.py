@@ -73,6 +73,9 @@ def test_a_conversation_in_the_page(server, tmp_path):
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1100, "height": 760})
         page.on("request", lambda r: asked.append(r.post_data_json) if r.method == "POST" and r.url.endswith("/v1/chat/completions") else None)
+        errors = []  # the page's own errors, and what its Content-Security-Policy blocked
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "status of 401" not in m.text else None)
         page.goto(server.url + "/")
         # The server asks for a key: the page says so, and opens its settings
         page.wait_for_selector("#notice.error")
@@ -116,12 +119,24 @@ def test_a_conversation_in_the_page(server, tmp_path):
         assert page.is_visible("#send") and not page.is_visible("#stop")
         page.screenshot(path=tmp_path / "3-stopped.png")
 
+        # Regenerate: the stopped answer is replaced by a new one, asked with the same conversation
+        settings(page, **{"max-tokens": 12})
+        page.click(".message.assistant:last-child .regenerate")
+        again = answered(page)
+        assert again["state"] == "done" and again["text"].strip()
+        assert [m["role"] for m in asked[-1]["messages"]] == ["user", "assistant"] * 2 + ["user"]
+        regenerated = asked[-1]["messages"]
+        assert regenerated[:3] == messages and regenerated[3]["content"].strip() == second["text"].strip()
+        assert regenerated[4]["content"].startswith("Write a very long story")  # (the stopped answer is not sent)
+
         # The conversation is kept in the browser: a reload shows it again
         page.reload()
         page.wait_for_selector(".message.assistant")
         assert page.locator(".message.user").count() == 3 and page.locator(".message.assistant").count() == 3
+        assert page.locator(LAST).locator(".content").inner_text() == again["text"]
         assert page.locator("#conversations li").count() == 1
         page.screenshot(path=tmp_path / "4-reloaded.png")
+        assert not errors, errors
     assert idle(server)
 
 
