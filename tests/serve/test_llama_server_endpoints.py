@@ -70,6 +70,8 @@ def test_tokenize_detokenize_and_apply_template(server):
     assert len(ask(server, "/tokenize", {"content": "<|im_start|>", "parse_special": False})["tokens"]) > 1
     prompt = ask(server, "/apply-template", {"messages": CONVERSATIONS[0]})["prompt"]
     assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    closed = ask(server, "/apply-template", {"messages": CONVERSATIONS[0], "add_generation_prompt": False})["prompt"]
+    assert closed == prompt.removesuffix("<|im_start|>assistant\n")
     bad = ask(server, "/detokenize", {"tokens": [1, 10**7]}, status=400)
     assert bad["error"]["code"] == 400 and bad["error"]["type"] == "invalid_request_error" and "10000000" in bad["error"]["message"]
 
@@ -80,8 +82,8 @@ def test_tokenize_detokenize_apply_template_and_props_are_llama_servers(server, 
         assert ask(server, "/tokenize", body) == theirs.post("/tokenize", json=body).json(), body
     ids = [t for body in TOKENIZE[:3] for t in ask(server, "/tokenize", {"content": body["content"]})["tokens"]]
     assert ask(server, "/detokenize", {"tokens": ids}) == theirs.post("/detokenize", json={"tokens": ids}).json()
-    for messages in CONVERSATIONS:
-        assert ask(server, "/apply-template", {"messages": messages}) == theirs.post("/apply-template", json={"messages": messages}).json()
+    for body in [{"messages": messages} for messages in CONVERSATIONS] + [{"messages": CONVERSATIONS[1], "add_generation_prompt": False}]:
+        assert ask(server, "/apply-template", body) == theirs.post("/apply-template", json=body).json(), body
     ours, their = ask(server, "/props"), theirs.get("/props").json()
     for name in ("chat_template", "bos_token", "eos_token", "total_slots"):
         assert ours[name] == their[name], name

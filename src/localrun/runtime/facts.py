@@ -178,12 +178,13 @@ class ModelFacts:
         """Whether it was loaded as a reranker (rank pooling: runtime.rerank)."""
         return self._loaded.engine.options.pooling == "rank"
 
-    def rendered(self, request: Request) -> str:
+    def rendered(self, request: Request, add_generation_prompt: bool = True) -> str:
         """The text `request`'s prompt is for this model, as its template renders it (llama-server's /apply-template),
-        with the model's default system prompt where the request has none, as it is answered."""
+        with the model's default system prompt where the request has none, as it is answered; without the
+        assistant's turn opened where `add_generation_prompt` is false."""
         request.messages = with_system(request, self._loaded.system)
-        return render(self._loaded.engine, request.messages, raw=request.raw, tools=request.tools, think=request.think,
-                      kwargs=request.template_kwargs).text
+        return render(self._loaded.engine, request.messages, raw=request.raw, add_generation_prompt=add_generation_prompt,
+                      tools=request.tools, think=request.think, kwargs=request.template_kwargs).text
 
     def prompt_length(self, request: Request) -> int:
         """How many tokens `request`'s prompt is for this model, whether it fits a slot or not (with the model's

@@ -53,11 +53,11 @@ def prompt_length(asked: Asked, facts: ModelFacts) -> int:
     return facts.prompt_length(request)
 
 
-def rendered(asked: Asked, facts: ModelFacts) -> str:
+def rendered(asked: Asked, facts: ModelFacts, add_generation_prompt: bool = True) -> str:
     """The text `asked`'s conversation is for this model, its template rendered as the request would be answered
-    (llama-server's /apply-template)."""
+    (llama-server's /apply-template; `add_generation_prompt` false: without the assistant's turn opened)."""
     request, _ = _request(_plain_if_no_template(asked, facts), facts)
-    return facts.rendered(request)
+    return facts.rendered(request, add_generation_prompt)
 
 
 def _plain_if_no_template(asked: Asked, facts: ModelFacts) -> Asked:

@@ -59,3 +59,15 @@ def test_system_fingerprint_in_the_answer_and_every_chunk():
     chunks = sse_data(written(openai.sse(canned(Event("text", "hi"), Event("done", final=final())), "id", True, False, "m",
                                          fingerprint="b1-abc")))
     assert [c["system_fingerprint"] for c in chunks if isinstance(c, dict)] == ["b1-abc"] * 3
+
+
+def test_apply_template_takes_add_generation_prompt_and_nothing_else_new():
+    body, opened = openai.template_body(b'{"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false}')
+    assert opened is False and body.messages[0].content == "hi"
+    assert openai.template_body(b'{"messages": [{"role": "user", "content": "hi"}]}')[1] is True
+    for raw, field in ((b'{"messages": [], "add_generation_prompt": "no"}', "add_generation_prompt"),
+                       (b'{"messages": [{"role": "user", "content": "hi"}], "echo": true}', "echo")):
+        with pytest.raises(Refused) as caught:
+            openai.template_body(raw)
+        status, answer = openai.error_answer(caught.value)
+        assert status == 400 and answer["error"]["param"] == field, answer

@@ -312,6 +312,21 @@ def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
     return validated(kind, data)
 
 
+def template_body(raw: bytes) -> tuple[ChatBody, bool]:
+    """llama-server's /apply-template body: a chat body, and its add_generation_prompt (false: the conversation
+    rendered without the assistant's turn opened), which only this endpoint takes."""
+    try:
+        data = parse_json(raw)
+    except BadJson as exc:
+        raise Refused(f"malformed JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise Refused("the body must be a JSON object")
+    opened = data.pop("add_generation_prompt", True)
+    if not isinstance(opened, bool):
+        raise Refused("add_generation_prompt must be true or false", "add_generation_prompt")
+    return validated(ChatBody, data), opened
+
+
 def chat_asked(body: ChatBody) -> Asked:
     """The request a chat body asks for: its messages (images named by their place, messages.0.content.1), tools,
     tool_choice, the template's thinking switch and effort."""

@@ -83,14 +83,14 @@ async def embeddings(request: Request):
 @endpoint("/apply-template", openai)
 async def apply_template(request: Request):
     """llama-server's /apply-template: a chat body's prompt, its model's template rendered as the request would be
-    answered, without an answer ({"prompt"})."""
+    answered, without an answer ({"prompt"}); add_generation_prompt false leaves the assistant's turn unopened."""
     raw = await read_body(request)
-    body = await off_loop_if_big(len(raw), openai.parse_body, raw, openai.ChatBody)
+    body, opened = await off_loop_if_big(len(raw), openai.template_body, raw)
     named(request, body.model)
     asked = openai.chat_asked(body)
     async with holding(request, asked) as held:
         try:
-            prompt = await off_loop_if_big(len(raw), rendered, asked, held.facts)
+            prompt = await off_loop_if_big(len(raw), rendered, asked, held.facts, opened)
         except Exception as exc:  # noqa: BLE001 - a template raising on these messages is the request's fault
             raise exc if is_refusal(exc) else PromptFailed(exc) from None
     return JSONResponse({"prompt": prompt})
