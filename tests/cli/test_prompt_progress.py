@@ -94,3 +94,28 @@ def test_through_the_background_server_with_the_cached_part(resident, smollm2):
     cached = {c for _, _, c in lines}
     assert len(cached) == 1 and first_total - 20 <= cached.pop() < first_total, lines  # the shared prefix
     assert lines[0][0] > lines[0][2]  # the first line already counts the cached part as read
+
+
+@pytest.mark.parametrize("via", ["in-process", "server"])
+def test_chat_shows_a_long_message_being_read(smollm2, via, request):
+    """chat at a terminal: a long message's reading is shown as run shows it, up to the total, and erased before
+    the answer; in this process and through the background server (its chat conversation sends each chunk's
+    progress over the socket)."""
+    keep = ["--keep-alive", "0"] if via == "in-process" else []
+    if via == "server":
+        request.getfixturevalue("resident")
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "120", "LINES": "40", "PROMPT_TOOLKIT_NO_CPR": "1"}
+    child = pexpect.spawn(LOCALRUN, ["chat", str(smollm2), *ARGS, *keep], env=env, encoding="utf-8", timeout=600,
+                          dimensions=(40, 120))
+    ready, accepted = "\x1b[?2004h", "\x1b[?2004l"  # the prompt's bracketed paste on, and off as a line is taken
+    try:
+        child.expect_exact(ready)
+        child.send(long_prompt(150).replace("\n", " ") + "\r")
+        child.expect_exact(accepted)
+        child.expect_exact(ready)
+        raw = child.before
+        child.send("/bye\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert_shown_to_the_total(raw, 1500, least_lines=2)

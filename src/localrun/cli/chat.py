@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Optional
 from ..console import err, notice, warn
 from ..errors import LocalrunError, SessionError
 from ..runtime.options import OLLAMA_LOAD, OLLAMA_RENAMED
-from .render import ThinkingWriter, render_error
+from .render import PromptProgress, ThinkingWriter, render_error
 
 if TYPE_CHECKING:
     from ..runtime import Response
@@ -240,6 +240,11 @@ class Chat:
         at_line_start = True
         started = False
         thinking = ThinkingWriter()  # a reasoning model's thinking: dimmed, on stderr, before the answer
+        progress = PromptProgress()  # a long prompt's evaluation: one line on stderr, erased as the answer begins
+
+        def on_thinking(text: str) -> None:
+            progress.end()
+            thinking.write(text)
 
         def on_piece(piece: str) -> None:
             nonlocal at_line_start, started
@@ -248,6 +253,7 @@ class Chat:
                 started = bool(piece)
                 if not piece:
                     return
+            progress.end()
             thinking.end()
             out.write(piece)
             out.flush()
@@ -257,8 +263,9 @@ class Chat:
             text, images = self.dropped_images(text, images)
             with soft_interrupts() as cancelled, quiet_typeahead():
                 return self.conv.send(text, self.sampling, on_piece, cancelled, self.dropped, save_as=self.session,
-                                      on_save_failed=warn, on_thinking=thinking.write, **_with(images))
+                                      on_save_failed=warn, on_thinking=on_thinking, on_progress=progress.show, **_with(images))
         finally:
+            progress.end()
             thinking.end()
             if not at_line_start:
                 out.write("\n")

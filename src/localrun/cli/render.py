@@ -74,6 +74,10 @@ class ThinkingWriter:
             self.open = False
 
 
+SHOWN_FROM = 256  # prompt tokens left to read (past the cached part) from which the reading is shown: a short prompt
+# read in several parts (text, an image, text) is over before a line could be read
+
+
 class PromptProgress:
     """How far a long prompt's evaluation is, while the answer waits for it: one line on stderr at a terminal (the
     tokens read of the total, those that came from a cache, the rate), redrawn with each chunk and erased when the
@@ -94,8 +98,8 @@ class PromptProgress:
         now = time.monotonic()
         if self.since is None:
             self.since = (now, progress.processed)
-        if progress.processed >= progress.total and not self.drawn:
-            return  # read in one go (or all of it from a cache)
+        if not self.drawn and (progress.processed >= progress.total or progress.total - progress.cached < SHOWN_FROM):
+            return  # read in one go (or all of it from a cache), or too little to read to wait for
         line = f"reading the prompt: {progress.processed:,} of {progress.total:,} tokens"
         if progress.cached:
             line += f" ({progress.cached:,} from the cache)"

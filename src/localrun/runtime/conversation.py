@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..engine import Response, SamplingOptions
+from ..engine.types import Progress
 from ..engine.kv import common_prefix, extend_tokens
 from ..engine.prompt import TRANSCRIPT_STOP, render
 from ..engine.thinking import splitter_for, thinking_in
@@ -203,6 +204,7 @@ class Conversation(Messages):
         on_thinking: Callable[[str], None] = lambda text: None,
         images: Sequence[Image] = (),
         abandoned: Callable[[], bool] = lambda: False,
+        on_progress: Callable[[Progress], None] = lambda progress: None,
     ) -> tuple[str, Response]:
         """Generate the answer to `text` (and `images`, which stay with it in the conversation), calling on_piece
         with each piece of it, and record the exchange. Returns the answer and the last response (finish reason
@@ -212,7 +214,8 @@ class Conversation(Messages):
         `on_thinking` and stays out of the conversation (its template leaves it out of earlier turns).
         `abandoned()` true once the answer was interrupted: whoever asked is gone (a chat's second Ctrl-C closed
         its connection to the server, and its REPL says the message was dropped), so the exchange is dropped as
-        well, neither kept nor saved."""
+        well, neither kept nor saved. `on_progress` hears how far a long prompt's evaluation is (engine.Progress), chunk
+        by chunk, before the answer's first word."""
         if save_as:
             self.hold_session(save_as)  # before answering: refused, the question is not lost in an answer never saved
         sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
@@ -226,10 +229,10 @@ class Conversation(Messages):
             on_dropped(dropped)
         with self.place.hold(tokens, cancelled=cancelled) as seat:
             return self._answer(seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed,
-                                on_thinking, abandoned)
+                                on_thinking, abandoned, on_progress)
 
     def _answer(self, seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed,
-                on_thinking, abandoned) -> tuple[str, Response]:
+                on_thinking, abandoned, on_progress) -> tuple[str, Response]:
         shown: list[str] = []
         ids: list[int] = []
         final = None
@@ -239,6 +242,8 @@ class Conversation(Messages):
         try:
             for response in responses:
                 ids.extend(response.tokens)
+                if response.progress is not None:
+                    on_progress(response.progress)
                 if response.thinking:
                     thought = True
                     on_thinking(response.thinking)

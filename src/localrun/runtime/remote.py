@@ -116,7 +116,7 @@ class RemoteConversation(Messages):
     def send(self, text: str, sampling, on_piece: Callable[[str], None], cancelled: Callable[[], bool] = lambda: False,
              on_dropped: Callable[[int], None] = lambda n: None, save_as: Optional[str] = None,
              on_save_failed: Callable[[str], None] = lambda message: None, on_thinking: Callable[[str], None] = lambda t: None,
-             images: Sequence = ()):
+             images: Sequence = (), on_progress: Callable = lambda progress: None):
         from . import Response, Stats
 
         if save_as:
@@ -141,6 +141,10 @@ class RemoteConversation(Messages):
                     on_thinking(item["thinking"])
                 elif "dropped" in item:
                     on_dropped(item["dropped"])
+                elif "progress" in item:  # a long prompt's evaluation on the server, chunk by chunk
+                    from ..engine.types import Progress
+
+                    on_progress(Progress(**item["progress"]))
                 elif "warning" in item:
                     on_save_failed(item["warning"])
                 else:

@@ -135,7 +135,7 @@ def answer(resident, payload: dict[str, Any], *, fresh: float, on_notice: Callab
 def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[dict], None],
              cancelled: Callable[[], bool], gone: Callable[[], bool] = lambda: False) -> None:
     """Do what a chat client asks of its conversation on `resident`, as the REPL in-process would: `put`
-    receives {"notice"}, {"warning"}, {"dropped": n}, {"text"} items and the op's result. `cancelled`: the
+    receives {"notice"}, {"warning"}, {"dropped": n}, {"progress"}, {"text"} items and the op's result. `cancelled`: the
     client asked to stop the answer (its first Ctrl-C: what was shown stays); `gone`: the client closed the
     connection (a second Ctrl-C: the REPL drops the message, and so does the conversation here and its session)."""
     from ..engine import merge_options
@@ -178,6 +178,7 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
             cancelled=cancelled, on_dropped=lambda n: put({"dropped": n}),
             save_as=payload.get("session") or None, on_save_failed=lambda m: put({"warning": m}),
             on_thinking=lambda t: put({"thinking": t}), images=images, abandoned=gone,
+            on_progress=lambda p: put({"progress": asdict(p)}),
         )
         _settle(final, scheduler, cancelled, fresh, loaded.engine.n_threads)
         put_messages({"done": wire(final), "kv_tokens": conv.kv_tokens})
