@@ -19,7 +19,7 @@ from .endpoint import also, receiving
 from .dialects import error_bytes
 from .errors import Fault
 from .guards import guarded
-from .routes import anthropic, llama, native, ollama, ops, openai, rerank, responses
+from .routes import anthropic, llama, native, ollama, ops, openai, page, rerank, responses
 from .service import Service
 from .stream import finish_answers
 
@@ -29,7 +29,7 @@ def build_app(service: Service, on_started=None):
     routes = [*openai.ROUTES, *anthropic.ROUTES, *responses.ROUTES, *ollama.ROUTES, *ops.ROUTES, *llama.ROUTES,
               *rerank.ROUTES, also(ops.models, "/models"), also(llama.completion, "/completions"),
               Route("/health", ops.health, methods=["GET"]), Route("/v1/health", ops.health, methods=["GET"]),
-              Route("/metrics", ops.prometheus, methods=["GET"]), Route("/", ollama.root, methods=["GET", "HEAD"])]
+              Route("/metrics", ops.prometheus, methods=["GET"]), *page.ROUTES]
     if service.options.socket:  # localrun's own dialect (sessions, any .gguf path) only on the resident server's socket,
         routes += native.ROUTES  # which answers /api/version with what made it
     else:
