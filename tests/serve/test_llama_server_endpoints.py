@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from conftest import start_server
+from conftest import start_server, wait_until
 from llamaserver import LLAMA_SERVER, NO_LLAMA_SERVER, llama_server
 
 openai = pytest.importorskip("openai")
@@ -88,6 +88,9 @@ def test_tokenize_detokenize_apply_template_and_props_are_llama_servers(server, 
     for name in ("chat_template", "bos_token", "eos_token", "total_slots"):
         assert ours[name] == their[name], name
     assert ours["default_generation_settings"]["n_ctx"] == their["default_generation_settings"]["n_ctx"] == 1024
+    ours_slots, their_slots = ask(server, "/slots"), theirs.get("/slots").json()
+    assert [{k: s[k] for k in ("id", "n_ctx", "is_processing")} for s in ours_slots] == \
+        [{k: s[k] for k in ("id", "n_ctx", "is_processing")} for s in their_slots] == [{"id": i, "n_ctx": 1024, "is_processing": False} for i in (0, 1)]
     params, their_params = ours["default_generation_settings"]["params"], their["default_generation_settings"]["params"]
     for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "n_predict", "seed"):  # the same defaults
         assert params[name] == pytest.approx(their_params[name] if name != "seed" else -1), name
@@ -140,6 +143,17 @@ def test_completion_is_llama_servers_field_for_field(server, theirs):
         streamed, their_stream = _streamed(server.url, body), _streamed(str(theirs.base_url).rstrip("/"), body)
         assert [(e["content"], e["tokens"]) for e in streamed] == [(e["content"], e["tokens"]) for e in their_stream]
         assert set(streamed[-1]) == set(their_stream[-1]) and set(streamed[0]) <= set(their_stream[0])
+
+
+def test_slots_say_which_is_answering_and_a_client_that_leaves_frees_its_own(server):
+    """llama-server's GET /slots, as its test_cancel_request reads it: a slot answering while a long answer streams,
+    free again once its client has gone away."""
+    body = {"prompt": PROMPT, "n_predict": 900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/completion", json=body, timeout=300) as r:
+        lines = r.iter_lines()  # (kept: a line iterator let go closes the response)
+        assert next(line for line in lines if line.startswith("data: "))
+        assert [s["is_processing"] for s in ask(server, "/slots")].count(True) == 1
+    wait_until(lambda: not any(s["is_processing"] for s in ask(server, "/slots")), timeout=120, what="the slot freed")
 
 
 def test_infill_on_a_model_without_fim_tokens_names_why(server, smollm2):

@@ -40,7 +40,8 @@ def shape_for(path: str, headers: Mapping) -> Any:
 
 
 # llama-server's own paths: refused before a route (no key, a body too large) in its shape
-LLAMA_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/lora-adapters"})
+LLAMA_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/slots",
+                         "/lora-adapters"})
 
 
 def error_bytes(path: str, headers: Mapping, fault: Fault) -> bytes:

@@ -373,6 +373,12 @@ def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def slots_answer(busy: list[bool], n_ctx: int, speculative: bool) -> list[dict]:
+    """GET /slots: each slot's id, context and whether it is answering now, as llama-server lists them (without the
+    last request's parameters, as its --slots gives them by default)."""
+    return [{"id": i, "n_ctx": n_ctx, "speculative": speculative, "is_processing": b} for i, b in enumerate(busy)]
+
+
 def props(facts, *, model: str, slots: int, slot_ctx: int, sampling_settings: dict, build: str) -> dict:
     """GET /props: the model, its context per slot, the slots, its chat template and special tokens, as llama-server
     answers."""

@@ -1,5 +1,5 @@
 """llama-server's own endpoints (serve.dialects.llama): /completion (and /completions, llama-server's name for the
-same), /infill, /tokenize, /detokenize, /props and /lora-adapters, on the model a body names (the server's own when
+same), /infill, /tokenize, /detokenize, /props, /slots and /lora-adapters, on the model a body names (the server's own when
 it names none), answered on the request path every dialect takes."""
 
 from __future__ import annotations
@@ -121,6 +121,16 @@ async def props(request: Request):
                                         sampling_settings=settings, build=fingerprint()))
 
 
+@endpoint("/slots", llama, methods=("GET",))
+async def slots(request: Request):
+    """The model's slots (the server's own, or ?model=), as llama-server's monitoring endpoint lists them: which are
+    answering now (a client that went away leaves its slot free)."""
+    async with holding(request, _model(request)) as held:
+        scheduler = held.resident.scheduler
+        busy = [not slot.free for slot in scheduler.slots]
+        return JSONResponse(llama.slots_answer(busy, held.resident.slot_ctx, scheduler.lookup > 0))
+
+
 @endpoint("/lora-adapters", llama, methods=("GET",))
 async def lora_adapters(request: Request):
     """The model's LoRA adapters (the server's own, or ?model=): id, path, the scale a request naming none gets."""
@@ -138,4 +148,4 @@ async def set_lora_adapters(request: Request):
     return JSONResponse({"success": True})
 
 
-ROUTES = [completion, infill, tokenize, detokenize, props, lora_adapters, set_lora_adapters]
+ROUTES = [completion, infill, tokenize, detokenize, props, slots, lora_adapters, set_lora_adapters]
