@@ -204,3 +204,18 @@ def test_the_error_shape_and_a_prompt_over_the_context():
     for path in ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/lora-adapters"):
         assert shape_for(path, {}) is llama
     assert b'"authentication_error"' in error_bytes("/completions", {}, Fault(401, "no key"))
+
+
+def test_a_stop_word_s_tokens_go_out_without_their_text_before_the_last_event():
+    """As llama-server streams them: the tokens whose text the stop word cut, in a piece of no content."""
+    events = canned(Event("text", "Paris", tokens=[7042]),
+                    Event("done", final=final("stop", prompt=3, generated=2, stop_sequence="."), tokens=[30]))
+    out = sse_data(written(llama.lines(events, made(stream=True), llama.Native())))
+    assert [(e["content"], e["tokens"], e["tokens_predicted"]) for e in out[:2]] == [("Paris", [7042], 1), ("", [30], 2)]
+    assert out[2]["stop"] is True and out[2]["stop_type"] == "word" and out[2]["stopping_word"] == "."
+
+
+def test_slots_as_llama_server_lists_them():
+    assert llama.slots_answer([False, True], 1024, False) == [
+        {"id": 0, "n_ctx": 1024, "speculative": False, "is_processing": False},
+        {"id": 1, "n_ctx": 1024, "speculative": False, "is_processing": True}]
