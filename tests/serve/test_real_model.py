@@ -63,8 +63,8 @@ def test_two_cities_get_two_calls_auto_and_required(server):
     auto = samples(10, lambda: openai_calls(server, TWO))
     assert all(calls for calls in auto) and any(len(calls) == 2 for calls in auto), auto
     required = samples(4, lambda: openai_calls(server, TWO, tool_choice="required"))
-    # (a sample may call a second tool for both cities as well: get_time beside get_weather)
-    assert all({a["city"] for _, a in calls} == {"Paris", "Rome"} for calls in required), required
+    # (a sample may call more besides, sampled at 0.7: get_time for both, or for a city nobody asked about)
+    assert all({"Paris", "Rome"} <= {a.get("city") for _, a in calls} for calls in required), required
     one = openai_calls(server, TWO, tool_choice="required", parallel_tool_calls=False)
     assert len(one) == 1, one
 

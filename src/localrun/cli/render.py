@@ -87,6 +87,7 @@ class PromptProgress:
         self.stream = stream or sys.stderr
         self.on = self.stream.isatty()
         self.drawn = False
+        self.parts = 0  # --json's progress events written (a prompt read in parts)
         self.since: Optional[tuple[float, int]] = None  # (when, tokens in) at the first progress heard: the rate counts from it
 
     def show(self, progress) -> None:
@@ -146,8 +147,12 @@ def _answer_lines(responses: Iterable, as_json: bool, verbose: bool, hide_thinki
             tokens.extend(response.tokens)
             if response.progress is not None:
                 if as_json:
-                    out.write(json.dumps(progress_event(response.progress)) + "\n")
-                    out.flush()
+                    # a prompt read in parts: each part an event; one read in one go (a short prompt) none, so that a
+                    # script reading tokens sees only tokens then done, as before progress was reported
+                    if progress.parts or response.progress.processed < response.progress.total:
+                        progress.parts += 1
+                        out.write(json.dumps(progress_event(response.progress)) + "\n")
+                        out.flush()
                 else:
                     progress.show(response.progress)
             if response.thinking or response.text or response.done:
