@@ -15,7 +15,7 @@ fail: it is another model's), Qwen2.5-Coder for the fill-in-the-middle ones (it 
 (tests/rerankmodel.py, the BOS / EOS / SEP form jina-reranker-v1 takes) for jina-reranker, a LoRA adapter for
 SmolLM2 (tests/loramodel.py) for the Shakespeare adapter of stories15M_MOE; a chat template file is put on a tiny
 model (tests/tinymodel.py) with SmolLM2's tokenizer. The rest of the Hub is refused, naming the file. What
-localrun serve has no flag for (--alias, --kv-unified, --slots, --reasoning...) is passed over and said on stderr.
+localrun serve has no flag for (--alias, --kv-unified, --slots...) is passed over and said on stderr.
 
 DIR: a llama.cpp source tree (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp: `pip download --no-binary
 :all: --no-deps llama-cpp-python==0.3.36` and unpack it), or $LLAMA_CPP_DIR. Not part of `make test`: it takes
@@ -62,7 +62,8 @@ def _llama_server_flags() -> argparse.ArgumentParser:
     """The llama-server flags utils.py passes that mean something here (the rest are passed over)."""
     p = argparse.ArgumentParser(prog="llama-server (localrun serve)", add_help=False, allow_abbrev=False)
     for flag in ("--port", "--host", "--temp", "--seed", "--model", "--hf-repo", "--hf-file", "--batch-size", "--threads",
-                 "--ctx-size", "--parallel", "--n-predict", "--api-key", "--chat-template-file", "--alias"):
+                 "--ctx-size", "--parallel", "--n-predict", "--api-key", "--chat-template-file", "--alias", "--reasoning",
+                 "--reasoning-effort", "--chat-template-kwargs"):
         p.add_argument(flag)
     p.add_argument("--lora", action="append", default=[])
     p.add_argument("--kv-unified", action="store_true")
@@ -86,7 +87,8 @@ def as_llama_server(argv: list[str]) -> None:
     if given.ctx_size:  # llama-server's context is every slot's together (unless unified: each may fill it)
         args += ["--ctx", str(max(16, int(given.ctx_size) // (1 if given.kv_unified or not given.parallel else parallel)))]
     for flag, value in (("--temp", given.temp), ("--seed", given.seed), ("--batch", given.batch_size),
-                        ("--threads", given.threads), ("--api-key", given.api_key)):
+                        ("--threads", given.threads), ("--api-key", given.api_key), ("--reasoning", given.reasoning),
+                        ("--reasoning-effort", given.reasoning_effort), ("--chat-template-kwargs", given.chat_template_kwargs)):
         if value is not None:
             args += [flag, value]
     for adapter in given.lora:

@@ -543,6 +543,12 @@ def serve(
                                                  "edits and copies decode faster, greedy output unchanged on a CPU); none: a model's "
                                                  "default off")] = None,
     draft_max: DraftMaxOpt = None,
+    reasoning: Annotated[str, typer.Option("--reasoning", "-rea", metavar="on|off|auto", help="a reasoning model's thinking for "
+                                           "requests that do not say: on, off, or auto (the template's default), as llama-server's")] = "auto",
+    reasoning_effort: Annotated[Optional[str], typer.Option("--reasoning-effort", metavar="LEVEL", help="the reasoning effort a "
+                                                            "template reads (gpt-oss) for requests that name none: none, minimal, low, medium, high or xhigh")] = None,
+    chat_template_kwargs: Annotated[Optional[str], typer.Option("--chat-template-kwargs", metavar="JSON", help="more for every "
+                                                                "request's chat template, a JSON object (a request's own chat_template_kwargs win, key by key)")] = None,
     **options,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
@@ -567,6 +573,7 @@ def serve(
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
         max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
         exit_when_idle=exit_when_idle, quiet=quiet,
+        template_defaults=_template_defaults(reasoning, reasoning_effort, chat_template_kwargs),
     )
     if mmproj is not None:
         from ..runtime.images import name_projector
@@ -585,6 +592,30 @@ def serve(
         err.print(f"[ok]serving[/ok] {what} on {where}; Ctrl-C stops", markup=True, highlight=False)
 
     run_server(serve_options, host=host, port=port, socket_path=socket_path, on_ready=ready, on_notice=notice)
+
+
+def _template_defaults(reasoning: str, effort: Optional[str], kwargs_json: Optional[str]):
+    """serve's --reasoning, --reasoning-effort and --chat-template-kwargs as what every request that says nothing else
+    gets (runtime.request.TemplateDefaults); a value it cannot take is a usage error naming the flag."""
+    import json
+
+    from ..runtime.request import TemplateDefaults
+    from ..serve.prepare import REASONING_EFFORTS
+
+    switch = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False, "auto": None}
+    if reasoning.lower() not in switch:
+        raise UsageError(f"--reasoning {reasoning!r}: use on, off or auto")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise UsageError(f"--reasoning-effort {effort!r}: use one of {', '.join(REASONING_EFFORTS)}")
+    kwargs = {}
+    if kwargs_json is not None:
+        try:
+            kwargs = json.loads(kwargs_json)
+        except ValueError as e:
+            raise UsageError(f"--chat-template-kwargs is not JSON ({e}): give an object, e.g. '{{\"enable_thinking\": false}}'") from None
+        if not isinstance(kwargs, dict):
+            raise UsageError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return TemplateDefaults(think=switch[reasoning.lower()], effort=effort, kwargs=kwargs)
 
 
 _HostOpt = Annotated[Optional[str], typer.Option("--host", envvar="LOCALRUN_HOST", help="a `localrun serve` server's address: HOST, HOST:PORT or http://HOST:PORT (default: the background server)")]

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from ..engine import formats, thinking
 from ..engine.prompt import render
 from . import lora
-from .request import Request, prompt_for, with_system
+from .request import Request, TemplateDefaults, prompt_for, with_system
 
 # llama.cpp's names for the repository and file-separator tokens of repo-level fill-in-the-middle (llama-vocab.cpp),
 # where a GGUF does not give their ids (tokenizer.ggml.fim_rep_token_id, fim_sep_token_id)
@@ -46,6 +46,12 @@ class ModelFacts:
     @property
     def chat_template(self) -> Optional[str]:
         return self._loaded.engine.chat_template
+
+    @property
+    def template_defaults(self) -> TemplateDefaults:
+        """What the server gives a chat request that does not say otherwise (serve --reasoning, --reasoning-effort,
+        --chat-template-kwargs)."""
+        return self._loaded.template_defaults or TemplateDefaults()
 
     @property
     def sampling(self) -> Any:

@@ -31,6 +31,7 @@ class Loaded:
     brought: Any = None  # hub.ModelDefaults: what the model's name brought (two names of one file may differ)
     capped: Optional[str] = None  # the context asked for was past the trained length: what each request is told
     busy: Optional[str] = None  # other processes took cores while it loaded: the advice (engine.llama.busy_advice)
+    template_defaults: Any = None  # runtime.request.TemplateDefaults: what the server gives requests that say nothing
 
     @property
     def ref(self) -> str:

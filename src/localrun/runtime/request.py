@@ -42,6 +42,17 @@ class Request:
     lora: Optional[tuple[float, ...]] = None
 
 
+@dataclass(frozen=True)
+class TemplateDefaults:
+    """What a server gives every chat request that does not say otherwise (llama-server's --reasoning,
+    --reasoning-effort and --chat-template-kwargs): thinking on or off, the effort the template reads, more for the
+    template. A request's own settings win, key by key."""
+
+    think: Optional[bool] = None  # None: the template's default (auto)
+    effort: Optional[str] = None
+    kwargs: dict = field(default_factory=dict)
+
+
 @dataclass
 class Prompt:
     tokens: list[int]

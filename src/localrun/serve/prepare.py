@@ -28,7 +28,7 @@ def prepared(asked: Asked, facts: ModelFacts) -> tuple[Request, Optional["ToolMo
     The prompt itself is made on the request path."""
     if asked.strict and asked.think and not facts.thinks:  # as Ollama answers for a model that does not think
         raise Refused(f'"{asked.model}" does not support thinking')
-    asked = _plain_if_no_template(asked, facts)
+    asked = _plain_if_no_template(_defaulted(asked, facts), facts)
     request, tooling = _request(asked, facts)
     request.drop_oldest = asked.messages is not None and asked.drop_oldest
     request.truncate = asked.truncate
@@ -49,15 +49,26 @@ def prepared(asked: Asked, facts: ModelFacts) -> tuple[Request, Optional["ToolMo
 
 def prompt_length(asked: Asked, facts: ModelFacts) -> int:
     """How many tokens `asked`'s prompt is for this model, whether it fits a slot or not."""
-    request, _ = _request(asked, facts)
+    request, _ = _request(_defaulted(asked, facts), facts)
     return facts.prompt_length(request)
 
 
 def rendered(asked: Asked, facts: ModelFacts, add_generation_prompt: bool = True) -> str:
     """The text `asked`'s conversation is for this model, its template rendered as the request would be answered
     (llama-server's /apply-template; `add_generation_prompt` false: without the assistant's turn opened)."""
-    request, _ = _request(_plain_if_no_template(asked, facts), facts)
+    request, _ = _request(_plain_if_no_template(_defaulted(asked, facts), facts), facts)
     return facts.rendered(request, add_generation_prompt)
+
+
+def _defaulted(asked: Asked, facts: ModelFacts) -> Asked:
+    """`asked` with what the server gives a request that does not say otherwise (serve --reasoning,
+    --reasoning-effort, --chat-template-kwargs: llama-server's); the request's own settings win, key by key."""
+    given = facts.template_defaults
+    if given.think is None and given.effort is None and not given.kwargs:
+        return asked
+    return replace(asked, think=given.think if asked.think is None else asked.think,
+                   effort=given.effort if asked.effort is None else asked.effort,
+                   template_kwargs={**given.kwargs, **asked.template_kwargs})
 
 
 def _plain_if_no_template(asked: Asked, facts: ModelFacts) -> Asked:

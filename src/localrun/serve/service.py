@@ -13,6 +13,7 @@ from typing import Optional
 from ..runtime import Loaded
 from ..runtime.loader import load
 from ..runtime.options import LoadSpec
+from ..runtime.request import TemplateDefaults
 from ..runtime.pool import FOREVER, ROOM_WAIT_S, ModelPool, Resident, pull_if_needed
 from ..runtime.serving import start_scheduler
 from ..runtime.workers import fail_over_lost_workers
@@ -40,6 +41,8 @@ class ServeOptions:
     exit_when_idle: Optional[float] = None  # the resident server: exit after this long with no model loaded
     socket: bool = False  # the resident server: on its Unix socket, speaking localrun's own /api/run too
     quiet: bool = False  # no access log (one line per request on stderr)
+    # what every chat request that says nothing else is answered with (--reasoning, --reasoning-effort, --chat-template-kwargs)
+    template_defaults: TemplateDefaults = field(default_factory=TemplateDefaults)
 
 
 class Service:
@@ -118,7 +121,9 @@ class Service:
         self.exit()
 
     def _load(self, ref: str, spec: LoadSpec) -> Loaded:
-        return load(ref, spec, source=self.options.source, sampling=self.options.sampling if spec.kind == "batch" else None)
+        loaded = load(ref, spec, source=self.options.source, sampling=self.options.sampling if spec.kind == "batch" else None)
+        loaded.template_defaults = self.options.template_defaults
+        return loaded
 
     def _scheduler(self, loaded: Loaded, slot_ctx: int, spec: LoadSpec):
         return start_scheduler(loaded, slot_ctx, spec, max_waiting=self.options.max_waiting,

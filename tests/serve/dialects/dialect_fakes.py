@@ -11,6 +11,7 @@ from typing import Optional
 
 from localrun.engine.types import Response, Stats
 from localrun.runtime import SamplingOptions, family_for, markers_for, supports_tools
+from localrun.runtime.request import TemplateDefaults
 from localrun.serve.stream import Event
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "templates"
@@ -20,7 +21,8 @@ class FakeFacts:
     """A model's facts (runtime.facts.ModelFacts) without a model: token N's text is "tN"."""
 
     def __init__(self, template: Optional[str] = "Qwen-Qwen2.5-7B-Instruct", n_vocab: int = 1000, infill: bool = False,
-                 sampling: Optional[SamplingOptions] = None):
+                 sampling: Optional[SamplingOptions] = None, template_defaults: Optional[TemplateDefaults] = None):
+        self.template_defaults = template_defaults or TemplateDefaults()  # the server's (serve --reasoning ...)
         self.chat_template = (TEMPLATES / f"{template}.jinja").read_text() if template else None
         self.n_vocab, self.infill = n_vocab, infill
         self.sampling = sampling or SamplingOptions()

@@ -130,3 +130,15 @@ def test_ollamas_generate_on_a_model_without_a_template_and_its_context():
 def test_a_conversation_over_the_context_drops_its_oldest_only_when_asked():
     assert prepared(Asked(messages=HI, drop_oldest=True), FakeFacts())[0].drop_oldest
     assert not prepared(Asked(prompt="x", drop_oldest=True), FakeFacts())[0].drop_oldest  # a prompt has no messages to drop
+
+
+def test_the_servers_reasoning_defaults_and_a_requests_own_win_key_by_key():
+    from localrun.runtime.request import TemplateDefaults
+
+    served = FakeFacts(template_defaults=TemplateDefaults(think=False, effort="low", kwargs={"a": 1, "b": 2}))
+    request, _ = prepared(Asked(messages=HI), served)
+    assert request.think is False and request.template_kwargs == {"a": 1, "b": 2, "reasoning_effort": "low"}
+    request, _ = prepared(Asked(messages=HI, think=True, effort="high", template_kwargs={"b": 3}), served)
+    assert request.think is True and request.template_kwargs == {"a": 1, "b": 3, "reasoning_effort": "high"}
+    request, _ = prepared(Asked(messages=HI), FakeFacts())  # none given: the template's own default
+    assert request.think is None and request.template_kwargs == {}
