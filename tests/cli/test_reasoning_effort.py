@@ -33,4 +33,4 @@ def test_the_effort_reaches_the_template_in_process_and_through_the_server(smoll
     assert prompt_tokens("--reasoning-effort", "high") == high  # the background server renders it the same
     cli("stop", "--server")
     wrong = cli("run", "effort", "--keep-alive", "0", "--reasoning-effort", "extreme", "Hi")
-    assert wrong.returncode == 2 and "use low, medium or high" in wrong.stderr and "Traceback" not in wrong.stderr
+    assert wrong.returncode == 2 and "use minimal, low, medium, high or xhigh" in wrong.stderr and "Traceback" not in wrong.stderr

@@ -151,7 +151,7 @@ def quantize(
 @app.command()
 def create(
     name: Annotated[str, typer.Argument(help="the new model's name (Ollama's NAME:latest is NAME)")],
-    file: Annotated[Path, typer.Option("--file", "-f", help="the Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, LICENSE)")] = Path("Modelfile"),
+    file: Annotated[Path, typer.Option("--file", "-f", help="the Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, LICENSE, ADAPTER)")] = Path("Modelfile"),
     source: SourceOpt = "auto",
 ) -> None:
     """Make a model from a Modelfile, as `ollama create` does: FROM a pulled model or a .gguf file, with its
@@ -276,7 +276,7 @@ def run(
     keep_alive: KeepAliveOpt = "5m",
     think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="a reasoning model: thinking on or off (where its template has a switch)")] = None,
     reasoning_effort: Annotated[Optional[str], typer.Option("--reasoning-effort", metavar="LEVEL", help="a reasoning model: how hard to "
-                                "think, to the template (gpt-oss reads it): low, medium or high; none: no thinking")] = None,
+                                "think, to the template (gpt-oss reads it): minimal, low, medium, high or xhigh; none: no thinking")] = None,
     hide_thinking: Annotated[bool, typer.Option("--hide-thinking", help="a reasoning model: leave its thinking out (it goes to stderr otherwise)")] = False,
     image: Annotated[Optional[list[Path]], typer.Option("--image", help="an image file for a vision model (repeat for more; placed before the text; - reads it from stdin)")] = None,
     mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="the vision model's projector (mmproj GGUF); default: the mmproj-*.gguf beside the model")] = None,
@@ -287,8 +287,10 @@ def run(
     from . import render
 
     # (flags that only a prompt's answer takes keep the usage error: chat has none of them)
-    if reasoning_effort is not None and reasoning_effort not in ("none", "minimal", "low", "medium", "high"):
-        raise UsageError(f"--reasoning-effort {reasoning_effort!r}: use low, medium or high (or none: no thinking)")
+    if reasoning_effort is not None:
+        from ..runtime.request import REASONING_EFFORTS
+    if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
+        raise UsageError(f"--reasoning-effort {reasoning_effort!r}: use minimal, low, medium, high or xhigh (or none: no thinking)")
     if not prompt and not image and sys.stdin.isatty() and not (as_json or raw or truncate or no_cache or hide_thinking or think is not None
                                                                  or reasoning_effort is not None):
         _chat(model, system, session, verbose, keep_alive, mmproj, options)
@@ -599,8 +601,7 @@ def _template_defaults(reasoning: str, effort: Optional[str], kwargs_json: Optio
     gets (runtime.request.TemplateDefaults); a value it cannot take is a usage error naming the flag."""
     import json
 
-    from ..runtime.request import TemplateDefaults
-    from ..serve.prepare import REASONING_EFFORTS
+    from ..runtime.request import REASONING_EFFORTS, TemplateDefaults
 
     switch = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False, "auto": None}
     if reasoning.lower() not in switch:

@@ -42,6 +42,10 @@ class Request:
     lora: Optional[tuple[float, ...]] = None
 
 
+# The reasoning efforts a template may be given (gpt-oss reads low, medium, high; "none": no thinking, as llama.cpp takes it)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
 @dataclass(frozen=True)
 class TemplateDefaults:
     """What a server gives every chat request that does not say otherwise (llama-server's --reasoning,

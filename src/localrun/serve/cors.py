@@ -5,7 +5,7 @@ that a page cannot make the model work (or delete one) with a request the browse
 
 Allowed by default, as Ollama allows them: loopback pages (http and https on localhost, 127.0.0.1, [::1] and
 0.0.0.0, any port) and desktop shells (app://, file://, tauri://, vscode-webview://, vscode-file://). More are added
-by LOCALRUN_ORIGINS or the command line: exact origins, patterns with one * (http://192.168.1.*:*,
+by LOCALRUN_ORIGINS or the command line: exact origins, patterns with one * (http://192.168.1.*,
 chrome-extension://*), or * alone for every origin. A request from the server's own page (its Origin is the Host it
 asked) is no cross-origin request and passes.
 

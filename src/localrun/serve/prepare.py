@@ -16,10 +16,10 @@ from ..runtime import (AnswerStream, OptionError, Request, SamplingOptions, Sche
 from ..runtime.facts import ModelFacts
 from ..runtime.images import image_from_url
 from ..runtime.options import json_grammar
+from ..runtime.request import REASONING_EFFORTS
 from .asked import Asked, Message
 from .errors import Refused
 
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 MAX_LENGTH = 10_000_000  # the longest answer an option may ask for (options.SAMPLING's bound)
 
 
