@@ -517,7 +517,9 @@ class Scheduler:
     def _make_room(self, decoding: list[Job], prefilling: list[Job], out: list) -> tuple[list[Job], list[Job]]:
         """The slots' shared KV pool has no room for the step (llama.cpp's decode returned 1, changing nothing):
         the jobs to try again with, once one thing made room. First what idle slots keep for prefix reuse (the
-        least recently used); then the prompts still being evaluated wait (the answers decoding beside them end
+        least recently used), and what slots held for requests not yet admitted keep (two run or chat requests
+        holding both slots of a full pool: one prefilled, the other waited for room its own slot's old tokens
+        took, and each waited for the other for ever); then the prompts still being evaluated wait (the answers decoding beside them end
         and free their cells); then the answer holding the most cells ends as a full context does (`length`);
         prompts alone wait while a request that holds a slot between its jobs (saving its state) gives it back.
         (Prompts are admitted only with room for them beside the running ones, _room_for: one that still cannot
@@ -526,6 +528,12 @@ class Scheduler:
         idle = [s for s in self.slots if s.free and kv.tokens[s.seq_id]]
         if idle:
             kv.clear(min(idle, key=lambda s: s.last_used).seq_id)
+            return decoding, prefilling
+        with self.cond:  # a slot held for a request still waiting to be admitted: what it kept is only a prefix
+            queued = [j.leased for j in self.waiting if j.leased is not None]
+        kept = [s for s in queued if s.job is None and kv.tokens[s.seq_id]]
+        if kept:  # (waiting for it to be given back would wait forever: its request waits for this room)
+            kv.clear(min(kept, key=lambda s: s.last_used).seq_id)
             return decoding, prefilling
         if decoding and prefilling:
             return decoding, []
