@@ -303,24 +303,24 @@ def embeddings_answer(model_id: str, result, encoding_format: str) -> dict:
 
 def parse_body(raw: bytes, kind: type[BaseModel]) -> Any:
     """A body of `kind` (ChatBody, CompletionBody, EmbeddingsBody) from its bytes; refused naming its first bad field."""
+    return validated(kind, _json_object(raw))
+
+
+def _json_object(raw: bytes) -> dict:
+    """A body's bytes as the JSON object they must be; refused otherwise."""
     try:
         data = parse_json(raw)
     except BadJson as exc:
         raise Refused(f"malformed JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise Refused("the body must be a JSON object")
-    return validated(kind, data)
+    return data
 
 
 def template_body(raw: bytes) -> tuple[ChatBody, bool]:
     """llama-server's /apply-template body: a chat body, and its add_generation_prompt (false: the conversation
     rendered without the assistant's turn opened), which only this endpoint takes."""
-    try:
-        data = parse_json(raw)
-    except BadJson as exc:
-        raise Refused(f"malformed JSON body: {exc}") from None
-    if not isinstance(data, dict):
-        raise Refused("the body must be a JSON object")
+    data = _json_object(raw)
     opened = data.pop("add_generation_prompt", True)
     if not isinstance(opened, bool):
         raise Refused("add_generation_prompt must be true or false", "add_generation_prompt")
