@@ -35,7 +35,7 @@ from ..errors import ContextOverflow, LocalrunError, UsageError
 from ..store.writers import SessionClaims
 from .loader import Loaded
 from .messages import Messages
-from .request import with_stops
+from .request import marked, with_stops
 from .images import images_in, live, live_images, stored, stored_images  # noqa: F401 - (their old home)
 from .seats import InProcess
 from .sessions import Sessions
@@ -120,8 +120,8 @@ class Conversation(Messages):
 
     def prompt(self, messages: list[dict]) -> tuple[list[int], str]:
         """The prompt tokens for `messages` and the text they spell (an image as its MARKER)."""
-        marked, images = _marked(messages)
-        full = render(self.engine, marked).text
+        rendered, images = marked(messages)
+        full = render(self.engine, rendered).text
         if not images:
             return extend_tokens(self._tokens, self._text, full, self.engine.tokenize), full
         self.projector(images[0].name)
@@ -160,8 +160,8 @@ class Conversation(Messages):
     def context_used(self) -> int:
         if not self.messages:
             return 0
-        marked, images = _marked(self.messages)
-        text = render(self.engine, marked, add_generation_prompt=False).text
+        rendered, images = marked(self.messages)
+        text = render(self.engine, rendered, add_generation_prompt=False).text
         if images and self.engine.vision is not None:
             return len(self._tokenize(text, images, start=True))
         return len(self.engine.tokenize(text, add_special=True, parse_special=True))
@@ -301,19 +301,4 @@ class Conversation(Messages):
             self.replace(live(sessions.load(name, self.engine, seat, on_notice=damaged.append)))
             held = 0 if damaged else len(seat.tokens)
         return "; ".join([*damaged, f"loaded session {name} ({self.turns} turn(s), {held} tokens cached)"])
-
-
-# -- images in messages --------------------------------------------------------------------------
-
-
-def _marked(messages: Sequence[dict]) -> tuple[list[dict], list[Image]]:
-    """The messages as the template renders them (a message's images as MARKERs before its text, as
-    runtime.request places them) and their images in order."""
-    images = [image for m in messages for image in m.get("images") or ()]
-    if not images:
-        return list(messages), []
-    marked = [{k: v for k, v in m.items() if k != "images"} | {"content": MARKER * len(m["images"]) + (m.get("content") or "")}
-              if m.get("images") else m for m in messages]
-    return marked, images
-
 

@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..engine import Engine, SamplingOptions
 from ..engine.prompt import render
+from ..engine.vision import MARKER, Image
 from ..errors import ContextOverflow
 
 
@@ -118,19 +119,25 @@ def _prompt_with_images(engine: Engine, request: Request, n_ctx: int) -> Prompt:
     """A prompt whose messages carry images (a message's "images": engine.vision.Image, in order, placed before
     its text as llama.cpp's mtmd-cli places them): rendered with a marker per image, each image then
     the projector's tokens for it. Neither cut nor shortened to fit: a part of an image means nothing."""
-    from ..engine.vision import MARKER
-
     from .images import NoProjector, projector_for
 
-    images = [image for m in request.messages for image in m.get("images") or ()]
+    messages, images = marked(request.messages)
     if projector_for(engine) is None:
         raise NoProjector(engine.path.name, images[0].name)
-    messages = [{k: v for k, v in m.items() if k != "images"} | {"content": MARKER * len(m["images"]) + (m.get("content") or "")}
-                if m.get("images") else m for m in request.messages]
     rendered = render(engine, messages, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs)
     tokens = engine.vision.tokenize(rendered.text, images)
     return Prompt(_fit(engine, tokens, False, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated,
                   _thinking(engine, rendered, request))
+
+
+def marked(messages: Sequence[dict]) -> tuple[list[dict], list[Image]]:
+    """The messages as the template renders them (a message's images as engine.vision.MARKERs before its text, as
+    llama.cpp's mtmd-cli places them) and their images in order."""
+    images = [image for m in messages for image in m.get("images") or ()]
+    if not images:
+        return list(messages), []
+    return [{k: v for k, v in m.items() if k != "images"} | {"content": MARKER * len(m["images"]) + (m.get("content") or "")}
+            if m.get("images") else m for m in messages], images
 
 
 def _drop_oldest(engine: Engine, request: Request, n_ctx: int) -> Optional[tuple[list[dict], list[int]]]:
