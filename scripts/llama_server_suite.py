@@ -15,7 +15,7 @@ fail: it is another model's), Qwen2.5-Coder for the fill-in-the-middle ones (it 
 (tests/rerankmodel.py, the BOS / EOS / SEP form jina-reranker-v1 takes) for jina-reranker, a LoRA adapter for
 SmolLM2 (tests/loramodel.py) for the Shakespeare adapter of stories15M_MOE; a chat template file is put on a tiny
 model (tests/tinymodel.py) with SmolLM2's tokenizer. The rest of the Hub is refused, naming the file. What
-localrun serve has no flag for (--alias, --kv-unified, --slots...) is passed over and said on stderr.
+localrun serve has no flag for (--kv-unified, --slots...) is passed over and said on stderr.
 
 DIR: a llama.cpp source tree (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp: `pip download --no-binary
 :all: --no-deps llama-cpp-python==0.3.36` and unpack it), or $LLAMA_CPP_DIR. Not part of `make test`: it takes
@@ -74,9 +74,8 @@ def as_llama_server(argv: list[str]) -> None:
     """Start `localrun serve` (this process becomes it) with llama-server's `argv` mapped to its flags."""
     given, ignored = _llama_server_flags().parse_known_args(argv)
     ignored = [a for a in ignored if a.startswith("-") and a not in ("--no-jinja", "--jinja", "--no-slots", "--offline")]
-    if ignored or given.alias or given.kv_unified:
-        print(f"llama-server stand-in: passed over {' '.join(ignored + ['--alias'] * bool(given.alias) + ['--kv-unified'] * given.kv_unified)}",
-              file=sys.stderr)
+    if ignored or given.kv_unified:
+        print(f"llama-server stand-in: passed over {' '.join(ignored + ['--kv-unified'] * given.kv_unified)}", file=sys.stderr)
     models = json.loads(os.environ["LLAMA_SUITE_MODELS"])
     model = given.model or _stand_in(given.hf_repo, given.hf_file, models)
     if given.chat_template_file:
@@ -88,7 +87,8 @@ def as_llama_server(argv: list[str]) -> None:
         args += ["--ctx", str(max(16, int(given.ctx_size) // (1 if given.kv_unified or not given.parallel else parallel)))]
     for flag, value in (("--temp", given.temp), ("--seed", given.seed), ("--batch", given.batch_size),
                         ("--threads", given.threads), ("--api-key", given.api_key), ("--reasoning", given.reasoning),
-                        ("--reasoning-effort", given.reasoning_effort), ("--chat-template-kwargs", given.chat_template_kwargs)):
+                        ("--reasoning-effort", given.reasoning_effort), ("--chat-template-kwargs", given.chat_template_kwargs),
+                        ("--alias", given.alias)):
         if value is not None:
             args += [flag, value]
     for adapter in given.lora:

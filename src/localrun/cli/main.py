@@ -525,6 +525,8 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="address to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[Optional[int], typer.Option("--port", help="port to listen on (0 = any free port; default 11435, with --ollama 11434)")] = None,
     ollama: Annotated[bool, typer.Option("--ollama", help="listen on Ollama's port, 11434, so that clients set up for Ollama work unchanged")] = False,
+    alias: Annotated[Optional[str], typer.Option("--alias", "-a", metavar="NAME[,NAME...]", help="MODEL answers to these names too, and "
+                                                 "is listed by the first in order (/v1/models, /api/ps, /props), as llama-server's --alias")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option("--api-key-file", help="require one of the keys in FILE (one a line; # starts a comment), with --api-key's")] = None,
     allowed_origins: Annotated[Optional[list[str]], typer.Option("--allowed-origins", metavar="ORIGINS", help="web pages that may call this server from a browser, "
@@ -567,10 +569,11 @@ def serve(
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
     if options.get("lora"):
         _check_adapters(options["lora"], model)
+    aliases = _aliases(alias, model)
     keys = lan.api_keys(api_key, api_key_file)
     certfile, keyfile = lan.tls_files(ssl_certfile, ssl_keyfile)
     serve_options = ServeOptions(
-        spec=_served_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, model=model,
+        spec=_served_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, model=model, aliases=aliases,
         api_keys=keys, origins=lan.allowed_origins(allowed_origins), ssl_certfile=certfile, ssl_keyfile=keyfile,
         sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
         max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
@@ -594,6 +597,18 @@ def serve(
         err.print(f"[ok]serving[/ok] {what} on {where}; Ctrl-C stops", markup=True, highlight=False)
 
     run_server(serve_options, host=host, port=port, socket_path=socket_path, on_ready=ready, on_notice=notice)
+
+
+def _aliases(given: Optional[str], model: Optional[str]) -> tuple[str, ...]:
+    """serve --alias NAME[,NAME...]: the names, for the MODEL it names (without one there is nothing to call so)."""
+    if given is None:
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in given.split(",") if n.strip()))
+    if not names:
+        raise UsageError(f"invalid --alias {given!r}: give a name, or several separated by commas")
+    if model is None:
+        raise UsageError("--alias names the MODEL served: localrun serve MODEL --alias NAME")
+    return names
 
 
 def _template_defaults(reasoning: str, effort: Optional[str], kwargs_json: Optional[str]):

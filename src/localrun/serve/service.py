@@ -33,6 +33,7 @@ class ServeOptions:
     ssl_keyfile: Optional[str] = None
     max_body: int = field(default_factory=max_body_bytes)  # bytes; 0: no cap (serve/guards.py)
     model: Optional[str] = None  # the model named on the command line: loaded at start, the default
+    aliases: tuple[str, ...] = ()  # what it answers to besides its own names, the first (in order) the one listed (--alias)
     sampling: Optional[dict] = None  # the sampling flags given to serve, over each model's catalogue defaults
     keep_alive: float = 300.0
     max_models: int = 0
@@ -79,7 +80,23 @@ class Service:
         """The command line's model is not loaded now (ejected): still listed, as it is still served."""
         return self.served is not None and not any(r.loaded.ref == self.served for r in list(self.pool.residents))
 
+    @property
+    def alias(self) -> Optional[str]:
+        """The name the command line's model is listed and answers by (--alias; llama-server's first of its set)."""
+        return min(self.options.aliases) if self.options.aliases else None
+
+    def is_served(self, resident: Resident) -> bool:
+        return self.served is not None and resident.loaded.ref == self.served
+
+    def name_of(self, resident: Resident) -> str:
+        """The name an answer of `resident` that names no model says it came from: the alias, for the served model."""
+        return self.alias if self.alias and self.is_served(resident) else resident.name
+
     def remember(self, resident: Resident) -> None:
+        if self.alias and self.is_served(resident):
+            # listed (/v1/models, /api/ps, /props) by its alias, as llama-server; still answering to its own names
+            resident.names |= {a.casefold() for a in self.options.aliases}
+            resident.listed = [self.alias]
         for name in list(resident.names):
             self.known[name] = resident.loaded.ref
 
@@ -94,6 +111,9 @@ class Service:
         """What a request's model name loads: a loaded model's ref by any of its names, else a name a model
         answered to before it unloaded, else the name as given."""
         wanted = name.casefold()
+        aliases = {a.casefold() for a in self.options.aliases}
+        if self.served and (wanted in aliases or wanted.removesuffix(":latest") in aliases):  # (Ollama's clients add the tag)
+            return self.served
         loaded = next((r.loaded.ref for r in list(self.pool.residents) if wanted in r.names), None)
         return loaded or self.known.get(wanted, name)
 
@@ -134,6 +154,6 @@ class Service:
         pull_if_needed(self.options.model, self.options.source)  # as `serve ALIAS` always did
         resident, _ = self.pool.acquire(self.options.model, self.options.spec, pinned=True)
         self.pool.release(resident, keep_alive=FOREVER)
-        self.served, self.served_name = resident.loaded.ref, resident.name
+        self.served, self.served_name = resident.loaded.ref, self.alias or resident.name
         self.remember(resident)
         return resident

@@ -12,8 +12,8 @@ from starlette.responses import JSONResponse
 
 from ..asked import Asked
 from ..dialects import llama
-from ..endpoint import (Held, answering, counted_events, endpoint, fingerprint, holding, named, read_json, streamed,
-                        whole)
+from ..endpoint import (Held, answering, counted_events, endpoint, fingerprint, holding, named, read_json, service_of,
+                        streamed, whole)
 from ..errors import Refused
 
 
@@ -67,7 +67,7 @@ def _made(request: Request, held: Held, answer, asked: Asked) -> llama.Made:
     settings = llama.generation_settings(answer.request.sampling, stream=asked.reply.stream, lora=scales,
                                          n_predict=asked.max_tokens or -1)
     tokens = list(answer.prompt.tokens) if answer.prompt is not None else []
-    return llama.Made(asked.model or held.resident.name, tokens, held.facts.detokenize(tokens), settings, asked.reply.stream)
+    return llama.Made(asked.model or service_of(request).name_of(held.resident), tokens, held.facts.detokenize(tokens), settings, asked.reply.stream)
 
 
 @endpoint("/infill", llama)
@@ -117,7 +117,7 @@ async def props(request: Request):
         base = facts.sampling  # (a length nobody set: until the slot is full, as a request is answered)
         settings = llama.generation_settings(base, stream=False, lora=tuple(a["scale"] for a in facts.adapters),
                                              n_predict=base.max_tokens if "max_tokens" in base.model_fields_set else -1)
-        return JSONResponse(llama.props(facts, model=resident.name, slots=resident.spec.parallel, slot_ctx=resident.slot_ctx,
+        return JSONResponse(llama.props(facts, model=service_of(request).name_of(resident), slots=resident.spec.parallel, slot_ctx=resident.slot_ctx,
                                         sampling_settings=settings, build=fingerprint()))
 
 
