@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
 from ..asked import Asked, Reply
@@ -64,13 +64,16 @@ Prompt = Union[str, list]  # text, or token ids and text mixed (llama-server's t
 class Native:
     """What a /completion or /infill body asks beyond Asked: its prompts (several: an answer each, as a list), the
     logit bias as written (token ids or text: made tokens with the model's tokenizer), the tokens in the answer
-    (return_tokens), the fields kept (response_fields), the alternatives per token (n_probs)."""
+    (return_tokens), the fields kept (response_fields), the alternatives per token (n_probs), as the model gives them
+or after the sampler chain (post_sampling_probs), the least indentation of the answer's lines (n_indent)."""
 
     prompts: list[Prompt] = field(default_factory=list)
     logit_bias: Any = None
     return_tokens: bool = False
     response_fields: list[str] = field(default_factory=list)
     n_probs: int = 0
+    post_sampling: bool = False
+    n_indent: int = 0
 
 
 def completion_asked(data: Any) -> tuple[Asked, Native]:
@@ -119,11 +122,14 @@ def _common(data: dict) -> tuple[Asked, Native]:
     if isinstance(length, int) and not isinstance(length, bool) and length <= 0:
         del given["max_tokens"]  # -1: until the context is full (llama-server's default)
     values = settings({"model": data.get("model"), **given})
-    flags = {name: data.get(name, False) for name in ("stream", "return_tokens", "ignore_eos", "return_progress")}
+    flags = {name: data.get(name, False) for name in ("stream", "return_tokens", "ignore_eos", "return_progress",
+                                                      "post_sampling_probs")}
     for name, value in flags.items():
         need(isinstance(value, bool), f"{name} must be true or false", name)
     n_probs = data.get("n_probs", 0)
     need(isinstance(n_probs, int) and not isinstance(n_probs, bool) and n_probs >= 0, "n_probs must be 0 or more", "n_probs")
+    n_indent = data.get("n_indent", 0)
+    need(isinstance(n_indent, int) and not isinstance(n_indent, bool), "n_indent must be a whole number", "n_indent")
     fields = data.get("response_fields") or []
     need(isinstance(fields, list) and all(isinstance(f, str) for f in fields), "response_fields must be a list of names",
          "response_fields")
@@ -132,7 +138,7 @@ def _common(data: dict) -> tuple[Asked, Native]:
                   top_logprobs=top_logprobs(n_probs, "n_probs") if n_probs else None,
                   reply=Reply(stream=flags["stream"], progress=flags["return_progress"]))
     return asked, Native(logit_bias=data.get("logit_bias"), return_tokens=flags["return_tokens"], response_fields=fields,
-                         n_probs=n_probs)
+                         n_probs=n_probs, post_sampling=flags["post_sampling_probs"] and n_probs > 0, n_indent=max(0, n_indent))
 
 
 def _prompts(given: Any) -> list[Prompt]:
@@ -326,10 +332,14 @@ def kept(answer: dict, fields: list[str]) -> dict:
     return out
 
 
-def probabilities(facts, entries: Optional[list]) -> Optional[list]:
-    """Tokens' logprobs (engine.TokenLogprob) as llama-server's completion_probabilities."""
+def probabilities(facts, entries: Optional[list], native: Optional[Native] = None, sampling=None) -> Optional[list]:
+    """Tokens' logprobs (engine.TokenLogprob) as llama-server's completion_probabilities; with post_sampling_probs
+    (`native.post_sampling`, `sampling` the answer's), the probabilities after the sampler chain, by its names
+    (`prob`, `top_probs`)."""
     if entries is None:
         return None
+    if native is not None and native.post_sampling and sampling is not None:
+        return [_post_sampled(facts, e, sampling, native.n_probs) for e in entries]
 
     def one(token: int, logprob: float) -> dict:
         raw = facts.piece(token)
@@ -338,7 +348,120 @@ def probabilities(facts, entries: Optional[list]) -> Optional[list]:
     return [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries]
 
 
-async def lines(events: AsyncIterator[Event], made: Made, native: Native, facts=None, progress: bool = False) -> AsyncIterator[str]:
+def _post_sampled(facts, entry, sampling, n_probs: int) -> dict:
+    def one(token: int, p: float) -> dict:
+        raw = facts.piece(token)
+        return {"id": token, "token": raw.decode("utf-8", "ignore"), "bytes": list(raw), "prob": p}
+
+    chosen = after_sampling(entry, sampling)
+    prob = next((p for t, p in chosen if t == entry.token), 0.0)
+    return {**one(entry.token, prob), "top_probs": [one(t, p) for t, p in chosen[:n_probs] if p > 0.0]}
+
+
+def after_sampling(entry, sampling) -> list[tuple[int, float]]:
+    """The candidates left after llama.cpp's sampler chain and their probabilities, most likely first, from the
+    model's distribution at one token (`entry`: its logprob and the most likely tokens', as many as top-k keeps), as
+    llama-server's post_sampling_probs reports them: the bias, then top-k, typical, top-p and min-p (each keeping at
+    least one token), the temperature, the softmax; greedy: the best token alone. The chain's steps that depend on
+    the answer so far (penalties, DRY, a grammar) or on chance (XTC) are not replayed here."""
+    logits = {t: lp for t, lp in entry.top}
+    logits.setdefault(entry.token, entry.logprob)
+    for t, bias in (sampling.logit_bias or {}).items():
+        if t in logits:
+            logits[t] += bias
+    ranked = sorted(((lp, t) for t, lp in logits.items() if lp > -math.inf), reverse=True)
+    if not ranked:
+        return []
+    if sampling.greedy:
+        return [(ranked[0][1], 1.0)]
+    if sampling.mirostat == 0:
+        if sampling.top_k > 0:
+            ranked = ranked[:sampling.top_k]
+        if sampling.typical_p < 1.0:
+            ranked = _typical(ranked, sampling.typical_p)
+        if sampling.top_p < 1.0:
+            ranked = _top_p(ranked, sampling.top_p)
+        if sampling.min_p > 0.0:
+            floor = ranked[0][0] + math.log(sampling.min_p)
+            ranked = [r for r in ranked if r[0] >= floor]
+    temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+    probs = _softmax([lp / temperature for lp, _ in ranked])
+    return sorted(((t, p) for (_, t), p in zip(ranked, probs)), key=lambda tp: -tp[1])
+
+
+def _softmax(logits: list[float]) -> list[float]:
+    peak = max(logits)
+    exps = [math.exp(x - peak) for x in logits]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def _top_p(ranked: list, p: float) -> list:
+    """llama.cpp's top-p: the most likely tokens until their probabilities reach p."""
+    total = 0.0
+    for i, prob in enumerate(_softmax([lp for lp, _ in ranked])):
+        total += prob
+        if total >= p:
+            return ranked[:i + 1]
+    return ranked
+
+
+def _typical(ranked: list, p: float) -> list:
+    """llama.cpp's locally typical sampling: the tokens whose surprise is nearest the entropy, until their
+    probabilities pass p; then back in order of likelihood."""
+    probs = _softmax([lp for lp, _ in ranked])
+    entropy = -sum(q * math.log(q) for q in probs if q > 0)
+    order = sorted(range(len(ranked)), key=lambda i: abs(-math.log(probs[i]) - entropy) if probs[i] > 0 else math.inf)
+    total, kept = 0.0, len(order)
+    for n, i in enumerate(order):
+        total += probs[i]
+        if total > p:
+            kept = n + 1
+            break
+    return sorted((ranked[i] for i in order[:kept]), reverse=True)
+
+
+def indent_cut(text: str, n_indent: int) -> Optional[int]:
+    """Where an answer ends under llama-server's n_indent: at the first line after a newline whose indentation
+    (spaces, tabs) is under n_indent, once a character after that indentation shows it is whole; the line's
+    indentation is kept, its text cut. None: not (yet)."""
+    if n_indent <= 0:
+        return None
+    start = text.find("\n")
+    while start != -1:
+        pos = start + 1
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
+        if pos < len(text) and pos - start - 1 < n_indent:
+            return pos
+        start = text.find("\n", start + 1)
+    return None
+
+
+async def indent_limited(events: AsyncIterator[Event], n_indent: int, stop) -> AsyncIterator[Event]:
+    """An answer's events ended as n_indent says (indent_cut): the text cut there, `stop()` called to stop the model,
+    and the answer's end said as a limit reached (stop_type "limit", as llama-server's)."""
+    text, cut = "", False
+    async for e in events:
+        if cut:
+            if e.kind in ("done", "failed") and e.final is not None:
+                yield Event("done", final=replace(e.final, finish_reason="length", stop_sequence=None, error=None))
+                return
+            continue
+        if e.kind == "text":
+            at = indent_cut(text + e.text, n_indent)
+            if at is not None:
+                cut = True
+                stop()
+                if at > len(text):
+                    yield replace(e, text=(text + e.text)[len(text):at])
+                continue
+            text += e.text
+        yield e
+
+
+async def lines(events: AsyncIterator[Event], made: Made, native: Native, facts=None, progress: bool = False,
+                sampling=None) -> AsyncIterator[str]:
     """An answer's events as llama-server's stream: a server-sent event per piece ({content, tokens, stop: false,
     ...}), the last one the whole answer's fields without its text; no [DONE]. An error ends it. `progress`: the
     prompt's progress too (return_progress: prompt_progress's total, cache, processed)."""
@@ -357,7 +480,7 @@ async def lines(events: AsyncIterator[Event], made: Made, native: Native, facts=
             chunk = {"index": 0, "content": e.text, "tokens": list(e.tokens), "stop": False, "id_slot": -1,
                      "tokens_predicted": predicted, "tokens_evaluated": evaluated}
             if native.n_probs and facts is not None:
-                chunk["completion_probabilities"] = probabilities(facts, e.logprobs)
+                chunk["completion_probabilities"] = probabilities(facts, e.logprobs, native, sampling)
             yield _event(chunk)
         elif e.kind == "failed":
             yield _event({"error": {"code": 500, "message": e.text, "type": "server_error"}})

@@ -12,8 +12,10 @@ from starlette.responses import JSONResponse
 
 from ..asked import Asked
 from ..dialects import llama
-from ..endpoint import (Held, answering, counted_events, endpoint, fingerprint, holding, named, read_json, service_of,
-                        streamed, whole)
+from .. import access
+from ..endpoint import (Held, answering, count, counted_events, endpoint, fingerprint, holding, named, read_json,
+                        service_of, streamed, whole)
+from ..stream import answer_events
 from ..errors import Refused
 
 
@@ -41,12 +43,10 @@ async def completion(request: Request):
             async with holding(request, asked) as held:
                 one = replace(asked, prompt=llama.prompt_tokens(prompt, held.facts),
                               logit_bias=llama.logit_bias_of(native.logit_bias, held.facts))
-                answers.append((await answering(request, held, one), held))
+                answers.append((await answering(request, held, _probed(one, native, held)), held))
         if asked.reply.stream:
             answer, held = answers[0]
-            wire = llama.lines(counted_events(request, answer), _made(request, held, answer, asked), native, held.facts,
-                               progress=asked.reply.progress)
-            return streamed(request, answer, wire)
+            return _streamed(request, answer, held, asked, native)
         replies = [await _whole(request, answer, held, asked, native) for answer, held in answers]
     except Exception:
         for answer, _ in answers:
@@ -55,10 +55,63 @@ async def completion(request: Request):
     return JSONResponse(replies[0] if len(replies) == 1 else [{**r, "index": i} for i, r in enumerate(replies)])
 
 
+def _probed(asked: Asked, native: llama.Native, held: Held) -> Asked:
+    """post_sampling_probs: the model's most likely tokens at each step, as many as the sampler chain may keep
+    (dialects.llama.after_sampling reads them)."""
+    if not native.post_sampling:
+        return asked
+    base, given = held.facts.sampling, asked.sampling
+    top_k, mirostat = given.get("top_k", base.top_k), given.get("mirostat", base.mirostat)
+    window = held.facts.n_vocab if top_k <= 0 or mirostat else min(top_k, held.facts.n_vocab)
+    return replace(asked, top_logprobs=max(window, native.n_probs))
+
+
+def _streamed(request: Request, answer, held: Held, asked: Asked, native: llama.Native):
+    wire = llama.lines(_events(request, answer, native), _made(request, held, answer, asked), native, held.facts,
+                       progress=asked.reply.progress, sampling=answer.request.sampling)
+    return streamed(request, answer, wire)
+
+
+def _events(request: Request, answer, native: llama.Native):
+    """The answer's events, counted; under n_indent, ended at the first line indented less (the answer stopped)."""
+    if not native.n_indent:
+        return counted_events(request, answer)
+
+    async def limited():
+        async for event in llama.indent_limited(answer_events(answer), native.n_indent, answer.cancel):
+            if event.kind in ("done", "failed"):  # (as counted_events counts them)
+                count(request, 200 if event.kind == "done" else 500)
+                if event.final is not None and event.final.stats is not None:
+                    access.note(request, stats=event.final.stats)
+            yield event
+    return limited()
+
+
 async def _whole(request: Request, answer, held: Held, asked: Asked, native: llama.Native) -> dict:
-    text, final = await whole(request, answer)
-    logprobs = llama.probabilities(held.facts, final.logprobs) if answer.request.top_logprobs is not None else None
+    if native.n_indent:
+        text, final = await _gathered(request, answer, native)
+    else:
+        text, final = await whole(request, answer)
+    logprobs = (llama.probabilities(held.facts, final.logprobs, native, answer.request.sampling)
+                if answer.request.top_logprobs is not None else None)
     return llama.final(_made(request, held, answer, asked), text, final, native, logprobs)
+
+
+async def _gathered(request: Request, answer, native: llama.Native):
+    """The whole answer read from its events (whole() reads the model's, which n_indent cuts short)."""
+    parts, tokens, logprobs = [], [], []
+    async for event in _events(request, answer, native):
+        if event.kind == "text":
+            parts.append(event.text)
+            tokens += event.tokens
+            logprobs += event.logprobs
+        elif event.kind == "failed":
+            raise Refused(event.text, status=500)
+        elif event.kind == "done":
+            final = replace(event.final, tokens=tokens + list(event.tokens),
+                            logprobs=logprobs if answer.request.top_logprobs is not None else None)
+            return "".join(parts), final
+    raise Refused("the answer ended without its end", status=500)
 
 
 def _made(request: Request, held: Held, answer, asked: Asked) -> llama.Made:
@@ -87,11 +140,9 @@ async def infill(request: Request):
                           " code model that has them (Qwen2.5-Coder, CodeLlama, StarCoder, ...)", "model", status=501,
                           code="not_supported")
         one = replace(asked, prompt=tokens, logit_bias=llama.logit_bias_of(native.logit_bias, facts))
-        answer = await answering(request, held, one)
+        answer = await answering(request, held, _probed(one, native, held))
     if asked.reply.stream:
-        wire = llama.lines(counted_events(request, answer), _made(request, held, answer, asked), native, facts,
-                           progress=asked.reply.progress)
-        return streamed(request, answer, wire)
+        return _streamed(request, answer, held, asked, native)
     return JSONResponse(await _whole(request, answer, held, asked, native))
 
 
