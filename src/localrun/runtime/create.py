@@ -11,6 +11,7 @@ another model, a TEMPLATE in Ollama's Go syntax (localrun renders Jinja chat tem
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -19,7 +20,9 @@ from ..errors import UsageError
 from ..hub.modelfile import Modelfile, ModelfileError, parse_modelfile
 from .options import OLLAMA_IGNORED, OLLAMA_LOAD, OLLAMA_RENAMED
 
-__all__ = ["Modelfile", "ModelfileError", "copy_model", "create_model", "parse_modelfile"]
+__all__ = ["Modelfile", "ModelfileError", "blob_adapters", "blob_path", "copy_model", "create_model", "parse_modelfile"]
+
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
 
 _LOAD_FLAGS = {"gpu_layers": "--gpu-layers", "threads": "--threads", "batch": "--batch"}
 
@@ -57,6 +60,31 @@ def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, sourc
 
         check_adapters(adapters, local.path)
     return hub.register_created(name, local, defaults, origin=f"FROM {local.ref if local.source != 'path' else local.path}")
+
+
+def blob_path(digest: str) -> Path:
+    """Where the file uploaded as `digest` (Ollama's sha256:HEX, POST /api/blobs/DIGEST) is kept: one file per digest
+    under localrun's folder. UsageError for a digest that is not sha256:HEX."""
+    from ..store.paths import home
+
+    m = _DIGEST.match(digest) if isinstance(digest, str) else None
+    if m is None:
+        raise UsageError(f"invalid digest {digest!r}: give sha256: and the file's 64 hex digits")
+    return home() / "blobs" / f"sha256-{m.group(1)}"
+
+
+def blob_adapters(adapters: dict) -> list[str]:
+    """Ollama's /api/create `adapters` ({"file.gguf": "sha256:HEX"}, each uploaded with /api/blobs) as ADAPTER lines:
+    the blobs' paths, each checked to be there (UsageError naming the file and its digest)."""
+    out = []
+    for name, digest in adapters.items():
+        if not isinstance(digest, str) or not _DIGEST.match(digest):
+            raise UsageError(f"adapters: {name!r}: {digest!r} is no digest: give the uploaded file's sha256:HEX")
+        path = blob_path(digest)
+        if not path.is_file():
+            raise UsageError(f"adapters: {name!r}: no blob {digest} here: upload the file first (POST /api/blobs/{digest})")
+        out.append(str(path))
+    return out
 
 
 def copy_model(source: str, destination: str):

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ...errors import UsageError
-from ...runtime.create import Modelfile, parse_modelfile
+from ...runtime.create import Modelfile, blob_adapters, parse_modelfile
 from ..checks import need
 from ..errors import Refused
 from .ollama import ignored
@@ -17,7 +17,6 @@ _CREATE_FIELDS = {"model", "name", "from", "modelfile", "parameters", "system", 
                   "files", "adapters", "quantize", "quantization", "path"}
 _REFUSED = {
     "files": "files (uploaded GGUF blobs): give `from` a model name or a .gguf path on the server",
-    "adapters": "adapters (LoRA adapters) are not supported by localrun yet",
     "quantize": "quantize: make the quant with `localrun quantize` and create from it",
     "quantization": "quantize: make the quant with `localrun quantize` and create from it",
     "path": "path (a Modelfile on the server): send its text as `modelfile`",
@@ -44,6 +43,13 @@ def create_request(data: Any) -> tuple[str, Modelfile, bool]:
         need(isinstance(license_, str), "license must be a string or a list of strings")
         made.license = license_
     made.parameters += _parameters(data.get("parameters") or {})
+    adapters = data.get("adapters")
+    if adapters:  # LoRA adapters' GGUFs uploaded with /api/blobs, as a Modelfile's ADAPTER lines (checked as those)
+        need(isinstance(adapters, dict), 'adapters must be an object: {"FILE.gguf": "sha256:DIGEST"}')
+        try:
+            made.adapters += blob_adapters(adapters)
+        except UsageError as exc:
+            raise Refused(exc.message) from None
     messages = data.get("messages")
     if messages is not None:
         need(isinstance(messages, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import os
 import sys
 import time
 from typing import Any, Optional
@@ -16,7 +18,7 @@ from starlette.responses import JSONResponse, Response as HttpResponse, Streamin
 from ... import __version__
 from ...errors import LocalrunError, ModelNotFound
 from ...runtime import record_ref
-from ...runtime.create import copy_model, create_model
+from ...runtime.create import blob_path, copy_model, create_model
 from ...runtime.facts import facts_of
 from ...runtime.pool import pull_if_needed, remove_pulled
 from ...runtime.report import file_entry, model_card, tags_listing
@@ -24,7 +26,7 @@ from ..dialects import ollama
 from ..dialects.ollama_models import copy_request, create_request
 from ..endpoint import (answering, counted_events, count, embeddings_of, endpoint, holding, named, read_json, service_of,
                         streamed, whole)
-from ..errors import MakeFailed
+from ..errors import MakeFailed, Refused
 from ..wire import ndjson
 
 
@@ -185,6 +187,41 @@ async def create(request: Request):
     return StreamingResponse(iter([ndjson(s) for s in statuses]), media_type="application/x-ndjson")
 
 
+def _blob(request: Request):
+    try:
+        return blob_path(request.path_params["digest"])
+    except LocalrunError as exc:
+        raise Refused(exc.message, "digest") from None
+
+
+@endpoint("/api/blobs/{digest}", ollama, methods=("HEAD",))
+async def has_blob(request: Request):
+    """Whether a file was uploaded as this digest (Ollama's clients ask before they upload): 200, else 404."""
+    return HttpResponse(status_code=200 if _blob(request).is_file() else 404)
+
+
+@endpoint("/api/blobs/{digest}", ollama)
+async def put_blob(request: Request):
+    """A file uploaded for /api/create's `adapters` (a LoRA adapter's GGUF), kept under its sha256 digest once the body
+    is checked to have it (else a 400, nothing kept): 201, as Ollama answers."""
+    path = _blob(request)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.name}.{os.getpid()}-{id(request)}.part")
+    summed = hashlib.sha256()
+    try:
+        with open(part, "wb") as out:
+            async for chunk in request.stream():
+                summed.update(chunk)
+                out.write(chunk)
+        if f"sha256-{summed.hexdigest()}" != path.name:
+            raise Refused(f"digest mismatch: the body's is sha256:{summed.hexdigest()}, not {request.path_params['digest']}",
+                          "digest")
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
+    return HttpResponse(status_code=201)
+
+
 @endpoint("/api/copy", ollama)
 async def copy(request: Request):
     source, destination = copy_request(await _body(request))
@@ -259,4 +296,4 @@ async def version(request: Request):
     return JSONResponse({"version": ollama.OLLAMA_VERSION, "localrun_version": __version__})
 
 
-ROUTES = [chat, generate, embed, embeddings, tags, show, delete, create, copy, pull]
+ROUTES = [chat, generate, embed, embeddings, tags, show, delete, create, has_blob, put_blob, copy, pull]
