@@ -13,8 +13,8 @@ from starlette.responses import JSONResponse
 from ..asked import Asked
 from ..dialects import llama
 from .. import access
-from ..endpoint import (Held, answering, count, counted_events, endpoint, fingerprint, holding, named, read_json,
-                        service_of, streamed, whole)
+from ..endpoint import (Held, answering, cancelled_on_disconnect, count, counted_events, endpoint, fingerprint, holding,
+                        named, read_json, service_of, streamed, whole)
 from ..stream import answer_events
 from ..errors import Refused
 
@@ -100,17 +100,18 @@ async def _whole(request: Request, answer, held: Held, asked: Asked, native: lla
 async def _gathered(request: Request, answer, native: llama.Native):
     """The whole answer read from its events (whole() reads the model's, which n_indent cuts short)."""
     parts, tokens, logprobs = [], [], []
-    async for event in _events(request, answer, native):
-        if event.kind == "text":
-            parts.append(event.text)
-            tokens += event.tokens
-            logprobs += event.logprobs
-        elif event.kind == "failed":
-            raise Refused(event.text, status=500)
-        elif event.kind == "done":
-            final = replace(event.final, tokens=tokens + list(event.tokens),
-                            logprobs=logprobs if answer.request.top_logprobs is not None else None)
-            return "".join(parts), final
+    async with cancelled_on_disconnect(request, answer):
+        async for event in _events(request, answer, native):
+            if event.kind == "text":
+                parts.append(event.text)
+                tokens += event.tokens
+                logprobs += event.logprobs
+            elif event.kind == "failed":
+                raise Refused(event.text, status=500)
+            elif event.kind == "done":
+                final = replace(event.final, tokens=tokens + list(event.tokens),
+                                logprobs=logprobs if answer.request.top_logprobs is not None else None)
+                return "".join(parts), final
     raise Refused("the answer ended without its end", status=500)
 
 
