@@ -309,3 +309,50 @@ def test_the_serve_rules_catch_what_they_forbid(tmp_path):
     assert serve_cycles(root) == [["localrun.serve.a", "localrun.serve.b", "localrun.serve.a"]]
     assert long_functions(root) == ["localrun.serve.b:1 f is 63 lines"]
     assert flags_below_the_dialects(root) == ["localrun.serve.b:63 names a flag: 'try a larger --ctx'"]
+
+
+# -- errors name settings, not flags: the edge words them (errors.Phrase; cli.failures, serve.errors) ------------------
+
+COMMAND = re.compile(r"`localrun [^`]*`")  # a whole command to type (`localrun stop --server`) is a command, not a setting
+FLAG = re.compile(r"(^|[^\w-])--[a-z][a-z-]+")
+# Raises that still name a flag, each until its change lands: tests that read the flag below the command line
+# (tests/engine/test_rpc_plan.py, test_vision.py, tests/runtime/test_bench.py: to read the edge's words,
+# cli.failures.message_for), and two modules being changed by others (conversation, request)
+WAITING = {"localrun.engine.rpc:--rpc", "localrun.engine.vision:--batch", "localrun.runtime.workers:--tensor-split",
+           "localrun.runtime.bench:--plot", "localrun.runtime.conversation:--ctx", "localrun.runtime.request:--ctx"}
+
+
+def flags_in_raises(root: Path = SRC) -> list[str]:
+    """`raise` statements outside cli/ whose message names a command-line flag (its text, f-strings' too): an error
+    names the settings it is about (errors.Phrase, errors.SettingError), and each edge words them."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        if rel.parts[1:2] == ("cli",):
+            continue
+        module = ".".join(rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Raise) or node.exc is None:
+                continue
+            text = " ".join(n.value for n in ast.walk(node.exc) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+            for found in FLAG.finditer(COMMAND.sub("", text)):
+                flag = found.group(0).lstrip(" (\"'")
+                if f"{module}:{flag}" not in WAITING:
+                    out.append(f"{module}:{node.lineno} names {flag}")
+    return out
+
+
+def test_no_raise_below_the_command_line_names_a_flag():
+    assert flags_in_raises() == []
+
+
+def test_the_flag_rule_catches_what_it_forbids(tmp_path):
+    root = tmp_path / "localrun"
+    for pkg in ("cli", "engine"):
+        (root / pkg).mkdir(parents=True)
+    (root / "engine" / "model.py").write_text(
+        "def f(n):\n    raise ValueError(f'the context of {n}: try a smaller --ctx')\n"
+        "def g():\n    raise ValueError('stop it with `localrun stop --server`')\n"
+        "def h(Phrase):\n    raise ValueError(Phrase('try a smaller {ctx}'))\n")
+    (root / "cli" / "main.py").write_text("def f():\n    raise ValueError('invalid --ctx')\n")
+    assert flags_in_raises(root) == ["localrun.engine.model:2 names --ctx"]

@@ -1,20 +1,73 @@
-"""The errors localrun reports as one line and an exit code (see console.render_error)."""
+"""The errors localrun reports as one line and an exit code (see console.render_error).
+
+An error names the settings it is about (ctx, batch, mmproj, keep_alive: the load and sampling options' names), never
+a command-line flag or a request field: the edge words them (`worded(name_of)`), the command line as flags
+(cli.failures), each HTTP dialect as its request's fields (serve.errors)."""
 
 from __future__ import annotations
+
+import string
+from collections.abc import Callable, Iterable
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
+class Phrase:
+    """A sentence that names settings: `template` is fixed text where `{name}` is one of `values` (a number, a path:
+    put in as it is) or else a setting, named by the edge. `Phrase("try a smaller {ctx} or {batch}")` reads "try a
+    smaller --ctx or --batch" on the command line and "try a smaller options.num_ctx or options.num_batch" to an
+    Ollama client."""
+
+    def __init__(self, template: str, **values: object):
+        self.template, self.values = template, values
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings it names, in order (those of a Phrase among its values too)."""
+        names = []
+        for _, field, _, _ in string.Formatter().parse(self.template):
+            if field and field not in self.values:
+                names.append(field)
+            elif field and isinstance(self.values[field], Phrase):
+                names += self.values[field].settings
+        return tuple(dict.fromkeys(names))
+
+    def worded(self, name_of: Callable[[str], str]) -> str:
+        """The sentence with each setting named by `name_of` (a Phrase among the values: worded the same way)."""
+        values = {k: v.worded(name_of) if isinstance(v, Phrase) else v for k, v in self.values.items()}
+        names = {field: name_of(field) for _, field, _, _ in string.Formatter().parse(self.template)
+                 if field and field not in values}
+        return self.template.format_map({**names, **values})
+
+    def __str__(self) -> str:
+        return self.worded(str)
+
+
+def _as_phrase(message: "str | Phrase") -> Phrase:
+    return message if isinstance(message, Phrase) else Phrase("{text}", text=message)
+
+
 class LocalrunError(Exception):
-    """A failure the user can act on: `message` says what went wrong and how to fix it."""
+    """A failure the user can act on: `message` says what went wrong and how to fix it, with the settings it names
+    in their own names; `worded(name_of)` names them as an edge does (a flag, a request field)."""
 
     exit_code = EXIT_RUNTIME
 
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
+    def __init__(self, message: "str | Phrase"):
+        self.phrase = _as_phrase(message)
+        self.message = self.phrase.worded(str)
+        super().__init__(self.message)
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings the message names (what a user may change)."""
+        return self.phrase.settings
+
+    def worded(self, name_of: Callable[[str], str]) -> str:
+        """The message with each setting it names named by `name_of(setting)` (a flag, a request field)."""
+        return self.phrase.worded(name_of)
 
 
 class UsageError(LocalrunError):
@@ -26,18 +79,29 @@ class UsageError(LocalrunError):
 class SettingError(UsageError):
     """A setting given a value it cannot take. `setting` names it as the load and sampling options do
     ("ctx", "kv_type", "threads", "logit_bias", ...; None: a rule across settings), `value` is what was
-    given, `reason` why it is refused. Worded at the edge (`worded`): a flag on the command line
-    (runtime.failures), a field in each HTTP dialect."""
+    given, `reason` why it is refused (a Phrase where it names other settings). Worded at the edge: a flag on the
+    command line (cli.failures), a field in each HTTP dialect (serve.errors)."""
 
-    def __init__(self, setting: "str | None", value: object, reason: str):
-        self.setting, self.value, self.reason = setting, value, reason
-        super().__init__(self.worded(lambda s: s))
+    def __init__(self, setting: "str | None", value: object, reason: "str | Phrase"):
+        self.setting, self.value = setting, value
+        reason = _as_phrase(reason)
+        self.reason = reason.worded(str)
+        if setting is None:
+            super().__init__(reason)
+        else:  # the setting's own name is a value of the sentence: worded by `worded`, as a Phrase's settings are
+            super().__init__(Phrase("invalid {%s} {value!r}: {reason}" % setting, value=value, reason=reason))
 
-    def worded(self, name_of) -> str:
-        """The message with the setting named by `name_of(setting)` (a flag, a request field)."""
-        if self.setting is None:
-            return self.reason
-        return f"invalid {name_of(self.setting)} {self.value!r}: {self.reason}"
+
+class SettingsConflict(UsageError):
+    """Settings that cannot be given together (`settings`, in their own names): `remedy` says what to do instead
+    (a Phrase where it names settings). "--beams and --draft do not combine: pick one" on the command line."""
+
+    def __init__(self, settings: Iterable[str], remedy: "str | Phrase" = "pick one"):
+        self.conflicting = tuple(settings)
+        self.remedy = _as_phrase(remedy)
+        names = ["{%s}" % s for s in self.conflicting]
+        names = ", ".join(names[:-1]) + " and " + names[-1]
+        super().__init__(Phrase(names + " do not combine: {remedy}", remedy=self.remedy))
 
 
 class ConfigError(LocalrunError):

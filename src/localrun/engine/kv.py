@@ -11,7 +11,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Optional
 
-from ..errors import EngineError, SessionError
+from ..errors import EngineError, Phrase, SessionError
 from .llama import llama_cpp_module
 
 ALL_SEQUENCES = -1
@@ -225,8 +225,9 @@ def _rewrite(data: bytearray, n_stream: int, take: Optional[int] = None) -> byte
     try:
         return _restream(data, n_stream, take)
     except ValueError as exc:
-        raise SessionError(f"this model's KV state cannot move between a server slot and a single-sequence context ({exc}):"
-                           " answer it in-process (--keep-alive 0) to use sessions and the prefix cache") from None
+        raise SessionError(Phrase("this model's KV state cannot move between a server slot and a single-sequence context"
+                                  " ({why}): answer it in-process ({keep_alive} 0) to use sessions and the prefix cache",
+                                  why=exc)) from None
 
 
 def _restream(data: bytearray, n_stream: int, take: Optional[int] = None) -> bytearray:

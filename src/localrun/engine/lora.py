@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..errors import UsageError
+from ..errors import SettingError, UsageError
 
 
 class AdapterError(UsageError):
@@ -59,12 +59,11 @@ def parse_adapter(text: str, base_dir: Optional[Path] = None) -> tuple[str, floa
             path = head
         except ValueError:
             if Path(head).expanduser().is_file() and not Path(text).expanduser().exists():
-                raise UsageError(f"invalid --lora {text!r}: the scale {tail!r} is not a number (FILE:SCALE, e.g. "
-                                 "adapter.gguf:0.5)") from None
+                raise SettingError("lora", text, f"the scale {tail!r} is not a number (FILE:SCALE, e.g. adapter.gguf:0.5)") from None
     if not math.isfinite(scale):
-        raise UsageError(f"invalid --lora {text!r}: the scale must be a finite number (FILE:SCALE, e.g. adapter.gguf:0.5)")
+        raise SettingError("lora", text, "the scale must be a finite number (FILE:SCALE, e.g. adapter.gguf:0.5)")
     if not path:
-        raise UsageError(f"invalid --lora {text!r}: give the adapter's file, FILE or FILE:SCALE")
+        raise SettingError("lora", text, "give the adapter's file, FILE or FILE:SCALE")
     where = Path(path).expanduser()
     if not where.is_absolute():
         where = (base_dir or Path.cwd()) / where

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Union
 
-from ..errors import ContextOverflow, EngineError, SettingError, UsageError
+from ..errors import ContextOverflow, EngineError, Phrase, SettingError, UsageError
 from .footprint import mapped_regions, release_repacked_pages, repacked_spans, repacks_here, shard_headers
 from .kv import KVCache
 from .llama import deferred_interrupt, default_threads, llama_cpp_module, load_progress, loaded
@@ -114,7 +114,7 @@ def _token_piece(vocab, token: int, buf, special: bool):
 class DecodeError(EngineError):
     """llama.cpp refused a batch (code `rc`): the KV cache is not changed by it."""
 
-    def __init__(self, message: str, rc: int):
+    def __init__(self, message: "str | Phrase", rc: int):
         super().__init__(message)
         self.rc = rc
 
@@ -258,9 +258,9 @@ class Engine:
             self.use_raw_logits()
             ll.llama_model_free(self.model)
             self.model = None
-            raise EngineError(
-                f"llama.cpp could not create a context of {options.n_ctx} tokens"
-                f" (kv {options.kv_type}): try a smaller --ctx"
+            raise EngineError(Phrase(
+                "llama.cpp could not create a context of {n_ctx} tokens (kv {kv}): try a smaller {ctx}",
+                n_ctx=options.n_ctx, kv=options.kv_type)
             )
         self.kv = KVCache(self.ctx, options.n_seq_max, self.info.sliding_window if any(self.info.swa_layers or [True]) else None,
                           unified=options.kv_unified or options.shared_kv)
@@ -381,7 +381,8 @@ class Engine:
         if rc != 0:
             for seq in seqs:  # a batch stopped part-way may have left cells: back to what we know
                 ll.llama_memory_seq_rm(kv.memory, seq, len(kv.tokens[seq]), -1)
-            raise DecodeError(f"llama.cpp decode failed (code {rc}) after {kv.held()} tokens: try a smaller --ctx or --batch", rc)
+            raise DecodeError(Phrase("llama.cpp decode failed (code {rc}) after {held} tokens: try a smaller {ctx} or {batch}",
+                                     rc=rc, held=kv.held()), rc)
         tokens = kv.tokens
         for seq, tok in zip(batch.seqs, batch.tokens):
             tokens[seq].append(tok)
@@ -490,8 +491,8 @@ class Engine:
             if not tokens:
                 raise UsageError("cannot embed an empty text")
             if len(tokens) > min(batch.capacity, self.n_ctx):
-                raise ContextOverflow(f"a text is {len(tokens)} tokens but the context holds {min(batch.capacity, self.n_ctx)}:"
-                                      " shorten it, or raise --ctx", len(tokens), self.n_ctx)
+                raise ContextOverflow(Phrase("a text is {n} tokens but the context holds {held}: shorten it, or raise {ctx}",
+                                             n=len(tokens), held=min(batch.capacity, self.n_ctx)), len(tokens), self.n_ctx)
             if batch.room() < len(tokens) or len(pending) == self.options.n_seq_max:
                 flush()
             for pos, token in enumerate(tokens):
@@ -608,8 +609,9 @@ class Engine:
             mparams.devices = ctypes.cast(self._device_array, ctypes.c_void_p).value
         if options.tensor_split:
             if len(options.tensor_split) > len(handles):
-                raise UsageError(f"--tensor-split has {len(options.tensor_split)} proportions for {len(handles)} devices"
-                                 f" ({', '.join(self.devices) or 'none besides the CPU'}): give one per device")
+                raise UsageError(Phrase("{tensor_split} has {n} proportions for {m} devices ({devices}): give one per device",
+                                        n=len(options.tensor_split), m=len(handles),
+                                        devices=', '.join(self.devices) or 'none besides the CPU'))
             self._split_array = (ctypes.c_float * self._ll.llama_max_devices())(*options.tensor_split)
             mparams.tensor_split = self._split_array
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ..errors import SettingError, UsageError
+from ..errors import Phrase, SettingError, UsageError
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
                 raise ValueError
             out[int(tok)] = float(bias)
         except ValueError:
-            raise UsageError(f"invalid --logit-bias {item!r}: use TOKEN_ID=BIAS, e.g. 2=-100") from None
+            raise SettingError("logit_bias", item, "use TOKEN_ID=BIAS, e.g. 2=-100") from None
     return out
 
 
@@ -143,9 +143,9 @@ def read_grammar(path: Optional[Path]) -> Optional[str]:
     try:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"cannot read --grammar {path}: {exc.strerror}") from None
+        raise UsageError(Phrase("cannot read {grammar} {path}: {why}", path=path, why=exc.strerror)) from None
     except UnicodeDecodeError:
-        raise UsageError(f"--grammar {path} is not a UTF-8 text file: give a GBNF grammar") from None
+        raise UsageError(Phrase("{grammar} {path} is not a UTF-8 text file: give a GBNF grammar", path=path)) from None
 
 
 def read_json_schema(given: Optional[Union[str, Path]]) -> Optional[dict[str, Any]]:
@@ -161,13 +161,14 @@ def read_json_schema(given: Optional[Union[str, Path]]) -> Optional[dict[str, An
     try:
         data = json.loads(text) if path is None else json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise UsageError(f"cannot read --json-schema {shown}: {exc.strerror}") from None
+        raise UsageError(Phrase("cannot read {json_schema} {shown}: {why}", shown=shown, why=exc.strerror)) from None
     except UnicodeDecodeError:
-        raise UsageError(f"--json-schema {shown} is not a UTF-8 text file: give a JSON schema") from None
+        raise UsageError(Phrase("{json_schema} {shown} is not a UTF-8 text file: give a JSON schema", shown=shown)) from None
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--json-schema {shown} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise UsageError(Phrase("{json_schema} {shown} is not valid JSON (line {line}: {why})", shown=shown, line=exc.lineno,
+                                why=exc.msg)) from None
     if not isinstance(data, dict):
-        raise UsageError(f"--json-schema {shown} must hold a JSON object (a schema)")
+        raise UsageError(Phrase("{json_schema} {shown} must hold a JSON object (a schema)", shown=shown))
     return data
 
 

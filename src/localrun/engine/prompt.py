@@ -26,7 +26,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import SandboxedEnvironment
 
-from ..errors import EngineError, TemplateError
+from ..errors import EngineError, Phrase, TemplateError
 
 TRANSCRIPT_STOP = "\nUser:"
 
@@ -103,7 +103,7 @@ def apply_template(engine, messages: Sequence[dict], add_generation_prompt: bool
     (reasoning_effort, ...); `think` is its enable_thinking."""
     template = engine.chat_template
     if template is None:
-        raise EngineError("this model has no chat template: use --raw for plain completion")
+        raise EngineError(Phrase("this model has no chat template: use {raw} for plain completion"))
     extra = dict(kwargs or {})
     if think is not None:
         extra["enable_thinking"] = think

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from ..errors import EngineError, SettingError, UsageError
+from ..errors import EngineError, Phrase, SettingError, UsageError
 from .llama import llama_cpp_module
 from .options import SAMPLING, Option
 
@@ -185,8 +185,8 @@ class Sampler:
         g = self._ll.llama_sampler_init_grammar(engine.vocab, grammar.encode("utf-8"), b"root")
         if not g:
             if self._from_schema:  # the user wrote a schema, not this grammar: the converter is at fault
-                raise EngineError("llama.cpp refuses the grammar made from the JSON schema (a localrun bug): "
-                                  "report the schema, or give a --grammar instead")
+                raise EngineError(Phrase("llama.cpp refuses the grammar made from the JSON schema (a localrun bug): "
+                                         "report the schema, or give a {grammar} instead"))
             raise UsageError("the grammar does not parse (GBNF): check it with llama.cpp's gbnf-validator")
         return g
 

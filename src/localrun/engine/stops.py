@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import UsageError
+from ..errors import Phrase, UsageError
 
 
 class StopMatcher:
@@ -20,7 +20,7 @@ class StopMatcher:
         self.stops = tuple(dict.fromkeys(s for s in stops))
         for s in self.stops:
             if not s:
-                raise UsageError("empty stop sequence: give --stop a non-empty string")
+                raise UsageError(Phrase("empty stop sequence: give {stop} a non-empty string"))
         self._pending = ""
         self.stopped: str | None = None  # the stop sequence that ended the text, once found
 

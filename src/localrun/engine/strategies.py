@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from ..errors import ContextOverflow, EngineError, SettingError, UsageError
+from ..errors import ContextOverflow, EngineError, Phrase, SettingError, SettingsConflict, UsageError
 from .loop import PLAIN, Plain, Prefill, Task, drive, generate
 from .model import Batch, Engine, LoadOptions
 from .options import DRAFT_MAX, LOOKUP_DRAFT_MAX, MODEL_DRAFT_MAX
@@ -56,7 +56,7 @@ class DecodeOptions:
         if self.beams < 1 or self.beams > 64:
             raise SettingError("beams", self.beams, "use 1 to 64")
         if self.beams > 1 and self.draft:
-            raise UsageError("--beams and --draft do not combine: pick one")  # a rule across two settings
+            raise SettingsConflict(("beams", "draft"))
         if not -10.0 <= self.length_penalty <= 10.0:
             raise SettingError("length_penalty", self.length_penalty, "use -10 to 10 (1 = average log-probability)")
 
@@ -131,10 +131,10 @@ class ModelDrafter:
         if draft.n_vocab != target.n_vocab or any(
             draft.token_bytes(t) != target.token_bytes(t) for t in range(0, target.n_vocab, max(1, target.n_vocab // 512))
         ):
-            raise UsageError(
-                f"the draft model {draft.path.name} has another vocabulary ({draft.n_vocab} tokens) than "
-                f"{target.path.name} ({target.n_vocab}): pick a draft model from the same family, or --draft lookup"
-            )
+            raise UsageError(Phrase(
+                "the draft model {name} has another vocabulary ({n} tokens) than {target} ({m}): pick a draft model"
+                " from the same family, or {draft} lookup", name=draft.path.name, n=draft.n_vocab,
+                target=target.path.name, m=target.n_vocab))
         self.engine = draft
         self.tokens: list[int] = []
 
@@ -452,7 +452,8 @@ class BeamSearch:
             raise EngineError(f"beam search with {self.beams} beams needs a context made for {2 * self.beams + 1} sequences")
         n_ctx = n_ctx or self.ctx_limit or engine.n_ctx
         if len(prompt) >= n_ctx:
-            raise ContextOverflow(f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}: raise --ctx or pass --truncate")
+            raise ContextOverflow(Phrase("the prompt is {n} tokens but the context holds {held}: raise {ctx} or pass {truncate}",
+                                         n=len(prompt), held=n_ctx))
         engine.use_raw_logits()
         return BeamTask(engine, SequenceState(engine, prompt, sampling, n_ctx=n_ctx), self.beams, self.length_penalty, allowed)
 
@@ -566,7 +567,8 @@ def perplexity(engine: Engine, text: str, n_ctx: int, max_chunks: Optional[int] 
     engine.use_raw_logits()  # it reads every logit of half of each chunk
     tokens = engine.tokenize(text, add_special=True, parse_special=False)
     if len(tokens) < 2 * n_ctx:
-        raise UsageError(f"the text is {len(tokens)} tokens; perplexity with --ctx {n_ctx} needs at least {2 * n_ctx}")
+        raise UsageError(Phrase("the text is {n} tokens; perplexity with {ctx} {n_ctx} needs at least {least}",
+                                n=len(tokens), n_ctx=n_ctx, least=2 * n_ctx))
     if n_ctx > engine.n_ctx:
         raise UsageError(f"chunks of {n_ctx} tokens do not fit the context of {engine.n_ctx}")
     n_chunks = len(tokens) // n_ctx if max_chunks is None else min(max_chunks, len(tokens) // n_ctx)
@@ -628,6 +630,6 @@ def make_strategy(options: DecodeOptions, engine: Engine, draft_engine: Optional
         return Speculative(LookupDrafter(), options.draft_max)
     if options.draft:
         if draft_engine is None:
-            raise UsageError("--draft MODEL needs the draft model loaded")
+            raise UsageError(Phrase("{draft} MODEL needs the draft model loaded"))
         return Speculative(ModelDrafter(draft_engine, engine), options.draft_max)
     return PLAIN

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from ..errors import EngineError, UsageError
+from ..errors import EngineError, Phrase, UsageError
 from .llama import captured_llama_log, deferred_interrupt, default_threads, llama_cpp_module
 
 # Where an image goes in rendered prompt text (llama.cpp's own default media marker).
@@ -112,7 +112,7 @@ class Projector:
         self.engine = engine
         self.path = Path(path)
         if not self.path.is_file():
-            raise UsageError(f"no such projector file: {self.path}: check --mmproj")
+            raise UsageError(Phrase("no such projector file: {path}: check {mmproj}", path=self.path))
         params = mtmd_cpp.mtmd_context_params_default()
         params.use_gpu = bool(engine.devices) and engine.gpu_layers != 0
         params.n_threads = engine.options.n_threads or default_threads()
@@ -274,8 +274,8 @@ class Projector:
                                                      ctypes.byref(new_n_past))
             if rc != 0:
                 self._ll.llama_memory_seq_rm(kv.memory, seq, n_past, -1)
-                raise EngineError(f"llama.cpp could not evaluate an image of {len(known.ids)} tokens (code {rc}):"
-                                  " try a larger --batch or --ctx")
+                raise EngineError(Phrase("llama.cpp could not evaluate an image of {n} tokens (code {rc}): try a larger {batch}"
+                                         " or {ctx}", n=len(known.ids), rc=rc))
             self.encoded += 1
             kv.tokens[seq].extend(known.ids)
             kv.made_with[seq] = kv.current  # (under the LoRA scales the context has now: the caller set them)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from ..engine.options import KV_TYPES
-from ..errors import EngineError, LocalrunError, UsageError
+from ..errors import EngineError, LocalrunError, Phrase, SettingError, SettingsConflict, UsageError
 
 if TYPE_CHECKING:
     from ..engine.strategies import Perplexity
@@ -245,25 +245,25 @@ def make_plan(
     if not models:
         raise UsageError("give at least one model to benchmark")
     if output not in OUTPUTS:
-        raise UsageError(f"invalid --output {output!r}: use {', '.join(OUTPUTS)}")
+        raise SettingError("output", output, f"use {', '.join(OUTPUTS)}")
     if reps < 1:
-        raise UsageError(f"invalid --reps {reps}: use 1 or more")
+        raise SettingError("reps", reps, "use 1 or more")
     if compare not in (None, "llama-bench"):
-        raise UsageError(f"invalid --compare {compare!r}: the one reference is llama-bench")
-    pps = _ints("--pp", pp, minimum=0)
-    tgs = _ints("--tg", tg, minimum=0)
-    depths = _ints("--depth", depth, minimum=0)
+        raise SettingError("compare", compare, "the one reference is llama-bench")
+    pps = _ints("pp", pp, minimum=0)
+    tgs = _ints("tg", tg, minimum=0)
+    depths = _ints("depth", depth, minimum=0)
     # 0 means "no such test", as in llama-bench (-p 0 / -n 0).
     tests = [Test("pp", n) for n in pps if n] + [Test("tg", n, d) for n in tgs if n for d in depths]
     if not tests and not quality:
-        raise UsageError("nothing to measure: --pp and --tg are both 0 (add --quality for perplexity only)")
-    thread_values = _ints("--threads", threads, minimum=1) if threads else [default_threads()]
-    ctx_values: list[Optional[int]] = list(_ints("--ctx", ctx, minimum=16)) if ctx else [None]
-    batches = _ints("--batch", batch, minimum=1)
-    kv_types = _words("--kv-type", kv_type, KV_TYPES)
-    layer_values = [str(parse_gpu_layers(v)) for v in _split("--gpu-layers", gpu_layers)]
-    fa_values = _words("--flash-attn", flash_attn, FLASH_ATTN)
-    decodes = _split("--decode", decode)
+        raise UsageError(Phrase("nothing to measure: {pp} and {tg} are both 0 (add {quality} for perplexity only)"))
+    thread_values = _ints("threads", threads, minimum=1) if threads else [default_threads()]
+    ctx_values: list[Optional[int]] = list(_ints("ctx", ctx, minimum=16)) if ctx else [None]
+    batches = _ints("batch", batch, minimum=1)
+    kv_types = _words("kv_type", kv_type, KV_TYPES)
+    layer_values = [str(parse_gpu_layers(v)) for v in _split("gpu_layers", gpu_layers)]
+    fa_values = _words("flash_attn", flash_attn, FLASH_ATTN)
+    decodes = _split("decode", decode)
     for value in decodes:
         parse_decode(value)  # refused here, before anything runs
     from ..engine.rpc import parse_endpoints
@@ -271,20 +271,22 @@ def make_plan(
 
     parse_endpoints(rpc), parse_tensor_split(tensor_split)  # refused here, before anything runs
     if rpc and compare:
-        raise UsageError("--compare llama-bench cannot combine with --rpc: compare a local run, or sweep --gpu-layers 0,-1 with --rpc")
+        raise SettingsConflict(("compare", "rpc"), Phrase("compare a local run, or sweep {gpu_layers} 0,-1 with {rpc}"))
     from .lora import parse_adapters
 
     adapters = parse_adapters(lora or [])  # each a LoRA GGUF; against each model once it is here (run)
     if adapters and compare:
-        raise UsageError("--compare llama-bench cannot combine with --lora: llama-bench loads no LoRA adapters")
+        raise SettingsConflict(("compare", "lora"), "llama-bench loads no LoRA adapters")
     settings = [Settings(*combo, rpc=rpc or None, tensor_split=tensor_split or None, lora=adapters)
                 for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values, decodes)]
     for s in settings:
         if s.kv_type != "f16" and s.flash_attn == "off":
-            raise UsageError(f"--kv-type {s.kv_type} quantizes the V cache, which needs flash attention: drop --flash-attn off")
+            raise UsageError(Phrase("{kv_type} {kv} quantizes the V cache, which needs flash attention: drop {flash_attn} off",
+                                        kv=s.kv_type))
         for t in tests:
             if s.ctx is not None and t.context_needed > s.ctx:
-                raise UsageError(f"--ctx {s.ctx} is too small for {t.name}: it needs {t.context_needed} tokens")
+                raise UsageError(Phrase("{ctx} {n_ctx} is too small for {test}: it needs {needed} tokens", n_ctx=s.ctx,
+                                            test=t.name, needed=t.context_needed))
     exe = None
     if compare or llama_bench is not None:
         exe = find_llama_bench(llama_bench)
@@ -304,34 +306,35 @@ def parse_decode(value: str):
         return DecodeOptions(draft=value.removeprefix("draft:"))
     if value.startswith("beams") and value[5:].isdigit() and 1 < int(value[5:]) <= 64:
         return DecodeOptions(beams=int(value[5:]))
-    raise UsageError(f"invalid --decode {value!r}: use plain, lookup, draft:MODEL or beamsN (e.g. beams4)")
+    raise SettingError("decode", value, "use plain, lookup, draft:MODEL or beamsN (e.g. beams4)")
 
 
-def _split(flag: str, value: str) -> list[str]:
+def _split(setting: str, value: str) -> list[str]:
     parts = [p.strip() for p in str(value).split(",")]
     if not parts or any(p == "" for p in parts):
-        raise UsageError(f"invalid {flag} {value!r}: give comma-separated values, e.g. {flag} 1,2")
+        raise SettingError(setting, value, Phrase("give comma-separated values, e.g. {%s} 1,2" % setting))
     return parts
 
 
-def _ints(flag: str, value: str, minimum: int) -> list[int]:
+def _ints(setting: str, value: str, minimum: int) -> list[int]:
     out = []
-    for part in _split(flag, value):
+    for part in _split(setting, value):
         try:
             n = int(part)
         except ValueError:
-            raise UsageError(f"invalid {flag} value {part!r}: give whole numbers, comma-separated") from None
+            raise UsageError(Phrase("invalid {%s} value {part!r}: give whole numbers, comma-separated" % setting,
+                                    part=part)) from None
         if n < minimum:
-            raise UsageError(f"invalid {flag} value {n}: use {minimum} or more")
+            raise UsageError(Phrase("invalid {%s} value {n}: use {minimum} or more" % setting, n=n, minimum=minimum))
         out.append(n)
     return out
 
 
-def _words(flag: str, value: str, allowed: Sequence[str]) -> list[str]:
-    parts = _split(flag, value)
+def _words(setting: str, value: str, allowed: Sequence[str]) -> list[str]:
+    parts = _split(setting, value)
     for p in parts:
         if p not in allowed:
-            raise UsageError(f"invalid {flag} value {p!r}: use {', '.join(allowed)}")
+            raise UsageError(Phrase("invalid {%s} value {p!r}: use {allowed}" % setting, p=p, allowed=", ".join(allowed)))
     return parts
 
 
@@ -346,7 +349,7 @@ def find_llama_bench(explicit: Optional[Path] = None) -> Path:
     """--llama-bench PATH, else llama-bench on PATH, else the scripts/build_llama_bench.sh cache."""
     if explicit is not None:
         if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
-            raise UsageError(f"--llama-bench {explicit}: not an executable file")
+            raise UsageError(Phrase("{llama_bench} {path}: not an executable file", path=explicit))
         return Path(explicit)
     found = shutil.which("llama-bench")
     if found:
@@ -354,9 +357,8 @@ def find_llama_bench(explicit: Optional[Path] = None) -> Path:
     cached = _tools_dir() / "llama-bench"
     if cached.is_file() and os.access(cached, os.X_OK):
         return cached
-    raise LocalrunError(
-        f"llama-bench not found (not on PATH, nor in {cached.parent}): build it with {BUILD_SCRIPT} or pass --llama-bench PATH"
-    )
+    raise LocalrunError(Phrase("llama-bench not found (not on PATH, nor in {where}): build it with {script} or pass"
+                               " {llama_bench} PATH", where=cached.parent, script=BUILD_SCRIPT))
 
 
 def find_llama_perplexity(llama_bench: Optional[Path]) -> Optional[Path]:

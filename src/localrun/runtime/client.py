@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import LocalrunError
+from ..errors import LocalrunError, Phrase
 from .http1 import Connection, Response, Unanswered
 
 START_TIMEOUT_S = 60.0
@@ -215,8 +215,8 @@ def _open(path: str, model: str, load: dict, request: dict, keep_alive: float, s
             pulled = True
             continue
         raise RemoteError(answer.get("error") or f"the resident server answered HTTP {response.status}", int(answer.get("exit") or 1))
-    raise LocalrunError("the background server keeps going away: run with --keep-alive 0, and see its log in "
-                        f"{_log_path()}")
+    raise LocalrunError(Phrase("the background server keeps going away: run with {keep_alive} 0, and see its log in {log}",
+                               log=_log_path()))
 
 
 def _log_path() -> Path:
@@ -282,7 +282,8 @@ def _connect_or_start(client: Client, keep_alive: float, notice: Callable[[str],
             if proc.poll() is not None:
                 break
             time.sleep(0.02)
-    raise LocalrunError(f"the background server did not start (see {_log_path()}): use --keep-alive 0 to run without it")
+    raise LocalrunError(Phrase("the background server did not start (see {log}): use {keep_alive} 0 to run without it",
+                               log=_log_path()))
 
 
 def _try_connect(client: Client) -> Optional[Connection]:

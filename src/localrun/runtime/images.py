@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..engine.vision import BadImage, Image  # noqa: F401 - (BadImage: the request's own fault, which the edges word)
-from ..errors import LocalrunError, SessionError, UsageError
+from ..errors import LocalrunError, Phrase, SessionError, SettingError, UsageError
 
 
 class NoProjector(UsageError):
@@ -30,8 +30,8 @@ class NoProjector(UsageError):
 class ImageNotFound(LocalrunError):
     """An image file that is not there (or not readable): `path` as given."""
 
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"{path}: {reason}")
+    def __init__(self, path: str, reason: "str | Phrase"):
+        super().__init__(Phrase("{path}: {reason}", path=path, reason=reason))
         self.path = path
 
 
@@ -45,13 +45,13 @@ def read_images(paths: Sequence[Path | str]) -> list:
         name = str(path)
         if name == "-":  # piped: `cat photo.png | localrun run MODEL --image - "What is this?"`
             if sys.stdin is None or sys.stdin.isatty():
-                raise UsageError("--image - reads the image from stdin, and nothing is piped: pipe it, or give its path")
+                raise UsageError(Phrase("{image} - reads the image from stdin, and nothing is piped: pipe it, or give its path"))
             images.append(Image(sys.stdin.buffer.read(), "stdin"))
             continue
         try:
             data = Path(path).read_bytes()
         except FileNotFoundError:
-            raise ImageNotFound(name, "no such file: check the --image path") from None
+            raise ImageNotFound(name, Phrase("no such file: check the {image} path")) from None
         except IsADirectoryError:
             raise UsageError(f"{name}: a directory, not an image file") from None
         except OSError as exc:
@@ -110,8 +110,9 @@ def use_projector(engine, mmproj: Optional[Path | str], name: str, ref: str) -> 
     if engine.vision is None:
         name_projector(str(engine.path), mmproj)
     elif engine.vision.path.resolve() != Path(mmproj).resolve():
-        raise UsageError(f"{name} is loaded with the projector {engine.vision.path}, not --mmproj {mmproj}:"
-                         f" stop it first (localrun stop {ref}), or leave --mmproj out")
+        raise UsageError(Phrase("{name} is loaded with the projector {loaded}, not {mmproj} {given}: stop it first"
+                                " (localrun stop {ref}), or leave {mmproj} out", name=name, loaded=engine.vision.path,
+                                given=mmproj, ref=ref))
 
 
 def projector_for(engine):
@@ -146,7 +147,7 @@ def _named_for(model_path: Path) -> Optional[Path]:
 def check_projector(mmproj: Optional[Path | str]) -> None:
     """--mmproj checked before any model loads."""
     if mmproj is not None and not Path(mmproj).is_file():
-        raise UsageError(f"invalid --mmproj {mmproj}: no such file")
+        raise UsageError(Phrase("invalid {mmproj} {path}: no such file", path=mmproj))
 
 
 def projector_beside(model_paths: Sequence[Path]) -> Optional[Path]:
@@ -156,8 +157,8 @@ def projector_beside(model_paths: Sequence[Path]) -> Optional[Path]:
     for model_path in model_paths:
         found = sorted(p for p in model_path.parent.glob("mmproj*.gguf") if p.is_file() and p.resolve() != model_path.resolve())
         if len(found) > 1:
-            raise UsageError(f"{len(found)} projectors beside {model_path.name} ({', '.join(p.name for p in found)}):"
-                             " pick one with --mmproj")
+            raise UsageError(Phrase("{n} projectors beside {model} ({found}): pick one with {mmproj}", n=len(found),
+                                    model=model_path.name, found=", ".join(p.name for p in found)))
         if found:
             return found[0]
     return None
@@ -171,7 +172,8 @@ def attach_projector(loaded, mmproj: Optional[Path | str], model: Optional[str] 
         paths.insert(0, Path(model).expanduser())
     path = Path(mmproj) if mmproj is not None else projector_beside(paths)
     if path is None:
-        raise UsageError(f"{loaded.name} has no image projector beside it (mmproj-*.gguf): pass --mmproj FILE")
+        raise UsageError(Phrase("{name} has no image projector beside it (mmproj-*.gguf): pass {mmproj} FILE",
+                                name=loaded.name))
     loaded.engine.load_projector(path)
 
 

@@ -10,7 +10,7 @@ from ..engine import DecodeOptions, Engine, LoadOptions, SamplingOptions, merge_
 from ..engine.gguf_info import read_info
 from ..engine.llama import CpuLoad, busy_advice
 from ..engine.strategies import PLAIN, load_draft, make_strategy
-from ..errors import UsageError
+from ..errors import SettingsConflict, UsageError
 from .memory import CONTEXT_CAP, capped_context, context_for, default_context  # noqa: F401 - (their old home)
 from .options import FALLBACK_CONTEXT, LoadSpec, has_sliding_window
 
@@ -67,10 +67,10 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     embeddings = spec.kind == "embed"
     decoding = spec.decoding(None if embeddings else brought.draft)  # a code model's default
     if decoding.beams > 1:
-        given = [flag for flag, on in (("--grammar", merged.grammar is not None), ("--json-schema", merged.json_schema is not None),
-                                       ("--min-tokens", merged.min_tokens > 0)) if on]
+        given = [setting for setting, on in (("grammar", merged.grammar is not None), ("json_schema", merged.json_schema is not None),
+                                             ("min_tokens", merged.min_tokens > 0)) if on]
         if given:  # beam search ranks whole sequences by log-probability; it has no sampler chain to constrain
-            raise UsageError(f"--beams cannot combine with {' or '.join(given)}: drop one of them")
+            raise SettingsConflict(("beams", *given), "drop one of them")
 
     def options_for(n_ctx: int, sliding: bool = False) -> LoadOptions:  # checked: a bad value raises here
         return spec.engine_options(n_ctx, decoding, answer_room=min(n_ctx, merged.max_tokens) if merged.max_tokens > 0 else n_ctx,

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
 from ..engine.options import BY_NAME, DRAFT_MAX, KV_TYPES, MIN_CONTEXT, SAMPLING, Option, check_context, cli_value, text_value
-from ..errors import SettingError, UsageError
+from ..errors import Phrase, SettingError, UsageError
 from ..lazy import exports
 
 _WHERE = {
@@ -120,10 +120,11 @@ class LoadSpec:
         """Refuse, before any model loads, what the server's slots cannot take (the same messages loading
         would give)."""
         if self.draft not in SLOT_DRAFTS:
-            raise UsageError(f"the server's slots draft by prompt lookup only (--draft lookup), not with a draft model "
-                             f"({self.draft}): run it with `localrun run --draft {self.draft} --keep-alive 0`")
+            raise UsageError(Phrase("the server's slots draft by prompt lookup only ({draft} lookup), not with a draft"
+                                    " model ({model}): run it with `localrun run {draft} {model} {keep_alive} 0`",
+                                    model=self.draft))
         if self.beams > 1:
-            raise UsageError("the server's slots do not search beams: run it with `localrun run --beams N --keep-alive 0`")
+            raise UsageError(Phrase("the server's slots do not search beams: run it with `localrun run {beams} N {keep_alive} 0`"))
         # The context as given, per slot (0 or 10 are refused, not read as 4096 nor checked as 4 slots' 40).
         self.engine_options(FALLBACK_CONTEXT if self.ctx is None else self.ctx)
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ConfigError, LocalrunError, ModelNotFound, UsageError
+from ..errors import ConfigError, LocalrunError, ModelNotFound, Phrase, UsageError
 from .memory import available_memory, estimate_breakdown, estimate_bytes, gpu_free_bytes, gpu_share  # noqa: F401
 from .options import LoadSpec
 
@@ -635,11 +635,10 @@ class ModelPool:
         unloaded (the lock held)."""
         ram_budget, vram_budget = self._budgets(gpu_free)
         if vram_budget is not None and vram > vram_budget:
-            raise ModelTooBig(
-                f"the model's layers on the GPU need about {_gib(vram)} (weights, KV and compute at this context) but the GPU"
-                f" has {_gib(vram_budget)} free even with every other model unloaded: offload fewer layers (num_gpu,"
-                " --gpu-layers), or use a smaller context or quant"
-            )
+            raise ModelTooBig(Phrase(
+                "the model's layers on the GPU need about {need} (weights, KV and compute at this context) but the GPU"
+                " has {free} free even with every other model unloaded: offload fewer layers ({gpu_layers}), or use a"
+                " smaller context or quant", need=_gib(vram), free=_gib(vram_budget)))
         if estimate - vram > ram_budget:
             raise ModelTooBig(
                 f"the model needs about {_gib(estimate - vram)} (weights, repacked copy, KV and compute at this context"

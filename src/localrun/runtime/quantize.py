@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import hub
-from ..errors import LocalrunError, UsageError
+from ..errors import LocalrunError, Phrase, UsageError
 
 
 def base_name(filename: str) -> str:
@@ -47,10 +47,10 @@ def quantize_model(ref: str, quant: str, *, out: Optional[Path] = None, allow_re
     if have == quant:
         raise UsageError(f"{what} is already {quant}: pick another quant")
     if have not in UNQUANTIZED and not allow_requantize:
-        raise UsageError(
-            f"{what} is already quantized ({info.quant}): quantizing it again adds the new rounding to the old, "
-            "so the result is worse than the same quant made from the F16/BF16 original; pass --allow-requantize "
-            "to do it anyway"
+        raise UsageError(Phrase(
+            "{what} is already quantized ({quant}): quantizing it again adds the new rounding to the old, "
+            "so the result is worse than the same quant made from the F16/BF16 original; pass {allow_requantize} "
+            "to do it anyway", what=what, quant=info.quant)
         )
     name = local.name if local.source != "path" else base_name(local.path.name)
     tag = made_tag(local, quant)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
-from ..errors import ContextOverflow, SettingError
+from ..errors import ContextOverflow, Phrase, SettingError
 from ..engine.rerank import NotAReranker, check_reranker_file  # noqa: F401 - (their old home)
 from .options import LoadSpec
 
@@ -134,8 +134,9 @@ def _fitted(engine, query: str, document: str, template: Optional[str], limit: i
     room = limit - frame - 2  # (a little margin: text re-tokenizes a little differently at the cut)
     if not truncate or room < 1:
         n = frame + len(doc)
-        raise ContextOverflow(f"document {index} with the query is {n} tokens but the context holds {limit}: shorten it"
-                              + ("" if truncate else ", raise --ctx, or let it be truncated"), n, limit)
+        raise ContextOverflow(Phrase("document {index} with the query is {n} tokens but the context holds {limit}: shorten it"
+                                     + ("" if truncate else ", raise {ctx}, or let it be truncated"), index=index, n=n,
+                                     limit=limit), n, limit)
     tokens = rerank_tokens(engine, query, engine.detokenize(doc[:room]), template)
     if len(tokens) > limit:
         raise ContextOverflow(f"the query of document {index} is {frame} tokens but the context holds {limit}: shorten it",

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..errors import UsageError
+from ..errors import Phrase, SettingError, UsageError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 INSECURE = ("the RPC protocol has no authentication or encryption: anyone who can reach {where} can run"
@@ -47,9 +47,9 @@ def run_worker(host: str, port: int, *, threads: Optional[int], devices: Optiona
     from ..errors import LocalrunError
 
     if not 0 < port < 65536:
-        raise UsageError(f"invalid --port {port}: use 1..65535")
+        raise SettingError("port", port, "use 1..65535")
     if threads is not None and not 0 < threads <= 4 * (os.cpu_count() or 1):
-        raise UsageError(f"invalid --threads {threads}: use 1..{4 * (os.cpu_count() or 1)}")
+        raise SettingError("threads", threads, f"use 1..{4 * (os.cpu_count() or 1)}")
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:  # a clear error for a port in use or an address not here, before llama.cpp tries
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -57,7 +57,8 @@ def run_worker(host: str, port: int, *, threads: Optional[int], devices: Optiona
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as exc:
-        raise LocalrunError(f"cannot listen on {endpoint}: {(exc.strerror or str(exc)).lower()} (another worker there? pick --port)") from None
+        raise LocalrunError(Phrase("cannot listen on {endpoint}: {why} (another worker there? pick {port})", endpoint=endpoint,
+                                   why=(exc.strerror or str(exc)).lower())) from None
     chosen = local_devices(devices)
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
@@ -113,7 +114,8 @@ def plan(path: Path, endpoints: tuple[str, ...], *, gpu_layers: str, tensor_spli
     devices += [(name, free) for name, free, _ in gpu_memory()]
     split = parse_tensor_split(tensor_split)
     if split is not None and len(split) > len(devices):
-        raise UsageError(f"--tensor-split has {len(split)} proportions for {len(devices)} devices: give one per device")
+        raise UsageError(Phrase("{tensor_split} has {n} proportions for {m} devices: give one per device", n=len(split),
+                                m=len(devices)))
     n_gpu = -1 if layers == "auto" else int(layers)
     if not devices:
         n_gpu = 0

@@ -17,7 +17,7 @@ import time
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from ..errors import LocalrunError, UsageError
+from ..errors import LocalrunError, Phrase, UsageError
 from ..runtime.identity import build_identity
 from ..runtime.workers import leave_if_workers_lost
 from .asgi import build_app
@@ -36,7 +36,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}: pick another --port or stop what uses it") from None
+        raise UsageError(Phrase("cannot listen on {host}:{number}: {why}: pick another {port} or stop what uses it", host=host,
+                                number=port, why=exc.strerror)) from None
     sock.listen(2048)
     return sock
 

