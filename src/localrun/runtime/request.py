@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..engine import Engine, SamplingOptions
-from ..engine.prompt import render
+from ..engine.kv import extend_tokens
+from ..engine.prompt import Rendered, render
 from ..engine.vision import MARKER, Image
-from ..errors import ContextOverflow
+from ..errors import ContextOverflow, UsageError
 
 
 @dataclass
@@ -22,8 +23,9 @@ class Request:
     tokens: Optional[list[int]] = None  # token ids as the prompt (instead of messages)
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     truncate: bool = False  # keep the end of a prompt that does not fit, rather than refuse it
-    # A conversation that does not fit keeps its system prompt and newest messages, the oldest dropped (as
-    # Ollama's /api/chat does); still too long with its last message alone, it is refused.
+    # A conversation that does not leave the answer its room keeps its system prompt and newest messages, the
+    # oldest dropped (as Ollama's /api/chat and chat do: _drop_oldest); still too long with its last message
+    # alone, it is refused.
     drop_oldest: bool = False
     session: Optional[str] = None  # continue this named session (its KV state restored, saved after)
     system: Optional[str] = None  # the system prompt: None keeps a session's own, or else the model's default
@@ -41,6 +43,11 @@ class Request:
     # The LoRA scales it is answered under, one per adapter the model was loaded with (runtime.lora.request_scales
     # makes them from llama-server's per-request `lora`); None: the model's own. No reload: the adapters are loaded.
     lora: Optional[tuple[float, ...]] = None
+    # The tokens of an earlier prompt and its answer as the model read and wrote them, and the text they spell
+    # (chat's last turn): a prompt whose text goes on from that text keeps those tokens and tokenizes only the rest,
+    # as llama-cli does (tokenized again, an answer may split differently from how it was generated, and the KV
+    # cache would be reused only up to there).
+    extends: Optional[tuple[list[int], str]] = None
 
 
 # The reasoning efforts a template may be given (gpt-oss reads low, medium, high; "none": no thinking, as llama.cpp takes it)
@@ -67,6 +74,8 @@ class Prompt:
     # header (where the answer's splitter starts: an opened thinking block), and the special tokens its answer shows
     thinking: Optional[tuple] = None
     dropped: int = 0  # the oldest messages left out so that the conversation fits (Request.drop_oldest)
+    messages: Optional[list[dict]] = None  # the messages it renders (the request's, less those dropped)
+    text: str = ""  # the text it renders (an image as engine.vision.MARKER)
 
     def splitter(self, sampling=None):
         """A fresh engine.thinking.ThinkingSplitter for the answer to this prompt sampled with `sampling`, or None."""
@@ -77,57 +86,78 @@ class Prompt:
 
 def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) -> Prompt:
     """The request's prompt tokens for this engine, fitted to `n_ctx` (default: the engine's context). With
-    `truncate` a prompt over the context keeps its end; with the chat template it is the start of the last
+    `drop_oldest` a conversation that leaves the answer too little room loses its oldest messages (_drop_oldest).
+    With `truncate` a prompt over the context keeps its end; with the chat template it is the start of the last
     message that goes, so the template's head (its system prompt, earlier turns, the role markers) stays
-    intact rather than being cut mid-way."""
+    intact rather than being cut mid-way. A prompt with images is never cut (a part of an image means nothing)."""
     n_ctx = n_ctx or engine.n_ctx
     if request.tokens is not None:
         return Prompt(_fit(engine, list(request.tokens), request.truncate, request.sampling.max_tokens, n_ctx), [], False)
-    if any(m.get("images") for m in request.messages):
-        return _prompt_with_images(engine, request, n_ctx)
-    rendered = render(engine, request.messages, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs)
+    images = any(m.get("images") for m in request.messages)
+    if images:
+        from .images import NoProjector, projector_for
+
+        if projector_for(engine) is None:
+            raise NoProjector(engine.path.name, marked(request.messages)[1][0].name)
+    rendered, tokens = _tokenized(engine, request, request.messages)
     thinking = _thinking(engine, rendered, request)
-    if request.context:  # after the earlier exchange, which began the text (its BOS, where the model has one)
+    if request.context and not images:  # after the earlier exchange, which began the text (its BOS, where the model has one)
         tokens = [*request.context, *engine.tokenize(rendered.text, add_special=False, parse_special=True)]
         # a chain grown past the context keeps its end with truncate (Ollama's default), as any prompt does
-        return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated, thinking)
-    tokens = engine.tokenize(rendered.text, add_special=True, parse_special=True)
-    if request.drop_oldest and len(tokens) >= n_ctx and len(request.messages) > 1:
-        fitted = _drop_oldest(engine, request, n_ctx)
-        if fitted is not None:
-            kept, tokens = fitted
-            rendered = render(engine, kept, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs)
-            return Prompt(tokens, rendered.stops, rendered.templated, _thinking(engine, rendered, request),
-                          dropped=len(request.messages) - len(kept))
-    if not (request.truncate and rendered.templated) or len(tokens) < n_ctx or not request.messages:
-        return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated,
-                      thinking)
-    keep = _prompt_room(n_ctx, request.sampling.max_tokens)
+        return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated, thinking,
+                      messages=request.messages, text=rendered.text)
+    if request.drop_oldest and len(tokens) > prompt_room(n_ctx, request.sampling.max_tokens):
+        fitted = _drop_oldest(engine, request, n_ctx, len(tokens))
+        if fitted is not None and (len(fitted[2]) < n_ctx or not request.truncate or images):
+            kept, rendered, tokens = fitted  # (over the context even so: refused with its own count, or cut below)
+            return Prompt(_fit(engine, tokens, False, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated,
+                          _thinking(engine, rendered, request), dropped=len(request.messages) - len(kept), messages=kept,
+                          text=rendered.text)
+    if images or not (request.truncate and rendered.templated) or len(tokens) < n_ctx or not request.messages:
+        return Prompt(_fit(engine, tokens, request.truncate and not images, request.sampling.max_tokens, n_ctx), rendered.stops,
+                      rendered.templated, thinking, messages=request.messages, text=rendered.text)
+    keep = prompt_room(n_ctx, request.sampling.max_tokens)
     last = request.messages[-1]
     body = engine.tokenize(last["content"], add_special=False, parse_special=False)
     excess = len(tokens) - keep + 8  # a few tokens' margin: text re-tokenizes a little differently at the cut
     if excess < len(body):
         shortened = [*request.messages[:-1], {**last, "content": engine.detokenize(body[excess:])}]
-        cut = engine.tokenize(render(engine, shortened, tools=request.tools, think=request.think, kwargs=request.template_kwargs).text, add_special=True, parse_special=True)
+        text = render(engine, shortened, tools=request.tools, think=request.think, kwargs=request.template_kwargs).text
+        cut = engine.tokenize(text, add_special=True, parse_special=True)
         if len(cut) <= keep:
-            return Prompt(cut, rendered.stops, True, thinking)
+            return Prompt(cut, rendered.stops, True, thinking, messages=shortened, text=text)
     # The template and earlier turns alone overflow: keep the end, as for plain text.
     return Prompt(_fit(engine, tokens, True, request.sampling.max_tokens, n_ctx), rendered.stops, True, thinking)
 
 
-def _prompt_with_images(engine: Engine, request: Request, n_ctx: int) -> Prompt:
-    """A prompt whose messages carry images (a message's "images": engine.vision.Image, in order, placed before
-    its text as llama.cpp's mtmd-cli places them): rendered with a marker per image, each image then
-    the projector's tokens for it. Neither cut nor shortened to fit: a part of an image means nothing."""
-    from .images import NoProjector, projector_for
+def _tokenized(engine: Engine, request: Request, messages: list[dict]) -> tuple[Rendered, list[int]]:
+    """`messages` rendered as the request asks, and their tokens: a message's images (engine.vision.Image, in order)
+    as a marker each in the text, then as the projector's tokens for them; what goes on from `request.extends`
+    keeps its tokens."""
+    shown, images = marked(messages)
+    rendered = render(engine, shown, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs)
+    known, known_text = request.extends or ([], "")
+    if not images:
+        return rendered, extend_tokens(known, known_text, rendered.text, engine.tokenize)
+    if known and rendered.text.startswith(known_text):  # only the new part: its images are the last ones
+        new = images[known_text.count(MARKER):]
+        return rendered, [*known, *_continued(engine, rendered.text[len(known_text):], new)]
+    return rendered, engine.vision.tokenize(rendered.text, images)
 
-    messages, images = marked(request.messages)
-    if projector_for(engine) is None:
-        raise NoProjector(engine.path.name, images[0].name)
-    rendered = render(engine, messages, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs)
-    tokens = engine.vision.tokenize(rendered.text, images)
-    return Prompt(_fit(engine, tokens, False, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated,
-                  _thinking(engine, rendered, request))
+
+def _continued(engine: Engine, text: str, images: Sequence[Image]) -> list[int]:
+    """`text` with one MARKER per image as the continuation of a prompt (no BOS, each piece of text tokenized as
+    extend_tokens tokenizes it)."""
+    pieces = text.split(MARKER)
+    if len(pieces) - 1 != len(images):
+        raise UsageError(f"the conversation has {len(pieces) - 1} image markers ({MARKER}) for {len(images)} images:"
+                         f" leave {MARKER} out of the text")
+    tokens = engine.tokenize(pieces[0], add_special=False, parse_special=True)
+    for image, piece in zip(images, pieces[1:]):
+        tokens.extend(engine.vision.image_tokens(image))
+        if piece:
+            tokens.extend(engine.tokenize(piece, add_special=False, parse_special=True))
+    return tokens
 
 
 def marked(messages: Sequence[dict]) -> tuple[list[dict], list[Image]]:
@@ -140,24 +170,38 @@ def marked(messages: Sequence[dict]) -> tuple[list[dict], list[Image]]:
             if m.get("images") else m for m in messages], images
 
 
-def _drop_oldest(engine: Engine, request: Request, n_ctx: int) -> Optional[tuple[list[dict], list[int]]]:
-    """(the messages kept, their prompt tokens) for a conversation over `n_ctx`: its system messages and the
-    newest messages that leave the answer its room (as a truncated prompt's), dropped oldest first and
-    starting at a user's message (templates that check the turns alternate accept it); the last message
-    alone, when nothing else fits beside it; None when even that does not fit the context."""
+def _drop_oldest(engine: Engine, request: Request, n_ctx: int, n_all: int) -> Optional[tuple[list[dict], Rendered, list[int]]]:
+    """(the messages kept, as rendered, their tokens) for a conversation of `n_all` tokens that leaves the answer less
+    than its room (as a truncated prompt's): its system messages and its newest messages, dropped oldest first,
+    starting at a user's message (templates that check the turns alternate accept it); None when there is nothing to
+    drop.
+
+    The one policy for every caller (chat, and Ollama's /api/chat, whose clients send the whole conversation each
+    time): the oldest messages go in blocks of at least half the prompt's room, counted from the conversation's first
+    message. A block's bounds depend only on the messages in it, so the next request keeps the same first message
+    until the conversation has grown by half the room again: its prompt extends the last one and the KV cache's
+    prefix is reused (dropping just what fits would move the start every turn once the context is full, and every
+    turn would evaluate the whole conversation again). Chat forgets what was dropped, and its blocks are counted
+    from there: the same bounds. When no block bound fits, the fewest messages past the last one are dropped; when
+    nothing does, the last message is kept alone (the caller refuses it, or cuts it, where it is over the context)."""
     messages = request.messages
-    starts = [i for i, m in enumerate(messages) if i > 0 and m["role"] == "user"] + [len(messages) - 1]
-    keep = _prompt_room(n_ctx, request.sampling.max_tokens)
-    best = None
-    for start in dict.fromkeys(starts):  # the fewest dropped first
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    starts = [i for i, m in enumerate(messages) if i > first and m["role"] == "user"]
+    if len(messages) - 1 > first and (not starts or starts[-1] != len(messages) - 1):
+        starts.append(len(messages) - 1)
+    keep = prompt_room(n_ctx, request.sampling.max_tokens)
+    bound, fewest, fitted = n_all, None, None  # the tokens kept from the last block's bound on (at first: all)
+    for start in starts:
         kept = [m for m in messages[:start] if m["role"] == "system"] + messages[start:]
-        text = render(engine, kept, raw=request.raw, tools=request.tools, think=request.think, kwargs=request.template_kwargs).text
-        tokens = engine.tokenize(text, add_special=True, parse_special=True)
-        if len(tokens) <= keep:
-            return kept, tokens
-        if best is None or len(tokens) < len(best[1]):
-            best = kept, tokens
-    return best if best is not None and len(best[1]) < n_ctx else None
+        rendered, tokens = _tokenized(engine, request, kept)
+        fitted = kept, rendered, tokens
+        if bound - len(tokens) >= keep // 2:  # a block's bound
+            bound, fewest = len(tokens), None
+            if len(tokens) <= keep:
+                return fitted
+        elif fewest is None and len(tokens) <= keep:
+            fewest = fitted
+    return fewest or fitted
 
 
 def _thinking(engine: Engine, rendered, request: Request) -> Optional[tuple]:
@@ -183,13 +227,14 @@ def _fit(engine: Engine, tokens: list[int], truncate: bool, max_tokens: int, n_c
         return tokens
     if not truncate:
         engine.check_fits(len(tokens), n_ctx)  # raises with both numbers
-    keep = _prompt_room(n_ctx, max_tokens)
+    keep = prompt_room(n_ctx, max_tokens)
     head = tokens[:1] if engine.info.bos_token_id is not None and tokens[0] == engine.info.bos_token_id else []
     return head + tokens[len(tokens) - keep + len(head) :]
 
 
-def _prompt_room(n_ctx: int, max_tokens: int) -> int:
-    """How much of the context a truncated prompt may keep: the rest is room for the answer (at most half)."""
+def prompt_room(n_ctx: int, max_tokens: int) -> int:
+    """How much of the context a truncated prompt, or a conversation that drops its oldest messages, may keep: the
+    rest is room for the answer (at most half)."""
     room = min(max_tokens if max_tokens > 0 else n_ctx // 2, n_ctx // 2)
     keep = n_ctx - room
     if keep < 1:
