@@ -121,10 +121,10 @@ class LoadSpec:
         would give)."""
         if self.draft not in SLOT_DRAFTS:
             raise UsageError(Phrase("the server's slots draft by prompt lookup only ({draft} lookup), not with a draft"
-                                    " model ({model}): run it with `localrun run {draft} {model} {keep_alive} 0`",
+                                    " model ({model}): run it with `localrun run --draft {model} --keep-alive 0`",
                                     model=self.draft))
         if self.beams > 1:
-            raise UsageError(Phrase("the server's slots do not search beams: run it with `localrun run {beams} N {keep_alive} 0`"))
+            raise UsageError("the server's slots do not search beams: run it with `localrun run --beams N --keep-alive 0`")
         # The context as given, per slot (0 or 10 are refused, not read as 4096 nor checked as 4 slots' 40).
         self.engine_options(FALLBACK_CONTEXT if self.ctx is None else self.ctx)
 
@@ -159,4 +159,6 @@ def check_slots(batch: int, parallel: int) -> None:
     if parallel < 1:
         raise SettingError("parallel", parallel, "use 1 or more")
     if parallel > batch:
-        raise SettingError("parallel", parallel, f"each step decodes a token of every sequence: the batch ({batch}) must hold at least {parallel}")
+        raise SettingError("parallel", parallel, Phrase("each step decodes a token of every sequence: the batch ({n}) must"
+                                                         " hold at least {least} (raise {batch} or lower {parallel})",
+                                                         n=batch, least=parallel))

@@ -13,7 +13,7 @@ from typing import Optional
 from ..errors import ContextOverflow, InvalidModelFile, LocalrunError, ModelNotFound, SettingError, UnknownModel, UsageError
 from ..runtime import OptionError
 from ..runtime.images import BadImage, NoProjector
-from ..runtime.options import LOAD_FIELDS
+from ..runtime.options import OLLAMA_LOAD
 from ..runtime.pool import LoadCancelled, ModelTooBig, PoolBusy
 from ..runtime.scheduler import QueueFull, ServerStopping
 
@@ -146,10 +146,14 @@ class Fault:
         return {"Retry-After": "1"} if self.status in (429, 503) else None  # as every dialect's busy answer
 
 
+# The load settings a request's `options` set (serve.checks.LOAD_OPTIONS: Ollama's, and three of localrun's)
+_ASKED_LOAD = {*OLLAMA_LOAD.values(), "parallel", "kv_type", "flash_attn"}
+
+
 def settings_named(w: Wording) -> Callable[[str], str]:
-    """How a dialect names a setting an error's sentence names (errors.Phrase): a load setting as the request's
-    option that sets it (options.num_ctx for Ollama), any other as the field of that name."""
-    return lambda setting: w.name_of(f"load.{setting}" if setting in LOAD_FIELDS else setting)
+    """How a dialect names a setting an error's sentence names (errors.Phrase): a load setting a request sets as
+    the option that sets it (options.num_ctx for Ollama), any other as the field of that name."""
+    return lambda setting: w.name_of(f"load.{setting}" if setting in _ASKED_LOAD else setting)
 
 
 def message_of(exc: LocalrunError, w: Wording) -> str:

@@ -1,0 +1,43 @@
+"""What an error names, each HTTP dialect words as its requests name it: a batch too small for the server's 4 slots
+(runtime.options.check_slots: a SettingError on parallel whose reason names batch and parallel) reads
+options.num_parallel and options.num_batch, the field at fault options.num_parallel, where the command line reads
+--parallel and --batch (tests/cli/test_error_wording.py). A real `localrun serve` with the real SmolLM2; Ollama's
+/api/generate by httpx, the real OpenAI client."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from conftest import start_server
+
+pytestmark = pytest.mark.slow
+
+TOO_MANY_SLOTS = {"num_batch": 2}  # for the server's 4 slots
+SAID = ("invalid options.num_parallel 4: each step decodes a token of every sequence: the batch (2) must hold at least 4"
+        " (raise options.num_batch or lower options.num_parallel)")
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    srv = start_server(smollm2, tmp_path_factory.mktemp("wording-home"), "--ctx", "512")
+    yield srv
+    assert srv.stop() == 130
+
+
+def test_each_dialect_names_the_settings_as_its_requests_set_them(server):
+    name = httpx.get(server.url + "/api/tags", timeout=30).json()["models"][0]["name"]
+    ollama = httpx.post(server.url + "/api/generate", json={"model": name, "prompt": "Hi", "stream": False,
+                                                           "options": TOO_MANY_SLOTS}, timeout=60)
+    assert (ollama.status_code, ollama.json()) == (400, {"error": SAID})
+    with pytest.raises(openai.BadRequestError) as refused:
+        server.client(key="unused").chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}],
+                                                            max_tokens=4, extra_body={"options": TOO_MANY_SLOTS})
+    assert refused.value.status_code == 400
+    assert (refused.value.body["message"], refused.value.body["param"]) == (SAID, "options.num_parallel")
+    assert "--" not in refused.value.body["message"]
+    # the server still answers (nothing was loaded for the refused request)
+    answered = server.client(key="unused").chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}],
+                                                                   max_tokens=2)
+    assert answered.choices[0].message.content is not None
