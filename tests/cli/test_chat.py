@@ -423,6 +423,39 @@ def test_context_full_drops_the_oldest_turns_with_a_notice(smollm2, cli):
     assert used + left == 160 and used < 160
 
 
+def test_a_conversation_that_outgrows_the_context_drops_its_oldest_turns_in_blocks(smollm2, cli, via):
+    """The one drop-oldest policy (runtime.request's, which Ollama's /api/chat takes too): once a message leaves
+    the answer no room, the oldest turns go in a block of at least half the room, so that the next turns extend
+    the new prompt instead of dropping again; every message is still answered, as by the runtime's own
+    conversation over the same model and context."""
+    from localrun.engine import Engine, LoadOptions
+    from localrun.runtime import Loaded, SamplingOptions
+    from localrun.runtime.conversation import Conversation
+
+    questions = [f"Tell me one fact about the number {n}." for n in range(1, 10)]
+    r = cli("chat", str(smollm2), "-t", "0", "-n", "32", "--ctx", "256", *T1, input="\n".join(questions) + "\n")
+    assert r.returncode == 0, r.stderr
+    dropped = [int(n) for n in re.findall(r"context \(256 tokens\) is full: dropped the oldest (\d+) turn", r.stderr)]
+    e = Engine(smollm2, LoadOptions(n_ctx=256, n_threads=1))
+    try:
+        conv = Conversation(Loaded(e, "reference", SamplingOptions()), None)
+        want, drops = [], []
+        for question in questions:
+            said: list[int] = []
+            answer, _ = conv.send(question, SamplingOptions(temperature=0, max_tokens=32), lambda piece: None,
+                                  on_dropped=said.append)
+            want.append(line_of(answer))
+            drops.append(said)
+    finally:
+        e.close()
+    assert r.stdout.splitlines() == want and all(want)
+    assert dropped == [n for said in drops for n in said]
+    turns = [i for i, said in enumerate(drops) if said]
+    assert turns and all(n >= 2 for n in dropped)  # a block of turns, not the fewest that fit
+    assert all(b - a > 1 for a, b in zip(turns, turns[1:]))  # the turn after a drop extends its prompt
+    served(via)
+
+
 def test_message_too_long_for_the_context_is_one_line(smollm2, cli):
     r = cli("chat", str(smollm2), "-t", "0", "-n", "16", "--ctx", "64", *T1, input=("word " * 200) + "\nHi\n")
     assert r.returncode == 0, r.stderr
@@ -526,7 +559,7 @@ def test_the_kv_cache_always_mirrors_the_conversation(engine):
         cached = engine.kv.tokens[0]
         assert conv._tokens[: len(cached)] == cached
         assert len(conv._tokens) - len(cached) <= 1
-        nxt, _ = conv.prompt([*conv.messages, {"role": "user", "content": "next"}])
+        nxt = conv.prompt([*conv.messages, {"role": "user", "content": "next"}]).tokens
         assert nxt[: len(conv._tokens)] == conv._tokens
     assert [m["role"] for m in conv.messages] == ["system", "user", "assistant"] * 1 + ["user", "assistant"] * 2
 

@@ -8,8 +8,9 @@ Behaviour a user (and a script) can rely on:
 - Ctrl-C stops the answer at the next token; what was shown stays in the conversation (an answer stopped
   before its first word is dropped together with its question). A second Ctrl-C interrupts at once (a long
   prompt evaluation): the KV cache is then cleared, so it never holds tokens the conversation does not.
-- When the conversation no longer fits the context, the oldest turns after the system prompt are dropped,
-  down to half the context so that it does not happen again on the next turn; always said on stderr.
+- When the conversation no longer leaves the answer its room, the oldest turns after the system prompt are
+  dropped, in a block of at least half that room so that the next turns do not drop again (the one policy of
+  the request path, runtime.request._drop_oldest); always said on stderr.
 - A model without a chat template (a base model) chats over a plain transcript ("User: ...\\nAssistant:"),
   each answer ending at the next "\\nUser:".
 - stdin not a terminal: one message per line in, one answer per line out on stdout (newlines inside an

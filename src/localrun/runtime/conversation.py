@@ -1,12 +1,20 @@
 """A multi-turn conversation with one loaded model, its KV cache reused from turn to turn.
 
+Each turn is a runtime Request answered by the request path's pieces, as run's and the HTTP dialects' are: its
+prompt by runtime.request.prompt_for (the template, the image markers, the one drop-oldest policy), its answer by
+the place's seat (the decode loop, the stops its prompt needs, the thinking splitter). Not by runtime.generate
+itself: that serves a request made whole each time (the model's default system prompt and preset messages added,
+a named session read from disk and saved after every answer, the automatic prefix cache), while a conversation
+keeps its messages here, edited by the REPL, and saves them when asked.
+
 Each turn's prompt is the previous turn's tokens (prompt, then the answer exactly as it was generated)
 followed by the tokens of what the template adds after them (the end of the answer, the new message, the
-assistant header), as llama.cpp's own llama-cli does (engine.kv.extend_tokens). So only those new tokens
+assistant header), as llama.cpp's own llama-cli does (Request.extends). So only those new tokens
 are evaluated. If the template renders the history differently from the last prompt (or after a load, a
 new system prompt), the whole conversation is tokenised again and the engine still reuses whatever prefix
-matches. When the conversation no longer fits the context, the oldest turns after the system prompt are
-dropped, down to half the context so that it does not happen again on the next turn.
+matches. When the conversation no longer leaves the answer its room, the oldest turns after the system prompt
+are dropped in blocks of at least half that room (runtime.request._drop_oldest), and forgotten: the next turns
+extend the new prompt until it is full again.
 
 A user message may carry images ("images": engine.vision.Image, placed before its text as `run --image` places
 them): they stay in the conversation, so every later prompt holds them too, as negative ids keyed by the
@@ -27,15 +35,14 @@ from typing import Optional
 
 from ..engine import Response, SamplingOptions
 from ..engine.types import Progress
-from ..engine.kv import common_prefix, extend_tokens
-from ..engine.prompt import TRANSCRIPT_STOP, render
-from ..engine.thinking import splitter_for, thinking_in
-from ..engine.vision import MARKER, Image
-from ..errors import ContextOverflow, LocalrunError, UsageError
+from ..engine.kv import common_prefix
+from ..engine.prompt import render
+from ..engine.vision import Image
+from ..errors import ContextOverflow, LocalrunError
 from ..store.writers import SessionClaims
 from .loader import Loaded
 from .messages import Messages
-from .request import marked, with_stops
+from .request import Prompt, Request, marked, prompt_for, prompt_room, with_stops
 from .images import images_in, live, live_images, stored, stored_images  # noqa: F401 - (their old home)
 from .seats import InProcess
 from .sessions import Sessions
@@ -118,34 +125,31 @@ class Conversation(Messages):
 
     # -- prompt --------------------------------------------------------------------------------
 
-    def prompt(self, messages: list[dict]) -> tuple[list[int], str]:
-        """The prompt tokens for `messages` and the text they spell (an image as its MARKER)."""
-        rendered, images = marked(messages)
-        full = render(self.engine, rendered).text
-        if not images:
-            return extend_tokens(self._tokens, self._text, full, self.engine.tokenize), full
-        self.projector(images[0].name)
-        if self._tokens and full.startswith(self._text):  # only the new part: its images are the last ones
-            new = images[self._text.count(MARKER):]
-            return [*self._tokens, *self._tokenize(full[len(self._text):], new, start=False)], full
-        return self._tokenize(full, images, start=True), full
-
-    def _tokenize(self, text: str, images: Sequence[Image], *, start: bool) -> list[int]:
-        """`text` with one MARKER per image: as engine.vision tokenizes a whole prompt (`start`), or else as the
-        continuation of one (no BOS, each piece of text tokenized as extend_tokens tokenizes it)."""
-        vision, engine = self.engine.vision, self.engine
-        if start:
-            return vision.tokenize(text, images)
-        pieces = text.split(MARKER)
-        if len(pieces) - 1 != len(images):
-            raise UsageError(f"the conversation has {len(pieces) - 1} image markers ({MARKER}) for {len(images)} images:"
-                             f" leave {MARKER} out of the text")
-        tokens = engine.tokenize(pieces[0], add_special=False, parse_special=True)
-        for image, piece in zip(images, pieces[1:]):
-            tokens.extend(vision.image_tokens(image))
-            if piece:
-                tokens.extend(engine.tokenize(piece, add_special=False, parse_special=True))
-        return tokens
+    def prompt(self, messages: list[dict], sampling: Optional[SamplingOptions] = None) -> Prompt:
+        """The prompt for `messages` by the request path (runtime.request.prompt_for: the one renderer, drop-oldest
+        policy and image markers), going on from the last prompt and its answer as they were evaluated (their own
+        tokens: only the new part is tokenized, and the KV cache holds the rest). The oldest turns make room for
+        the answer (Request.drop_oldest); a new message that leaves it no room alone is refused."""
+        request = Request(messages=messages, sampling=sampling or self.sampling, drop_oldest=True,
+                          extends=(self._tokens, self._text) if self._tokens else None)
+        if any(m.get("images") for m in messages):
+            self.projector(marked(messages)[1][0].name)
+        n_ctx = self.n_ctx
+        reserve = n_ctx - prompt_room(n_ctx, request.sampling.max_tokens)
+        try:
+            prompt = prompt_for(self.engine, request, n_ctx=n_ctx)
+            needed = len(prompt.tokens)
+        except ContextOverflow as exc:  # over the whole context alone
+            if not exc.n_prompt:
+                raise
+            prompt, needed = None, exc.n_prompt
+        if prompt is None or needed + reserve > n_ctx:  # the new message alone leaves the answer too little room
+            raise ContextOverflow(
+                f"this message needs {needed} tokens with the conversation's template and"
+                f" {reserve} more are kept for the answer, but the context holds {n_ctx}:"
+                " shorten it, or restart with a larger --ctx"
+            )
+        return prompt
 
     def projector(self, image: str) -> None:
         """Load the projector for the conversation's images (`image`: the first one's name, for the error that
@@ -163,32 +167,8 @@ class Conversation(Messages):
         rendered, images = marked(self.messages)
         text = render(self.engine, rendered, add_generation_prompt=False).text
         if images and self.engine.vision is not None:
-            return len(self._tokenize(text, images, start=True))
+            return len(self.engine.vision.tokenize(text, images))
         return len(self.engine.tokenize(text, add_special=True, parse_special=True))
-
-    def fit(self, messages: list[dict], reserve: int) -> tuple[list[dict], list[int], str, int]:
-        """Drop the oldest turns (after the system prompt) until the prompt leaves `reserve` tokens for
-        the answer; once dropping, go on down to half the context so the next turn does not drop again."""
-        n_ctx = self.n_ctx
-        tokens, full = self.prompt(messages)
-        dropped = 0
-        while len(tokens) + reserve > n_ctx or (dropped and len(tokens) > (n_ctx - reserve) // 2):
-            first = next(i for i, m in enumerate(messages) if m["role"] != "system")
-            if first >= len(messages) - 1:  # only the new message is left
-                if len(tokens) + reserve <= n_ctx:
-                    break
-                raise ContextOverflow(
-                    f"this message needs {len(tokens)} tokens with the conversation's template and"
-                    f" {reserve} more are kept for the answer, but the context holds {n_ctx}:"
-                    " shorten it, or restart with a larger --ctx"
-                )
-            end = first + 1
-            while end < len(messages) - 1 and messages[end]["role"] != "user":
-                end += 1
-            messages = messages[:first] + messages[end:]
-            dropped += 1
-            tokens, full = self.prompt(messages)
-        return messages, tokens, full, dropped
 
     # -- one exchange -----------------------------------------------------------------------------
 
@@ -218,27 +198,25 @@ class Conversation(Messages):
         by chunk, before the answer's first word."""
         if save_as:
             self.hold_session(save_as)  # before answering: refused, the question is not lost in an answer never saved
-        sampling = with_stops(sampling, [] if self.templated else [TRANSCRIPT_STOP])
-        reserve = sampling.max_tokens if sampling.max_tokens > 0 else self.n_ctx // 4
-        reserve = min(reserve, self.n_ctx // 2)
         asked = {"role": "user", "content": text, **({"images": list(images)} if images else {})}
-        messages, tokens, full, dropped = self.fit([*self.messages, asked], reserve)
-        if dropped:
-            self.messages = messages[:-1]
+        prompt = self.prompt([*self.messages, asked], sampling)
+        if prompt.dropped:
+            turns = _turns([*self.messages, asked], prompt.messages)
+            self.messages = prompt.messages[:-1]
             self._forget_tokens()
-            on_dropped(dropped)
-        with self.place.hold(tokens, cancelled=cancelled) as seat:
-            return self._answer(seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed,
-                                on_thinking, abandoned, on_progress)
+            on_dropped(turns)
+        with self.place.hold(prompt.tokens, cancelled=cancelled) as seat:
+            return self._answer(seat, prompt, sampling, on_piece, cancelled, save_as, on_save_failed, on_thinking,
+                                abandoned, on_progress)
 
-    def _answer(self, seat, messages, tokens, full, sampling, on_piece, cancelled, save_as, on_save_failed,
-                on_thinking, abandoned, on_progress) -> tuple[str, Response]:
+    def _answer(self, seat, prompt: Prompt, sampling, on_piece, cancelled, save_as, on_save_failed, on_thinking,
+                abandoned, on_progress) -> tuple[str, Response]:
         shown: list[str] = []
         ids: list[int] = []
         final = None
-        splitter = splitter_for(thinking_in(self.engine.chat_template, full), sampling)
         thought = False
-        responses = seat.generate(tokens, sampling, cancelled=cancelled, thinking=splitter)
+        responses = seat.generate(prompt.tokens, with_stops(sampling, prompt.stops), cancelled=cancelled,
+                                  thinking=prompt.splitter(sampling))
         try:
             for response in responses:
                 ids.extend(response.tokens)
@@ -268,8 +246,8 @@ class Conversation(Messages):
         if not ids or self.engine.detokenize(ids) != answer:  # cut by a stop sequence
             ids = self.engine.tokenize(answer, add_special=False, parse_special=True)
         content = answer if self.templated else answer.strip()
-        self.messages = [*messages, {"role": "assistant", "content": content}]
-        self._tokens, self._text = tokens + ids, full + answer
+        self.messages = [*prompt.messages, {"role": "assistant", "content": content}]
+        self._tokens, self._text = prompt.tokens + ids, prompt.text + answer
         if thought:  # the cache holds the thinking, the next prompt will not: it is made afresh (reusing what matches)
             self._forget_tokens()
         if save_as:
@@ -302,3 +280,7 @@ class Conversation(Messages):
             held = 0 if damaged else len(seat.tokens)
         return "; ".join([*damaged, f"loaded session {name} ({self.turns} turn(s), {held} tokens cached)"])
 
+
+def _turns(asked: list[dict], kept: list[dict]) -> int:
+    """How many of the user's turns the messages `asked` lost to be `kept` (one at least: some were dropped)."""
+    return max(sum(m["role"] == "user" for m in asked) - sum(m["role"] == "user" for m in kept), 1)
