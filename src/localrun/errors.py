@@ -88,12 +88,12 @@ class SettingError(UsageError):
         self.reason = reason.worded(str)
         if setting is None:
             super().__init__(reason)
-        else:  # the setting's own name is a value of the sentence: worded by `worded`, as a Phrase's settings are
+        else:  # the setting is a placeholder of the sentence, named by the edge as the settings of its reason are
             super().__init__(Phrase("invalid {%s} {value!r}: {reason}" % setting, value=value, reason=reason))
 
 
 class SettingsConflict(UsageError):
-    """Settings that cannot be given together (`settings`, in their own names): `remedy` says what to do instead
+    """Settings that cannot be given together (`conflicting`, in their own names): `remedy` says what to do instead
     (a Phrase where it names settings). "--beams and --draft do not combine: pick one" on the command line."""
 
     def __init__(self, settings: Iterable[str], remedy: "str | Phrase" = "pick one"):
