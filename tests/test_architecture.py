@@ -315,11 +315,8 @@ def test_the_serve_rules_catch_what_they_forbid(tmp_path):
 
 COMMAND = re.compile(r"`localrun [^`]*`")  # a whole command to type (`localrun stop --server`) is a command, not a setting
 FLAG = re.compile(r"(^|[^\w-])--[a-z][a-z-]+")
-# Raises that still name a flag, each until its change lands: tests that read the flag below the command line
-# (tests/engine/test_rpc_plan.py, test_vision.py, tests/runtime/test_bench.py: to read the edge's words,
-# cli.failures.message_for), and two modules being changed by others (conversation, request)
-WAITING = {"localrun.engine.rpc:--rpc", "localrun.engine.vision:--batch", "localrun.runtime.workers:--tensor-split",
-           "localrun.runtime.bench:--plot", "localrun.runtime.conversation:--ctx", "localrun.runtime.request:--ctx"}
+# Raises that still name a flag, each until its change lands: two modules being changed by others
+WAITING = {"localrun.runtime.conversation:--ctx", "localrun.runtime.request:--ctx"}
 
 
 def flags_in_raises(root: Path = SRC) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from localrun.cli.failures import message_for
 from localrun.engine import rpc
 from localrun.engine.gguf_info import kv_cache_bytes, read_info
 from localrun.errors import UsageError
@@ -17,14 +18,16 @@ def test_endpoints_and_split_parse_or_name_the_bad_value():
     assert rpc.parse_endpoints("10.0.0.2:50052, 10.0.0.3:50053") == ("10.0.0.2:50052", "10.0.0.3:50053")
     assert rpc.parse_endpoints("[::1]:50052") == ("[::1]:50052",)
     for bad in ("host", ":50052", "host:0", "host:65536", "host:port", "a:1,a:1"):
-        with pytest.raises(UsageError, match="--rpc"):
+        with pytest.raises(UsageError) as caught:
             rpc.parse_endpoints(bad)
+        assert "--rpc" in message_for(caught.value)[0]  # the setting the error names, as the command line words it
     assert parse_tensor_split("3,1") == (3.0, 1.0)
     assert parse_tensor_split(None) is None
     for bad in ("", "0,0", "-1,2", "a,b", "nan"):
         if bad:
-            with pytest.raises(UsageError, match="--tensor-split"):
+            with pytest.raises(UsageError) as caught:
                 parse_tensor_split(bad)
+            assert message_for(caught.value)[0].startswith("invalid --tensor-split")
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])

@@ -16,7 +16,7 @@ import sys
 import jsonschema
 import pytest
 
-from localrun.runtime.failures import message_for
+from localrun.cli.failures import message_for
 
 from conftest import LOCALRUN
 from localrun.cli import bench as front
@@ -119,7 +119,7 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     with pytest.raises(LocalrunError) as info:
         bench.make_plan(["m"], plot=tmp_path / "p.png")
-    assert info.value.message == "--plot needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)"
+    assert message_for(info.value)[0] == "--plot needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)"
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(cli):

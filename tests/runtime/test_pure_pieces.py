@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from localrun.engine.kv import _STATE_MAGIC, _restream, common_prefix
 from localrun.engine.sampling import OptionError, merge_options
 from localrun.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, ContextOverflow, SettingError, UsageError
-from localrun.runtime.failures import message_for
+from localrun.cli.failures import message_for
 from localrun.runtime.options import LOAD_FIELDS, LoadSpec
 
 tokens = st.lists(st.integers(-3, 40), max_size=300)

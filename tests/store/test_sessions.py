@@ -227,7 +227,7 @@ def test_refuses_other_kv_type_swa_full_build_and_too_small_context(smollm2, gem
         with pytest.raises(SessionError, match=r"holds \d+ tokens but the context holds 16$") as too_small:
             store.load("smol", tiny)
     # The store names the setting and the value that resumes it; the command line words it as its flag.
-    from localrun.runtime.failures import message_for
+    from localrun.cli.failures import message_for
 
     assert (other_kv.value.setting, other_kv.value.saved) == ("kv_type", "f16")
     assert message_for(other_kv.value)[0].endswith("resume it with --kv-type f16")

@@ -499,7 +499,7 @@ def session_details(info, as_json: bool) -> None:
 
 
 def _message_for(exc: BaseException) -> tuple[str, int]:
-    from ..runtime.failures import message_for
+    from .failures import message_for
 
     return message_for(exc)
 

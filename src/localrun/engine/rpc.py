@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..errors import EngineError, UsageError
+from ..errors import EngineError, Phrase, UsageError
 
 # ggml-rpc.h of the llama.cpp that llama-cpp-python pins: a worker of another major (or a newer minor)
 # version is refused, as llama.cpp's own client does.
@@ -58,9 +58,10 @@ def parse_endpoints(text: Optional[str]) -> tuple[str, ...]:
         part = part.strip()
         host, sep, port = part.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"invalid --rpc endpoint {part!r}: use HOST:PORT, e.g. 192.168.1.20:{DEFAULT_PORT}")
+            raise UsageError(Phrase("invalid {rpc} endpoint {part!r}: use HOST:PORT, e.g. 192.168.1.20:{port}", part=part,
+                                    port=DEFAULT_PORT))
         if part in out:
-            raise UsageError(f"--rpc names {part} twice: name each worker once")
+            raise UsageError(Phrase("{rpc} names {part} twice: name each worker once", part=part))
         out.append(part)
     return tuple(out)
 

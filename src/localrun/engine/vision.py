@@ -249,8 +249,8 @@ class Projector:
         room = min(engine.n_batch, engine.options.n_ubatch)
         if len(known.ids) > room and self._m.mtmd_decode_use_non_causal(self.ctx, known.chunk):
             # its tokens attend to each other both ways: one batch, or llama.cpp aborts the process
-            raise UsageError(f"this projector's images are {len(known.ids)} tokens, decoded in one batch:"
-                             f" raise --batch to {len(known.ids)} or more")
+            raise UsageError(Phrase("this projector's images are {n} tokens, decoded in one batch: raise {batch} to {n} or more",
+                                    n=len(known.ids)))
 
     def _known(self, tokens: Sequence[int], at: int) -> "_ImageChunk":
         known = self._chunks.get(tokens[at])

@@ -342,7 +342,7 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise LocalrunError("--plot needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)") from None
+        raise LocalrunError(Phrase("{plot} needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)")) from None
 
 
 def find_llama_bench(explicit: Optional[Path] = None) -> Path:

@@ -43,13 +43,7 @@ def phrase_for(exc: BaseException) -> tuple[Phrase, int]:
     return Phrase("{kind}: {exc} (set LOCALRUN_DEBUG=1 for a traceback)", kind=type(exc).__name__, exc=exc), EXIT_RUNTIME
 
 
-def _dashed(setting: str) -> str:
-    # serve.dialects.native and cli.render still call message_for(exc) alone: until they pass their naming
-    # (cli.failures.flag), this is it
-    return "--" + setting.replace("_", "-")
-
-
-def message_for(exc: BaseException, name_of: Callable[[str], str] = _dashed) -> tuple[str, int]:
+def message_for(exc: BaseException, name_of: Callable[[str], str]) -> tuple[str, int]:
     """(one-line message, exit code) of an exception, each setting it names named by `name_of`."""
     phrase, exit_code = phrase_for(exc)
     return phrase.worded(name_of), exit_code

@@ -19,11 +19,11 @@ from ..errors import LocalrunError, Phrase, SessionError, SettingError, UsageErr
 
 class NoProjector(UsageError):
     """Images for a model loaded without a vision projector, none named for it and none beside its file:
-    `model` its file's name, `image` the first image's name. Worded for the command line here."""
+    `model` its file's name, `image` the first image's name. Each HTTP dialect words its own remedy (serve.errors)."""
 
     def __init__(self, model: str, image: str):
-        super().__init__(f"{image}: {model} was loaded without an image projector: pass --mmproj FILE"
-                         " (the mmproj-*.gguf made for this model)")
+        super().__init__(Phrase("{image}: {model} was loaded without an image projector: pass {mmproj} FILE"
+                                " (the mmproj-*.gguf made for this model)", image=image, model=model))
         self.model, self.image = model, image
 
 

@@ -31,7 +31,7 @@ def parse_tensor_split(text: Optional[str]) -> Optional[tuple[float, ...]]:
     except ValueError:
         values = ()
     if not values or any(v < 0 or v != v for v in values) or not any(values):
-        raise UsageError(f"invalid --tensor-split {text!r}: use proportions per device, e.g. 3,1 (RPC workers first, then local GPUs)")
+        raise SettingError("tensor_split", text, "use proportions per device, e.g. 3,1 (RPC workers first, then local GPUs)")
     return values
 
 

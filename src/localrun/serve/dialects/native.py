@@ -1,7 +1,8 @@
 """localrun's own dialect, spoken by `localrun run` and `chat` to the resident server: a run request is the model,
 its load and the request as the command line made them (runtime.resident reads it); what comes back is the engine's
 responses as JSON Lines ({"notice": ...}, a response, or {"error": ..., "exit": N}), ended by {"end": true}.
-Failures are worded as the command line words them (flags named as flags: runtime.failures), with its exit code."""
+Failures are worded as the command line words them (runtime.failures' table, each setting named as its flag), with its
+exit code."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ class RunRefused(Refused):
 WORDING = Wording(more_context="raise --ctx", no_projector="pass --mmproj FILE")
 
 
+def flag(setting: str) -> str:
+    """A setting as this dialect's client names it: its flag (cli.failures.flag)."""
+    return "--" + setting.replace("_", "-")
+
+
 def error_answer(exc: BaseException, model: Optional[str] = None) -> tuple[int, dict]:
     if isinstance(exc, RunRefused):
         return exc.status, {"error": exc.reason, "exit": exc.exit_code, **exc.extra}
@@ -54,7 +60,7 @@ def run_request(raw: bytes, *, parallel: int, stopping: bool, busy: Callable[[],
         spec.check()
         keep_alive = None if body.get("keep_alive") is None else parse_keep_alive(body["keep_alive"])
     except (LocalrunError, TypeError) as exc:
-        raise RunRefused(400, message_for(exc)[0] if isinstance(exc, LocalrunError) else str(exc), 2) from None
+        raise RunRefused(400, message_for(exc, flag)[0] if isinstance(exc, LocalrunError) else str(exc), 2) from None
     return ref, payload, spec, keep_alive
 
 
@@ -66,7 +72,7 @@ def line_of(response) -> dict:
 def load_failed(exc: BaseException, ref: str) -> RunRefused:
     """A model the pool could not give, worded as the command line words it (flags), with its exit code; its status
     and code as every dialect's (serve.errors)."""
-    message, exit_code = message_for(exc)
+    message, exit_code = message_for(exc, flag)
     if isinstance(exc, LocalrunError):
         f = fault(LoadFailed(exc, ref), WORDING)
         return RunRefused(f.status, message, exc.exit_code, code=f.code)
@@ -75,5 +81,5 @@ def load_failed(exc: BaseException, ref: str) -> RunRefused:
 
 def failure(exc: BaseException) -> dict:
     """The line a run that failed on the way ends with."""
-    message, exit_code = message_for(exc)
+    message, exit_code = message_for(exc, flag)
     return {"error": message, "exit": exit_code}
