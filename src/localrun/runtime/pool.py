@@ -344,8 +344,9 @@ class ModelPool:
                                 listed = _registered_name(ref)
                                 if listed.casefold() not in {n.casefold() for n in resident.listed}:
                                     resident.listed.append(listed)
-                            waited = time.monotonic() - started
-                            return self._hold(resident), waited if waited > 0.05 else 0.0
+                            # No load, and none waited for: what was looked at to find it (the file's size
+                            # and memory estimate, slow on a busy machine) is not a load time to report.
+                            return self._hold(resident), 0.0
                     # Same file, other load-time options (or changed on disk): reload it, as Ollama does, once
                     # its requests are done; new ones no longer go to it meanwhile.
                     deadline = time.monotonic() + RELOAD_WAIT_S
