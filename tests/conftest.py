@@ -131,9 +131,9 @@ def _fetch(target: Path, packages: list[str], members: list[str], sha: str) -> N
 # The files that take a minute or more: given out first. pytest-xdist hands a worker the next file when it
 # is done with its last, in collection order (make test turns off its default order, most tests first, which
 # left the one-test files that run longest for the end, one worker busy and the other idle).
-LONGEST = ("test_real_model.py", "test_resident_run.py", "test_chat.py", "test_open_webui_replay.py", "test_resident_waits.py",
-           "test_quantize.py", "test_bench.py", "test_run.py", "test_serve.py", "test_run_sessions.py", "test_ollama.py",
-           "test_run_image.py")
+LONGEST = ("test_real_model.py", "test_resident_run.py", "test_chat.py", "test_templates_served.py", "test_open_webui_replay.py",
+           "test_resident_waits.py", "test_quantize.py", "test_bench.py", "test_run.py", "test_lora.py", "test_serve.py",
+           "test_run_sessions.py", "test_ollama.py", "test_run_image.py", "test_create.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -413,6 +413,16 @@ def tiny_tools_model(smollm2, tmp_path_factory) -> Path:
 
     return write_tiny_model(smollm2, tmp_path_factory.mktemp("tiny") / "tiny-tools.gguf", TOOLS_TEMPLATE.read_text())
 
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm2(smollm2, tmp_path_factory) -> Path:
+    """SmolLM2's tokenizer and chat template on two layers of random weights (tests/tinymodel.py): a prompt is
+    the same tokens as on SmolLM2, evaluated in a second where SmolLM2 takes most of a minute for 3,000 on a busy
+    core; for tests of what surrounds the model (a long prompt's progress), never of what it answers."""
+    from tinymodel import write_tiny_model
+
+    return write_tiny_model(smollm2, tmp_path_factory.mktemp("tiny") / "tiny-smollm2.gguf")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from tinymodel import gguf_reader
+
 
 def write_lora(base: Path, out: Path, *, rank: int = 8, alpha: float = 16.0, seed: int = 0, magnitude: float = 0.05,
                targets: tuple[str, ...] = ("attn_q", "attn_v"), architecture: Optional[str] = None,
@@ -18,7 +20,7 @@ def write_lora(base: Path, out: Path, *, rank: int = 8, alpha: float = 16.0, see
     import gguf
     import numpy as np
 
-    reader = gguf.GGUFReader(base)
+    reader = gguf_reader(base)
     arch = str(reader.fields["general.architecture"].contents())
     shapes = {t.name: [int(d) for d in t.shape] for t in reader.tensors}  # ggml order: (in, out)
     writer = gguf.GGUFWriter(out, architecture or arch)

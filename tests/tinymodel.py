@@ -6,62 +6,106 @@ is noise: a test that checks words uses a real model."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Optional
 
 N_EMBD, N_FF, N_LAYER, N_HEAD, N_HEAD_KV = 64, 128, 2, 4, 2
 
 # Copied from the donor as they are: what makes the tokenizer SmolLM2's.
-_TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
-                   "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                   "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
-                   "tokenizer.ggml.add_space_prefix")
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                  "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                  "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+                  "tokenizer.ggml.add_space_prefix")
 
 
-def write_tiny_model(donor: Path, out: Path, template: str, context_length: int = 8192, seed: int = 0) -> Path:
+def write_tiny_model(donor: Path, out: Path, template: Optional[str] = None, context_length: int = 8192, seed: int = 0) -> Path:
     """Write the tiny model to `out`: the donor's tokenizer (a llama-architecture GGUF such as SmolLM2's),
-    `template` as its chat template, a trained context of `context_length`."""
-    import gguf
+    `template` as its chat template (None: the donor's own), a trained context of `context_length`."""
     import numpy as np
 
-    reader = gguf.GGUFReader(donor)
-    writer = gguf.GGUFWriter(out, "llama")
-    writer.add_name("tiny test model")
-    writer.add_context_length(context_length)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYER)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
+    writer = new_writer(out, "llama", "tiny test model", context_length, eps=1e-5)
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    for key in _TOKENIZER_KEYS:
-        field = reader.fields.get(key)
-        if field is None:
-            continue
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            writer.add_array(key, field.contents())
-        else:
-            writer.add_key_value(key, field.contents(), kind)
-    writer.add_chat_template(template)
-    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    n_vocab = copy_tokenizer(donor, writer, TOKENIZER_KEYS)
+    writer.add_chat_template(template if template is not None else str(gguf_reader(donor).fields["tokenizer.chat_template"].contents()))
 
     rng = np.random.default_rng(seed)
 
     def weights(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float16)
 
-    kv = N_EMBD // N_HEAD * N_HEAD_KV
     writer.add_tensor("token_embd.weight", weights(n_vocab, N_EMBD))
     writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+    add_blocks(writer, weights, N_EMBD, N_EMBD // N_HEAD * N_HEAD_KV, norms={"attn_norm": N_EMBD, "ffn_norm": N_EMBD})
+    return finish(writer, out)
+
+
+def new_writer(out: Path, architecture: str, name: str, context_length: int, eps: float):
+    """A GGUF writer of `architecture` with the tiny models' dimensions (N_EMBD, N_FF, N_LAYER, the heads) and
+    F16 weights, for tests/tinymodel.py and tests/rerankmodel.py alike."""
+    import gguf
+
+    writer = gguf.GGUFWriter(out, architecture)
+    writer.add_name(name)
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD_KV)
+    writer.add_layer_norm_rms_eps(eps)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    return writer
+
+
+@functools.lru_cache(maxsize=None)
+def gguf_reader(path: Path):
+    """One GGUFReader a file in this process: it builds a numpy view for each of SmolLM2's 49,152 tokens and
+    48,900 merges (seconds, more on a busy core), and every tiny model, reranker and LoRA adapter the tests write
+    reads SmolLM2's."""
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(donor: Path) -> dict:
+    """The donor's TOKENIZER_KEYS it has: key -> (value type, contents), read once in this process."""
+    fields = gguf_reader(donor).fields
+    return {key: (fields[key].types[0], fields[key].contents()) for key in TOKENIZER_KEYS if key in fields}
+
+
+def copy_tokenizer(donor: Path, writer, keys: tuple[str, ...]) -> int:
+    """Copy the `keys` the donor's tokenizer has (of TOKENIZER_KEYS), as they are; the size of its vocabulary."""
+    import gguf
+
+    tokenizer = _tokenizer(donor)
+    for key in keys:
+        if key not in tokenizer:
+            continue
+        kind, value = tokenizer[key]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_array(key, value)
+        else:
+            writer.add_key_value(key, value, kind)
+    return len(tokenizer["tokenizer.ggml.tokens"][1])
+
+
+def add_blocks(writer, weights, q: int, kv: int, norms: dict[str, int]) -> None:
+    """The N_LAYER blocks: attention (queries of width `q`, keys and values of `kv`) and a gated feed-forward of
+    `weights(*shape)`, then the `norms` (name: width) as ones."""
+    import numpy as np
+
     for i in range(N_LAYER):
-        for name, shape in (("attn_q", (N_EMBD, N_EMBD)), ("attn_k", (kv, N_EMBD)), ("attn_v", (kv, N_EMBD)),
-                            ("attn_output", (N_EMBD, N_EMBD)), ("ffn_gate", (N_FF, N_EMBD)), ("ffn_up", (N_FF, N_EMBD)),
+        for name, shape in (("attn_q", (q, N_EMBD)), ("attn_k", (kv, N_EMBD)), ("attn_v", (kv, N_EMBD)),
+                            ("attn_output", (N_EMBD, q)), ("ffn_gate", (N_FF, N_EMBD)), ("ffn_up", (N_FF, N_EMBD)),
                             ("ffn_down", (N_EMBD, N_FF))):
             writer.add_tensor(f"blk.{i}.{name}.weight", weights(*shape))
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        for name, width in norms.items():
+            writer.add_tensor(f"blk.{i}.{name}.weight", np.ones(width, dtype=np.float32))
+
+
+def finish(writer, out: Path) -> Path:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -6,14 +6,11 @@ texts, the order and --top-n hold, and each bad input is one line."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from llamaserver import LLAMA_SERVER, NO_LLAMA_SERVER, llama_server
 from rerankmodel import write_reranker
 
 QUERY = "What is machine learning?"
@@ -57,21 +54,7 @@ def test_documents_come_most_relevant_first_with_their_scores_and_top_n_keeps_th
     assert all(float(line.split("  ", 1)[0]) > 0 for line in lines)
 
 
-def _llama_server() -> Path | None:
-    from localrun.errors import LocalrunError
-    from localrun.runtime import bench
-
-    try:
-        server = bench.find_llama_bench().parent / "llama-server"
-    except LocalrunError:
-        return None
-    return server if server.is_file() else None
-
-
-LLAMA_SERVER = _llama_server()
-
-
-@pytest.mark.skipif(LLAMA_SERVER is None, reason="no llama-server: build it with scripts/build_llama_bench.sh")
+@pytest.mark.skipif(LLAMA_SERVER is None, reason=NO_LLAMA_SERVER)
 def test_the_scores_are_llama_servers(rerankers, cli):
     """llama-server --reranking (the llama.cpp llama-cpp-python vendors) on the same model: the same documents in
     the same order with the same scores, to the last bit of their float32, for the rerank template and for the BOS /
@@ -86,28 +69,10 @@ def test_the_scores_are_llama_servers(rerankers, cli):
 
 
 def _llama_server_rerank(model: Path, top_n: int) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(model), "--reranking", "--port", str(port), "-c", "2048", "-t", "1",
-                             "-np", "1", "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if http.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline and proc.poll() is None, "llama-server did not start"
-                time.sleep(0.05)
-            reply = http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS, "top_n": top_n})
-            assert reply.status_code == 200, reply.text
-            return reply.json()["results"]
-    finally:
-        proc.terminate()
-        proc.wait()
+    with llama_server(model, "--reranking", "-c", "2048", "-np", "1") as http:
+        reply = http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS, "top_n": top_n})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["results"]
 
 
 def test_each_bad_input_is_one_line_and_no_traceback(rerankers, smollm2, cli, tmp_path):

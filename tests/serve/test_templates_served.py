@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from conftest import start_server
+from llamaserver import LLAMA_SERVER, NO_LLAMA_SERVER, llama_server
 
 pytestmark = pytest.mark.slow
 
@@ -81,19 +82,6 @@ def test_every_template_of_the_collection_answers_or_refuses_with_its_own_messag
     assert "Traceback" not in "".join(server.stderr)
 
 
-def _llama_server():
-    from localrun.errors import LocalrunError
-    from localrun.runtime import bench
-
-    try:
-        server = bench.find_llama_bench().parent / "llama-server"  # scripts/build_llama_bench.sh builds both
-    except LocalrunError:
-        return None
-    return server if server.is_file() else None
-
-
-LLAMA_SERVER = _llama_server()
-
 # What localrun renders otherwise than llama.cpp, on purpose:
 DIFFERS = {
     # llama.cpp's analysis of this template fails at load ("Invalid message role"), which turns its thinking off by
@@ -110,8 +98,8 @@ DIFFERS = {
 REFUSED_BY_BOTH = {("google-gemma-2-2b-it", "tool turn"), ("google-gemma-2-2b-it", "reasoning in loop")}
 
 
-@pytest.mark.skipif(LLAMA_SERVER is None, reason="no llama-server: build it with scripts/build_llama_bench.sh")
-def test_every_template_renders_as_llama_server_renders_it(smollm2, tmp_path):
+@pytest.mark.skipif(LLAMA_SERVER is None, reason=NO_LLAMA_SERVER)
+def test_every_template_renders_as_llama_server_renders_it(tiny_smollm2):
     """llama.cpp's own rendering (llama-server --jinja's /apply-template, the llama.cpp that llama-cpp-python
     vendors) of the same requests, text for text: its Jinja engine, the variables it passes, the messages as it
     shapes them for each template (arguments as objects or strings, developer as system, a system message the
@@ -119,9 +107,6 @@ def test_every_template_renders_as_llama_server_renders_it(smollm2, tmp_path):
     conversation is compared where the template renders it in place (elsewhere llama.cpp drops it, hoists it to
     the top or refuses it; localrun puts it at the start of the next user message)."""
     import json
-    import socket
-    import subprocess
-    import time
 
     from localrun.engine.prompt import render_template, template_caps
     from localrun.errors import TemplateError
@@ -139,51 +124,34 @@ def test_every_template_renders_as_llama_server_renders_it(smollm2, tmp_path):
         "system in place": ([{"role": "system", "content": "Be terse."}, USER, {"role": "assistant", "content": "Sunny."},
                              {"role": "system", "content": "Be kind."}, {"role": "user", "content": "Thanks"}], None, {}),
     }
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     compared, differing = 0, []
     for name in NAMES:
         text = (TEMPLATES / f"{name}.jinja").read_text()
-        proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(smollm2), "--chat-template-file", str(TEMPLATES / f"{name}.jinja"),
-                                 "--jinja", "--port", str(port), "-c", "512", "-t", "1", "-np", "1", "--no-warmup"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        if http.get("/health").status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    assert time.monotonic() < deadline, f"llama-server did not start for {name}"
-                    time.sleep(0.05)
-                props = http.get("/props").json()
-                bos, eos = props["bos_token"], props["eos_token"]
-                for case, (messages, tools, kwargs) in cases.items():
-                    if case == "system in place" and not template_caps(text).system_in_place:
-                        continue
-                    body = {"messages": messages, **({"tools": tools} if tools else {}),
-                            **({"chat_template_kwargs": kwargs} if kwargs else {})}
-                    reply = http.post("/apply-template", json=body)
-                    theirs = reply.json()["prompt"].removeprefix(bos) if reply.status_code == 200 else None
-                    ours_messages = json.loads(json.dumps(messages))
-                    try:
-                        ours = render_template(text, ours_messages, tools=tools, bos_token=bos, eos_token=eos, **kwargs)
-                        ours = ours.removeprefix(bos)
-                    except TemplateError:
-                        ours = None
-                    if (name, case) in REFUSED_BY_BOTH:
-                        assert ours is None and theirs is None, (name, case)
-                    elif (name, case) in DIFFERS:
-                        assert ours is not None and ours != theirs, (name, case)
-                        differing.append((name, case))
-                    else:
-                        assert ours == theirs, (name, case, ours, theirs)
-                        compared += 1
-        finally:
-            proc.terminate()
-            proc.wait()
+        # (the tiny model: SmolLM2's tokenizer, BOS and EOS, loaded in a fraction of SmolLM2's time, 70 times)
+        with llama_server(tiny_smollm2, "--chat-template-file", str(TEMPLATES / f"{name}.jinja"), "--jinja", "-c", "512",
+                          "-np", "1") as http:
+            props = http.get("/props").json()
+            bos, eos = props["bos_token"], props["eos_token"]
+            for case, (messages, tools, kwargs) in cases.items():
+                if case == "system in place" and not template_caps(text).system_in_place:
+                    continue
+                body = {"messages": messages, **({"tools": tools} if tools else {}),
+                        **({"chat_template_kwargs": kwargs} if kwargs else {})}
+                reply = http.post("/apply-template", json=body)
+                theirs = reply.json()["prompt"].removeprefix(bos) if reply.status_code == 200 else None
+                ours_messages = json.loads(json.dumps(messages))
+                try:
+                    ours = render_template(text, ours_messages, tools=tools, bos_token=bos, eos_token=eos, **kwargs)
+                    ours = ours.removeprefix(bos)
+                except TemplateError:
+                    ours = None
+                if (name, case) in REFUSED_BY_BOTH:
+                    assert ours is None and theirs is None, (name, case)
+                elif (name, case) in DIFFERS:
+                    assert ours is not None and ours != theirs, (name, case)
+                    differing.append((name, case))
+                else:
+                    assert ours == theirs, (name, case, ours, theirs)
+                    compared += 1
     assert sorted(differing) == sorted(DIFFERS)
     assert compared > 500  # 70 templates, 9 cases, less the differences and where llama.cpp has no mid-conversation system

@@ -1,5 +1,6 @@
 """llama-server (built from the llama.cpp llama-cpp-python vendors, by scripts/build_llama_bench.sh) started on a free
-loopback port for a test to ask the same thing of it as of `localrun serve`, and stopped after."""
+loopback port for a test to ask the same thing of it as of localrun (`run`, `rerank`, `serve`), and stopped after:
+the one place that starts it, waits for its /health and stops it, even when the test fails."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def find_llama_server() -> Optional[Path]:
     from localrun.runtime import bench
 
     try:
-        server = bench.find_llama_bench().parent / "llama-server"
+        server = bench.find_llama_bench().parent / "llama-server"  # scripts/build_llama_bench.sh builds both
     except LocalrunError:
         return None
     return server if server.is_file() else None
@@ -47,7 +48,7 @@ def llama_server(model: Path, *args: str) -> Iterator[httpx.Client]:
                         break
                 except httpx.TransportError:
                     pass
-                assert time.monotonic() < deadline and proc.poll() is None, "llama-server did not start"
+                assert time.monotonic() < deadline and proc.poll() is None, f"llama-server did not start: {' '.join(args)}"
                 time.sleep(0.05)
             yield http
     finally:
