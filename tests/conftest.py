@@ -131,9 +131,9 @@ def _fetch(target: Path, packages: list[str], members: list[str], sha: str) -> N
 # The files that take a minute or more: given out first. pytest-xdist hands a worker the next file when it
 # is done with its last, in collection order (make test turns off its default order, most tests first, which
 # left the one-test files that run longest for the end, one worker busy and the other idle).
-LONGEST = ("test_real_model.py", "test_resident_run.py", "test_chat.py", "test_templates_served.py", "test_open_webui_replay.py",
-           "test_resident_waits.py", "test_quantize.py", "test_bench.py", "test_run.py", "test_lora.py", "test_serve.py",
-           "test_run_sessions.py", "test_ollama.py", "test_run_image.py", "test_create.py")
+LONGEST = ("test_families_served.py", "test_real_model.py", "test_resident_run.py", "test_chat.py", "test_templates_served.py",
+           "test_open_webui_replay.py", "test_resident_waits.py", "test_quantize.py", "test_bench.py", "test_run.py", "test_lora.py",
+           "test_serve.py", "test_run_sessions.py", "test_ollama.py", "test_run_image.py", "test_create.py")
 
 
 def pytest_collection_modifyitems(config, items):
