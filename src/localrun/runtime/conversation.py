@@ -38,7 +38,7 @@ from ..engine.types import Progress
 from ..engine.kv import common_prefix
 from ..engine.prompt import render
 from ..engine.vision import Image
-from ..errors import ContextOverflow, LocalrunError
+from ..errors import ContextOverflow, LocalrunError, Phrase
 from ..store.writers import SessionClaims
 from .loader import Loaded
 from .messages import Messages
@@ -144,11 +144,10 @@ class Conversation(Messages):
                 raise
             prompt, needed = None, exc.n_prompt
         if prompt is None or needed + reserve > n_ctx:  # the new message alone leaves the answer too little room
-            raise ContextOverflow(
-                f"this message needs {needed} tokens with the conversation's template and"
-                f" {reserve} more are kept for the answer, but the context holds {n_ctx}:"
-                " shorten it, or restart with a larger --ctx"
-            )
+            raise ContextOverflow(Phrase(
+                "this message needs {needed} tokens with the conversation's template and {reserve} more are kept for"
+                " the answer, but the context holds {n_ctx}: shorten it, or restart with a larger {ctx}",
+                needed=needed, reserve=reserve, n_ctx=n_ctx))
         return prompt
 
     def projector(self, image: str) -> None:

@@ -11,7 +11,7 @@ from ..engine import Engine, SamplingOptions
 from ..engine.kv import extend_tokens
 from ..engine.prompt import Rendered, render
 from ..engine.vision import MARKER, Image
-from ..errors import ContextOverflow, UsageError
+from ..errors import ContextOverflow, Phrase, UsageError
 
 
 @dataclass
@@ -238,7 +238,7 @@ def prompt_room(n_ctx: int, max_tokens: int) -> int:
     room = min(max_tokens if max_tokens > 0 else n_ctx // 2, n_ctx // 2)
     keep = n_ctx - room
     if keep < 1:
-        raise ContextOverflow(f"the context of {n_ctx} tokens leaves no room for the prompt: raise --ctx")
+        raise ContextOverflow(Phrase("the context of {n_ctx} tokens leaves no room for the prompt: raise {ctx}", n_ctx=n_ctx))
     return keep
 
 
