@@ -42,7 +42,7 @@ from ..errors import ContextOverflow, LocalrunError, Phrase
 from ..store.writers import SessionClaims
 from .loader import Loaded
 from .messages import Messages
-from .request import Prompt, Request, marked, prompt_for, prompt_room, with_stops
+from .request import Prompt, Request, kept_room, marked, prompt_for, with_stops
 from .images import images_in, live, live_images, stored, stored_images  # noqa: F401 - (their old home)
 from .seats import InProcess
 from .sessions import Sessions
@@ -135,7 +135,7 @@ class Conversation(Messages):
         if any(m.get("images") for m in messages):
             self.projector(marked(messages)[1][0].name)
         n_ctx = self.n_ctx
-        reserve = n_ctx - prompt_room(n_ctx, request.sampling.max_tokens)
+        reserve = n_ctx - kept_room(n_ctx, request.sampling.max_tokens)
         try:
             prompt = prompt_for(self.engine, request, n_ctx=n_ctx)
             needed = len(prompt.tokens)

@@ -106,7 +106,7 @@ def prompt_for(engine: Engine, request: Request, n_ctx: Optional[int] = None) ->
         # a chain grown past the context keeps its end with truncate (Ollama's default), as any prompt does
         return Prompt(_fit(engine, tokens, request.truncate, request.sampling.max_tokens, n_ctx), rendered.stops, rendered.templated, thinking,
                       messages=request.messages, text=rendered.text)
-    if request.drop_oldest and len(tokens) > prompt_room(n_ctx, request.sampling.max_tokens):
+    if request.drop_oldest and len(tokens) > kept_room(n_ctx, request.sampling.max_tokens):
         fitted = _drop_oldest(engine, request, n_ctx, len(tokens))
         if fitted is not None and (len(fitted[2]) < n_ctx or not request.truncate or images):
             kept, rendered, tokens = fitted  # (over the context even so: refused with its own count, or cut below)
@@ -172,7 +172,7 @@ def marked(messages: Sequence[dict]) -> tuple[list[dict], list[Image]]:
 
 def _drop_oldest(engine: Engine, request: Request, n_ctx: int, n_all: int) -> Optional[tuple[list[dict], Rendered, list[int]]]:
     """(the messages kept, as rendered, their tokens) for a conversation of `n_all` tokens that leaves the answer less
-    than its room (as a truncated prompt's): its system messages and its newest messages, dropped oldest first,
+    than its room (kept_room): its system messages and its newest messages, dropped oldest first,
     starting at a user's message (templates that check the turns alternate accept it); None when there is nothing to
     drop.
 
@@ -189,7 +189,7 @@ def _drop_oldest(engine: Engine, request: Request, n_ctx: int, n_all: int) -> Op
     starts = [i for i, m in enumerate(messages) if i > first and m["role"] == "user"]
     if len(messages) - 1 > first and (not starts or starts[-1] != len(messages) - 1):
         starts.append(len(messages) - 1)
-    keep = prompt_room(n_ctx, request.sampling.max_tokens)
+    keep = kept_room(n_ctx, request.sampling.max_tokens)
     bound, fewest, fitted = n_all, None, None  # the tokens kept from the last block's bound on (at first: all)
     for start in starts:
         kept = [m for m in messages[:start] if m["role"] == "system"] + messages[start:]
@@ -240,6 +240,14 @@ def prompt_room(n_ctx: int, max_tokens: int) -> int:
     if keep < 1:
         raise ContextOverflow(Phrase("the context of {n_ctx} tokens leaves no room for the prompt: raise {ctx}", n_ctx=n_ctx))
     return keep
+
+
+def kept_room(n_ctx: int, max_tokens: int) -> int:
+    """How much of the context a conversation may keep before it drops its oldest messages: the rest is room for the
+    answer, `max_tokens` where the request names it, else a quarter of the context (at most half). Not a truncated
+    prompt's half: a conversation kept whole up to three quarters of its context, as chat always kept it, and as
+    Ollama's clients, whose conversations Ollama keeps up to the whole context, lose less of it."""
+    return n_ctx - min(max_tokens if max_tokens > 0 else n_ctx // 4, n_ctx // 2)
 
 
 def with_stops(sampling: SamplingOptions, stops: Sequence[str]) -> SamplingOptions:
