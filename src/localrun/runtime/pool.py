@@ -315,9 +315,10 @@ class ModelPool:
             return resident, 0.0
         started = time.monotonic()
         with self.loading:
+            waited = time.monotonic() - started  # for another request's load (of this model's file, perhaps)
             resident = self._find(ref, spec)  # loaded by a request that held the lock before us
             if resident is not None:
-                return resident, max(1e-6, time.monotonic() - started)
+                return resident, max(1e-6, waited)
             path = self._path(ref)
             stamp = _stamp(path)
             brought = _brought(ref)
@@ -344,9 +345,10 @@ class ModelPool:
                                 listed = _registered_name(ref)
                                 if listed.casefold() not in {n.casefold() for n in resident.listed}:
                                     resident.listed.append(listed)
-                            # No load, and none waited for: what was looked at to find it (the file's size
-                            # and memory estimate, slow on a busy machine) is not a load time to report.
-                            return self._hold(resident), 0.0
+                            # No load of its own: the time it waited for another's (a copy's source loading) is
+                            # its load time; what was looked at to find it (the file's size and memory estimate,
+                            # slow on a busy machine) is not.
+                            return self._hold(resident), waited if waited > 0.05 else 0.0
                     # Same file, other load-time options (or changed on disk): reload it, as Ollama does, once
                     # its requests are done; new ones no longer go to it meanwhile.
                     deadline = time.monotonic() + RELOAD_WAIT_S
