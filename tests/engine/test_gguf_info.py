@@ -18,6 +18,8 @@ from localrun.errors import InvalidModelFile, UsageError
 from localrun.engine.gguf_info import GGUFInfo, kv_cache_bytes, memory_estimate, read_info
 from localrun.store.files import sha256_file
 
+from tinymodel import gguf_reader  # (one GGUFReader of SmolLM2 a process: seconds each)
+
 MiB = 1 << 20
 
 
@@ -111,7 +113,7 @@ def test_layer_count_matches_tensor_names(which: str, request: pytest.FixtureReq
 
 
 def test_smollm_agrees_with_gguf_reader(smollm: GGUFInfo, smollm2: Path) -> None:
-    reader = gguf.GGUFReader(smollm2)
+    reader = gguf_reader(smollm2)
     assert smollm.n_tensors == len(reader.tensors)
     assert smollm.n_params == sum(int(t.n_elements) for t in reader.tensors)
     assert smollm.tensor_bytes == sum(int(t.n_bytes) for t in reader.tensors)
@@ -154,7 +156,7 @@ def test_kv_cache_bad_arguments(smollm: GGUFInfo, bad: dict) -> None:
 def test_memory_estimate(smollm: GGUFInfo, smollm2: Path) -> None:
     # The weights are the tensors' bytes as the gguf package's own reader sizes them (the file without its
     # header and alignment padding); the KV cache is test_kv_cache_by_hand's 2 x 30 x 3 x 64 x 2 bytes x 2048.
-    weights = sum(int(t.n_bytes) for t in gguf.GGUFReader(smollm2).tensors)
+    weights = sum(int(t.n_bytes) for t in gguf_reader(smollm2).tensors)
     assert 0.9 * smollm2.stat().st_size < weights < smollm2.stat().st_size
     estimate = memory_estimate(smollm, 2048, "f16")
     assert estimate == {"weights_bytes": weights, "kv_bytes": 45 * MiB, "total_bytes": weights + 45 * MiB}
