@@ -15,8 +15,8 @@ def test_settings_named_below_are_flags_on_the_command_line(cli, smollm2):
     # a value refused, its reason naming two more settings (runtime.options.check_slots), before the model loads
     r = cli("serve", str(smollm2), "--parallel", "8", "--batch", "4", "--port", "0")
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == ("error: invalid --parallel 8: each step decodes a token of every sequence: the batch (4) must hold"
-                        " at least 8 (raise --batch or lower --parallel)\n")
+    assert r.stderr == ("error: invalid --batch 4: each step decodes a token of every sequence, so it must hold at least"
+                        " 8, one per slot (raise --batch or lower --parallel)\n")
 
 
 def test_a_failure_reads_the_same_in_process_and_through_the_background_server(cli, smollm2, resident):

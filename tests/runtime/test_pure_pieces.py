@@ -151,7 +151,7 @@ def test_load_spec_becomes_the_engines_options_in_one_place():
     (LoadSpec(ctx=10, parallel=4), "ctx", "invalid ctx 10: the context must hold at least 16"),  # a slot's, not 4 slots' 40
     (LoadSpec(kv_type="q5_1"), "kv_type", "f16"),
     (LoadSpec(threads=0), "threads", "1 or more"),
-    (LoadSpec(parallel=8, batch=4), "parallel", "batch (4)"),
+    (LoadSpec(parallel=8, batch=4), "batch", "invalid batch 4: each step decodes a token of every sequence, so it must hold at least 8"),
     (LoadSpec(kv_type="q8_0", flash_attn=False), "kv_type", "flash attention"),
 ])
 def test_a_bad_load_option_is_refused_before_any_model_loads(spec, setting, words):

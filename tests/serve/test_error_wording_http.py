@@ -1,6 +1,6 @@
 """What an error names, each HTTP dialect words as its requests name it: a batch too small for the server's 4 slots
-(runtime.options.check_slots: a SettingError on parallel whose reason names batch and parallel) reads
-options.num_parallel and options.num_batch, the field at fault options.num_parallel, where the command line reads
+(runtime.options.check_slots: a SettingError on batch whose reason names batch and parallel) reads
+options.num_batch and options.num_parallel, the field at fault options.num_batch, where the command line reads
 --parallel and --batch (tests/cli/test_error_wording.py). A real `localrun serve` with the real SmolLM2; Ollama's
 /api/generate by httpx, the real OpenAI client."""
 
@@ -15,8 +15,8 @@ from conftest import start_server
 pytestmark = pytest.mark.slow
 
 TOO_MANY_SLOTS = {"num_batch": 2}  # for the server's 4 slots
-SAID = ("invalid options.num_parallel 4: each step decodes a token of every sequence: the batch (2) must hold at least 4"
-        " (raise options.num_batch or lower options.num_parallel)")
+SAID = ("invalid options.num_batch 2: each step decodes a token of every sequence, so it must hold at least 4, one per"
+        " slot (raise options.num_batch or lower options.num_parallel)")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_each_dialect_names_the_settings_as_its_requests_set_them(server):
         server.client(key="unused").chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}],
                                                             max_tokens=4, extra_body={"options": TOO_MANY_SLOTS})
     assert refused.value.status_code == 400
-    assert (refused.value.body["message"], refused.value.body["param"]) == (SAID, "options.num_parallel")
+    assert (refused.value.body["message"], refused.value.body["param"]) == (SAID, "options.num_batch")
     assert "--" not in refused.value.body["message"]
     # the server still answers (nothing was loaded for the refused request)
     answered = server.client(key="unused").chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}],

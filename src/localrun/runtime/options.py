@@ -159,6 +159,6 @@ def check_slots(batch: int, parallel: int) -> None:
     if parallel < 1:
         raise SettingError("parallel", parallel, "use 1 or more")
     if parallel > batch:
-        raise SettingError("parallel", parallel, Phrase("each step decodes a token of every sequence: the batch ({n}) must"
-                                                         " hold at least {least} (raise {batch} or lower {parallel})",
-                                                         n=batch, least=parallel))
+        # (the batch is at fault, not the slots: a request sets the one, the server the other)
+        raise SettingError("batch", batch, Phrase("each step decodes a token of every sequence, so it must hold at least"
+                                                  " {least}, one per slot (raise {batch} or lower {parallel})", least=parallel))
