@@ -40,6 +40,18 @@ def post(server, path: str, body, key: str = SERVE_KEY, **kw) -> httpx.Response:
     return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json", **headers}, timeout=60, **kw)
 
 
+def test_an_upload_for_api_create_is_not_capped(server):
+    """A LoRA adapter is often larger than the cap: /api/blobs streams it to disk and checks its digest, it is not
+    held in memory as a request's JSON is."""
+    import hashlib
+
+    blob = os.urandom(9 << 20)  # over this server's 8 MiB
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    r = httpx.post(f"{server.url}/api/blobs/{digest}", content=blob, headers={"Authorization": f"Bearer {SERVE_KEY}"}, timeout=60)
+    assert r.status_code == 201, r.text
+    assert httpx.head(f"{server.url}/api/blobs/{digest}", headers={"Authorization": f"Bearer {SERVE_KEY}"}).status_code == 200
+
+
 def test_a_body_over_the_cap_is_a_413_and_the_server_keeps_answering(server):
     big = json.dumps({"model": "x", "messages": [{"role": "user", "content": "a" * (50 << 20)}]}).encode()
     health: list[int] = []

@@ -16,6 +16,7 @@ from .dialects import error_bytes, speaks_anthropic
 from .errors import Fault
 
 DEFAULT_MAX_BODY = 32 << 20  # 32 MiB: a long conversation with a few images in base64 fits; LOCALRUN_MAX_BODY (MiB) changes it
+UPLOADS = "/api/blobs/"  # files for /api/create (a LoRA adapter: often over the cap), streamed to disk and checked by digest
 PAGE_FILES = "/static/"  # the chat page's files (serve.page), public as the page is
 HEADER_TIMEOUT_S = 10.0  # a request's headers must be whole this long after the connection (or the last answer)
 
@@ -41,12 +42,13 @@ def max_body_bytes() -> int:
 
 
 def limit_body(app, max_bytes: int):
-    """ASGI wrapper: a body over `max_bytes` is a 413 in the dialect's shape, read no further."""
+    """ASGI wrapper: a body over `max_bytes` is a 413 in the dialect's shape, read no further. An upload (UPLOADS)
+    is not held in memory but streamed to a file by its route: it has no cap."""
     if max_bytes <= 0:
         return app
 
     async def limited(scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"].startswith(UPLOADS):
             return await app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         first = None if length is not None and length.isdigit() and int(length) > max_bytes else await _read_capped(receive, max_bytes)
