@@ -206,7 +206,7 @@ def test_bench_measures_under_the_adapter_and_its_perplexity_is_llama_perplexity
     assert refused.returncode == 2 and "llama-bench loads no LoRA adapters" in refused.stderr
 
 
-def test_on_the_background_server_a_session_and_a_load_keep_their_adapters(smollm2, adapters, cli, resident):
+def test_on_the_background_server_a_session_and_a_load_keep_their_adapters(smollm2, adapters, cli, resident, tmp_path):
     """Through the background server's slots: a session made there without the adapter is refused with it, as in
     this process, before the server is asked (it would have loaded the model again with the adapter, a load option,
     only to refuse the session); a run with the adapter then loads it so (ps: its load's lora)."""
@@ -224,3 +224,9 @@ def test_on_the_background_server_a_session_and_a_load_keep_their_adapters(smoll
     tuned = cli("run", str(smollm2), "-t", "0", "-n", "4", "--threads", "1", "--lora", str(adapters["lora"]), "Hello")
     assert tuned.returncode == 0, tuned.stderr
     assert loads() == [[[str(adapters["lora"]), 1.0]]]
+    # a created model's own adapter (its Modelfile's ADAPTER) is listed with its load as well
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2}\nADAPTER {adapters['lora']}\n")
+    assert cli("create", "tuned", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    assert cli("run", "tuned", "-t", "0", "-n", "2", "--threads", "1", "Hello").returncode == 0
+    listed = {m["name"]: m["contexts"][0]["load"]["lora"] for m in json.loads(cli("ps", "--json").stdout)}
+    assert listed["tuned:latest"] == [[str(adapters["lora"]), 1.0]], listed

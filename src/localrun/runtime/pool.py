@@ -207,7 +207,9 @@ class Resident:
             "context_length": self.slot_ctx, "slots": len(self.scheduler.slots), "threads": getattr(self.engine, "n_threads", None),
             "slots_busy": len(self.scheduler.slots) - self.scheduler.idle_slots(), "requests": self.refs,
             "expires_at": expires, "keep_alive": None if self.keep_alive < 0 else self.keep_alive,
-            "load": asdict(self.spec), "memory": dict(self.memory),
+            # (the adapters it was loaded with: a created model's ADAPTER lines, then --lora's; the spec has only these)
+            "load": {**asdict(self.spec), "lora": [list(a) for a in getattr(self.engine.options, "lora", self.spec.lora)]},
+            "memory": dict(self.memory),
         }
 
 
