@@ -116,11 +116,13 @@ class MakeFailed(Exception):
 class Wording:
     """How a dialect says what the table says: `name_of(field)` the field as its clients write it (localrun's names
     in, theirs out; a name already theirs stays), and its remedies: for a prompt over the context, for images on a
-    model without a projector."""
+    model without a projector. `load_options`: the load settings its requests can set (named through name_of as
+    `load.SETTING`); any other load setting is the server's own, named by its flag."""
 
     more_context: str
     no_projector: str
     name_of: Callable[[str], str] = str
+    load_options: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -146,14 +148,21 @@ class Fault:
         return {"Retry-After": "1"} if self.status in (429, 503) else None  # as every dialect's busy answer
 
 
-# The load settings a request's `options` set (serve.checks.LOAD_OPTIONS: Ollama's, and three of localrun's)
-_ASKED_LOAD = {*OLLAMA_LOAD.values(), "parallel", "kv_type", "flash_attn"}
+# The load settings some dialect's requests set (serve.checks.LOAD_OPTIONS: Ollama's, and three of localrun's)
+LOAD_SETTINGS = frozenset({*OLLAMA_LOAD.values(), "parallel", "kv_type", "flash_attn"})
 
 
 def settings_named(w: Wording) -> Callable[[str], str]:
-    """How a dialect names a setting an error's sentence names (errors.Phrase): a load setting a request sets as
-    the option that sets it (options.num_ctx for Ollama), any other as the field of that name."""
-    return lambda setting: w.name_of(f"load.{setting}" if setting in _ASKED_LOAD else setting)
+    """How a dialect names a setting an error's sentence names (errors.Phrase): a load setting its requests set as
+    the option that sets it (options.num_ctx for Ollama), a load setting they cannot set as the server's flag ("the
+    server's --parallel": no option of theirs changes it), any other as the field of that name."""
+    def named(setting: str) -> str:
+        if setting in w.load_options:
+            return w.name_of(f"load.{setting}")
+        if setting in LOAD_SETTINGS:
+            return "the server's --" + setting.replace("_", "-")
+        return w.name_of(setting)
+    return named
 
 
 def message_of(exc: LocalrunError, w: Wording) -> str:
@@ -191,8 +200,9 @@ def _no_projector(exc: NoProjector, w: Wording) -> Fault:
 
 def _load_refused(exc: LoadRefused, w: Wording) -> Fault:
     cause = exc.cause
-    if isinstance(cause, SettingError):  # named as the request names it
-        return Fault(400, cause.worded(lambda setting: w.name_of(f"load.{setting}")),
+    if isinstance(cause, SettingError):  # the setting at fault named as the request set it, the others as any are
+        others = settings_named(w)
+        return Fault(400, cause.worded(lambda s: w.name_of(f"load.{s}") if s == cause.setting else others(s)),
                      w.name_of(f"load.{cause.setting}" if cause.setting else "load"))
     return Fault(400, message_of(cause, w), w.name_of("load"))  # e.g. an RPC endpoint or a tensor split: the server's own settings
 

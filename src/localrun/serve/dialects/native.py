@@ -16,7 +16,7 @@ from ...runtime.identity import build_identity
 from ...runtime.options import LOAD_FIELDS, LoadSpec
 from ...runtime.pool import parse_keep_alive
 from ...runtime.resident import wire
-from ..errors import LoadFailed, Refused, Wording, fault
+from ..errors import LOAD_SETTINGS, LoadFailed, Refused, Wording, fault
 
 
 class RunRefused(Refused):
@@ -28,7 +28,7 @@ class RunRefused(Refused):
 
 
 # The command line is this dialect's client: what it can change is its own flags
-WORDING = Wording(more_context="raise --ctx", no_projector="pass --mmproj FILE")
+WORDING = Wording(more_context="raise --ctx", no_projector="pass --mmproj FILE", load_options=LOAD_SETTINGS)
 
 
 def flag(setting: str) -> str:

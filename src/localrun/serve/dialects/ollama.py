@@ -83,6 +83,7 @@ def option_name(field: str) -> str:
 
 
 WORDING = Wording(more_context="raise options.num_ctx (or restart the server with a larger --ctx)", name_of=option_name,
+                  load_options=frozenset(OLLAMA_LOAD.values()),  # (not num_parallel: see _LOAD)
                   no_projector="start the server with --mmproj FILE for it, or put its mmproj-*.gguf beside the model file")
 
 
