@@ -6,6 +6,7 @@ a command-line flag or a request field: the edge words them (`worded(name_of)`),
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Callable, Iterable
 
@@ -89,7 +90,15 @@ class SettingError(UsageError):
         if setting is None:
             super().__init__(reason)
         else:  # the setting is a placeholder of the sentence, named by the edge as the settings of its reason are
-            super().__init__(Phrase("invalid {%s} {value!r}: {reason}" % setting, value=value, reason=reason))
+            super().__init__(Phrase("invalid {%s} {shown}: {reason}" % setting, shown=_shown(value), reason=reason))
+
+
+def _shown(value: object) -> str:
+    """A value as an error shows it: a list or an object as JSON (as an HTTP client sent it: [{"id": 5}], not a
+    Python repr), anything else as its repr ('q8_0', 2)."""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=repr)
+    return repr(value)
 
 
 class SettingsConflict(UsageError):

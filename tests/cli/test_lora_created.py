@@ -80,3 +80,31 @@ def test_a_blob_is_kept_only_under_its_own_digest(server):
     right = "sha256:" + hashlib.sha256(body).hexdigest()
     assert httpx.post(f"{server.url}/api/blobs/{right}", content=body).status_code == 201
     assert httpx.head(f"{server.url}/api/blobs/{right}").status_code == 200
+
+
+def test_a_bad_uploaded_adapter_is_named_as_the_client_named_it(server, smollm2):
+    body = b"hello, not a GGUF"
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    assert httpx.post(f"{server.url}/api/blobs/{digest}", content=body).status_code == 201
+    r = httpx.post(f"{server.url}/api/create", json={"model": "bad", "from": str(smollm2), "adapters": {"a.gguf": digest},
+                                                     "stream": False}, timeout=120)
+    assert (r.status_code, r.json()["error"]) == (400, f"adapters: 'a.gguf' ({digest}): not a GGUF file")
+
+
+def test_a_digest_is_the_whole_name(server):
+    """sha256:HEX and nothing after it: not a trailing newline (which a regex's `$` lets through)."""
+    body = b"some bytes"
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    assert httpx.post(f"{server.url}/api/blobs/{digest}%0A", content=body).status_code == 400
+    assert httpx.head(f"{server.url}/api/blobs/{digest}%0A").status_code == 400
+    assert httpx.head(f"{server.url}/api/blobs/{digest}").status_code == 404  # nothing kept under it
+
+
+def test_a_requests_lora_on_a_model_without_adapters_is_said_in_the_requests_words(server, smollm2):
+    client = ollama.Client(host=server.url)
+    client.create(model="bare", from_=str(smollm2))
+    r = httpx.post(f"{server.url}/completion", json={"model": "bare", "prompt": PROMPT, "n_predict": 2,
+                                                     "lora": [{"id": 5, "scale": 1}]}, timeout=300)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ('invalid lora [{"id": 5, "scale": 1}]: this model was loaded without LoRA'
+                                            " adapters: load it with some, or make a model with a Modelfile's ADAPTER")

@@ -22,9 +22,12 @@ from .options import OLLAMA_IGNORED, OLLAMA_LOAD, OLLAMA_RENAMED
 
 __all__ = ["Modelfile", "ModelfileError", "blob_adapters", "blob_path", "copy_model", "create_model", "parse_modelfile"]
 
-_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+_DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")  # (fullmatch: `$` would take a trailing newline)
 
-_LOAD_FLAGS = {"gpu_layers": "--gpu-layers", "threads": "--threads", "batch": "--batch"}
+# The load settings a PARAMETER sets, and their flags: a notice is read on the command line and by /api/create's
+# clients alike, so it names both ways of setting them
+_LOAD_WORDS = {"gpu_layers": ("GPU layer count", "--gpu-layers"), "threads": ("thread count", "--threads"),
+               "batch": ("batch size", "--batch")}
 
 
 def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, source: str = "auto",
@@ -67,7 +70,7 @@ def blob_path(digest: str) -> Path:
     under localrun's folder. UsageError for a digest that is not sha256:HEX."""
     from ..store.paths import home
 
-    m = _DIGEST.match(digest) if isinstance(digest, str) else None
+    m = _DIGEST.fullmatch(digest) if isinstance(digest, str) else None
     if m is None:
         raise UsageError(f"invalid digest {digest!r}: give sha256: and the file's 64 hex digits")
     return home() / "blobs" / f"sha256-{m.group(1)}"
@@ -75,14 +78,21 @@ def blob_path(digest: str) -> Path:
 
 def blob_adapters(adapters: dict) -> list[str]:
     """Ollama's /api/create `adapters` ({"file.gguf": "sha256:HEX"}, each uploaded with /api/blobs) as ADAPTER lines:
-    the blobs' paths, each checked to be there (UsageError naming the file and its digest)."""
+    the blobs' paths, each checked to be there and a LoRA adapter's GGUF (UsageError naming the file as the client
+    named it and its digest, never the server's path)."""
+    from .lora import AdapterError, read_adapter
+
     out = []
     for name, digest in adapters.items():
-        if not isinstance(digest, str) or not _DIGEST.match(digest):
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
             raise UsageError(f"adapters: {name!r}: {digest!r} is no digest: give the uploaded file's sha256:HEX")
         path = blob_path(digest)
         if not path.is_file():
             raise UsageError(f"adapters: {name!r}: no blob {digest} here: upload the file first (POST /api/blobs/{digest})")
+        try:
+            read_adapter(path)
+        except AdapterError as exc:  # (its first bytes, a Python repr, say nothing to a client)
+            raise UsageError(f"adapters: {name!r} ({digest}): {re.sub(r' [(]starts with .*[)]$', '', exc.reason)}") from None
         out.append(str(path))
     return out
 
@@ -139,8 +149,9 @@ def _parameters(parameters: list[tuple[str, str]], base, say) -> tuple[dict[str,
             stops.append(value)
         elif name in OLLAMA_LOAD:
             if OLLAMA_LOAD[name] != "ctx":
-                say(f"ignoring PARAMETER {raw_name}: a made model keeps no {OLLAMA_LOAD[name]}; give "
-                    f"{_LOAD_FLAGS[OLLAMA_LOAD[name]]} when it runs")
+                what, flag = _LOAD_WORDS[OLLAMA_LOAD[name]]
+                say(f"ignoring PARAMETER {raw_name}: a made model keeps no {what}; set it where it runs ({flag} on the"
+                    f" command line, options.{name} in a request)")
                 continue
             try:
                 context = int(value)
@@ -151,7 +162,8 @@ def _parameters(parameters: list[tuple[str, str]], base, say) -> tuple[dict[str,
         elif name in OLLAMA_IGNORED:
             say(f"ignoring PARAMETER {raw_name}, which localrun (as recent Ollama) does not use")
         elif name == "draft_num_predict":  # Ollama's cap on its draft model's tokens a step
-            say(f"ignoring PARAMETER {raw_name}: a made model keeps no draft settings; give --draft-max when it runs")
+            say(f"ignoring PARAMETER {raw_name}: a made model keeps no draft settings; set them where it runs (--draft-max"
+                " on the command line)")
         elif name in BY_NAME:
             try:
                 sampling[name] = text_value(name, value)

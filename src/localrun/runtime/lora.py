@@ -118,6 +118,6 @@ def _scale(given: Any, value: Any) -> float:
 
 def _count(engine) -> str:
     n = len(engine.adapters)
-    if not n:
-        return "this model was loaded without LoRA adapters (load it with --lora FILE, or a Modelfile's ADAPTER)"
+    if not n:  # (no flag: the setting at fault is named by the edge, --lora on the command line, lora over HTTP)
+        return "this model was loaded without LoRA adapters: load it with some, or make a model with a Modelfile's ADAPTER"
     return f"this model has {n} LoRA adapter{'s' if n > 1 else ''} (ids 0..{n - 1})"
