@@ -41,8 +41,8 @@ TensorSplitOpt = Annotated[Optional[str], typer.Option(
     "--tensor-split", rich_help_panel=_M, help="proportions of the offloaded layers per device, RPC workers first then GPUs, e.g. 3,1 (default: by free memory)")]
 LoraOpt = Annotated[Optional[list[str]], typer.Option(
     "--lora", metavar="FILE[:SCALE]", rich_help_panel=_M,
-    help="a LoRA adapter (GGUF) for the model, at SCALE (default 1.0); repeat for more. The background server loads "
-         "the model again when it holds it with other adapters or scales")]
+    help="a LoRA adapter (GGUF) loaded with the model, at SCALE (default 1.0); repeat for more (a model already loaded "
+         "with other adapters or scales is loaded again)")]
 KeepAliveOpt = Annotated[str, typer.Option(
     "--keep-alive", envvar="LOCALRUN_KEEP_ALIVE",
     help="keep the model loaded in the background server this long after the answer: 5m, 1h, -1 (forever); 0 runs in this process, no server")]
