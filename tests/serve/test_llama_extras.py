@@ -1,5 +1,6 @@
 """What llama-server's clients ask beyond its endpoints' basics, on `localrun serve` (SmolLM2 through real llama.cpp,
-on loopback): `serve --alias` (the served model answers to other names and is listed by the first), /completion's
+on loopback): `serve --alias` (the served model answers to other names and is listed by the alphabetically first),
+/completion's
 `post_sampling_probs`, /infill's `n_indent`."""
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ def aliased(smollm2, tmp_path_factory):
 
 
 def test_alias_is_what_the_model_is_listed_and_answers_by(aliased):
-    """As llama-server's --alias: /v1/models lists the model once, by the first alias in order, with the others
-    answering too; /props' model_alias; its own file name still names it."""
+    """As llama-server's --alias: /v1/models lists the model once, by the alphabetically first alias, with the
+    others answering too; /props' model_alias; its own file name still names it."""
     client = aliased.client(key="none")
     assert [m.id for m in client.models.list().data] == ["smol"]
+    assert client.models.list().data[0].aliases == ["smol", "tiny-2"]  # all of them, sorted, as llama-server's
     props = httpx.get(aliased.url + "/props", timeout=60).json()
     assert props["model_alias"] == "smol"
     local = ollama.Client(host=aliased.url)
@@ -41,6 +43,44 @@ def test_alias_is_what_the_model_is_listed_and_answers_by(aliased):
     assert native["model"] == "smol"
     # still one model loaded: the names are one load's
     assert len(local.ps().models) == 1
+
+
+def test_answers_to_a_request_naming_no_model_name_the_alias(aliased):
+    """Every dialect's answer says the model it came from by the name the server lists it by: the alias (the
+    request's own name where it gave one, as OpenAI echoes it)."""
+    asks = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            "/v1/completions": {"prompt": "Hi", "max_tokens": 2},
+            "/v1/messages": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            "/v1/responses": {"input": "Hi", "max_output_tokens": 2},
+            "/v1/embeddings": {"input": "Hi"}}
+    for path, body in asks.items():
+        answer = httpx.post(aliased.url + path, json=body, timeout=120)
+        assert answer.status_code == 200, (path, answer.text)
+        assert answer.json()["model"] == "smol", path
+    named = httpx.post(aliased.url + "/v1/messages", json={**asks["/v1/messages"], "model": "tiny-2"}, timeout=120)
+    assert named.json()["model"] == "tiny-2"
+
+
+def test_a_model_is_not_made_under_an_alias(aliased, smollm2):
+    """A model created or copied to an alias's name would be listed and shown but never answer (the alias does):
+    refused as Ollama refuses a bad name, nothing made."""
+    local = ollama.Client(host=aliased.url)
+    for make in (lambda: local.create(model="Tiny-2", from_=str(smollm2)),
+                 lambda: local.copy(SMOL, "smol:latest")):
+        with pytest.raises(ollama.ResponseError) as refused:
+            make()
+        assert refused.value.status_code == 400 and "alias" in refused.value.error
+    assert not [m.model for m in local.list().models if m.model.split(":")[0].casefold() in ("smol", "tiny-2")]
+    local.copy(SMOL, "smol-copy")  # any other name is made
+    assert "smol-copy:latest" in [m.model for m in local.list().models]
+
+
+def test_an_alias_may_not_hide_a_model_of_that_name(smollm2, tmp_path):
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2}\n")
+    assert run_cli("create", "mine", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    result = run_cli("serve", str(smollm2), "--alias", "tiny,MINE", "--port", "0")
+    assert result.returncode == 2 and "\n" not in result.stderr.strip()
+    assert "'MINE'" in result.stderr and "mine" in result.stderr and "localrun rm" in result.stderr
 
 
 def test_alias_needs_the_model_it_names():

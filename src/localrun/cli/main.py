@@ -526,7 +526,7 @@ def serve(
     port: Annotated[Optional[int], typer.Option("--port", help="port to listen on (0 = any free port; default 11435, with --ollama 11434)")] = None,
     ollama: Annotated[bool, typer.Option("--ollama", help="listen on Ollama's port, 11434, so that clients set up for Ollama work unchanged")] = False,
     alias: Annotated[Optional[str], typer.Option("--alias", "-a", metavar="NAME[,NAME...]", help="MODEL answers to these names too, and "
-                                                 "is listed by the first in order (/v1/models, /api/ps, /props), as llama-server's --alias")] = None,
+                                                 "is listed by the alphabetically first (/v1/models, /api/ps, /props), as llama-server's --alias")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALRUN_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option("--api-key-file", help="require one of the keys in FILE (one a line; # starts a comment), with --api-key's")] = None,
     allowed_origins: Annotated[Optional[list[str]], typer.Option("--allowed-origins", metavar="ORIGINS", help="web pages that may call this server from a browser, "
@@ -608,6 +608,14 @@ def _aliases(given: Optional[str], model: Optional[str]) -> tuple[str, ...]:
         raise UsageError(f"invalid --alias {given!r}: give a name, or several separated by commas")
     if model is None:
         raise UsageError("--alias names the MODEL served: localrun serve MODEL --alias NAME")
+    from ..hub import record_ref
+
+    own = (record_ref(model) or "").casefold()
+    for name in names:  # requests naming it would be answered by MODEL while /api/tags and /api/show still name the other
+        other = record_ref(name)
+        if other and other.casefold() != own:
+            raise UsageError(f"invalid --alias {name!r}: it is the name of the model {other!r} here, which the alias would "
+                             f"hide: pick another alias, or remove that model (localrun rm {other})")
     return names
 
 

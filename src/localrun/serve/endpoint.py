@@ -238,7 +238,7 @@ async def answering(request: Request, held: Held, asked: Asked) -> Answer:
         wanted, tools = await off_loop_if_big(size, prepared, asked, held.facts)
     except Exception as exc:  # noqa: BLE001 - worded by the dialect; the model is given back by `holding`
         raise _refusal(exc, asked) from None
-    access.note(request, model=asked.model or held.resident.name)
+    access.note(request, model=asked.model or service_of(request).name_of(held.resident))
     metrics, pool = service_of(request).metrics, service_of(request).pool
 
     def on_end(final: Optional[Response]) -> None:  # on the answer's thread, its state saved
@@ -342,7 +342,7 @@ async def embeddings_of(request: Request, asked: Asked, texts: list, *, truncate
             result = await run_in_threadpool(embed_on, held.resident, texts, truncate=truncate, dimensions=dimensions)
         except LocalrunError as exc:
             raise EmbedFailed(exc) from None
-    return asked.model or held.resident.name, result, held.load_s
+    return asked.model or service_of(request).name_of(held.resident), result, held.load_s
 
 
 # -- the client going away --------------------------------------------------------------------------

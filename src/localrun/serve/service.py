@@ -33,7 +33,7 @@ class ServeOptions:
     ssl_keyfile: Optional[str] = None
     max_body: int = field(default_factory=max_body_bytes)  # bytes; 0: no cap (serve/guards.py)
     model: Optional[str] = None  # the model named on the command line: loaded at start, the default
-    aliases: tuple[str, ...] = ()  # what it answers to besides its own names, the first (in order) the one listed (--alias)
+    aliases: tuple[str, ...] = ()  # what it answers to besides its own names, the alphabetically first the one listed (--alias)
     sampling: Optional[dict] = None  # the sampling flags given to serve, over each model's catalogue defaults
     keep_alive: float = 300.0
     max_models: int = 0
@@ -107,12 +107,16 @@ class Service:
             del self.known[name]
         return self.pool.deleted(ref)
 
+    def alias_named(self, name: str) -> Optional[str]:
+        """The --alias that `name` is (as a request names a model: any case, Ollama's clients add :latest), or None."""
+        wanted = name.casefold()
+        return next((a for a in self.options.aliases if a.casefold() in (wanted, wanted.removesuffix(":latest"))), None)
+
     def resolve(self, name: str) -> str:
         """What a request's model name loads: a loaded model's ref by any of its names, else a name a model
         answered to before it unloaded, else the name as given."""
         wanted = name.casefold()
-        aliases = {a.casefold() for a in self.options.aliases}
-        if self.served and (wanted in aliases or wanted.removesuffix(":latest") in aliases):  # (Ollama's clients add the tag)
+        if self.served and self.alias_named(name):
             return self.served
         loaded = next((r.loaded.ref for r in list(self.pool.residents) if wanted in r.names), None)
         return loaded or self.known.get(wanted, name)

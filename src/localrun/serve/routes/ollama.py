@@ -175,6 +175,7 @@ async def create(request: Request):
     Ollama's status objects (streamed unless `stream` is false)."""
     service, notes = service_of(request), []
     name, modelfile, stream = create_request(await _body(request))
+    _not_an_alias(service, name, "model")
     modelfile.base = service.resolve(modelfile.base)  # a name /api/tags or /v1/models lists, as for /api/copy
     made = await _making(lambda: create_model(name, modelfile, source=service.options.source, on_notice=notes.append))
     for note in notes:
@@ -185,6 +186,15 @@ async def create(request: Request):
     statuses = [*({"status": note} for note in notes), {"status": f"using {made.origin}"}, {"status": "writing manifest"},
                 {"status": "success"}]
     return StreamingResponse(iter([ndjson(s) for s in statuses]), media_type="application/x-ndjson")
+
+
+def _not_an_alias(service, name: str, field: str) -> None:
+    """A model made under one of the server's --alias names would be hidden: listed by /api/tags and described by
+    /api/show, while every request naming it is answered by the served model."""
+    alias = service.alias_named(name)
+    if alias is not None:
+        raise Refused(f"{name!r} is an alias of the model this server serves ({alias}): a model of that name would be"
+                      " hidden by it; pick another name", field)
 
 
 def _blob(request: Request):
@@ -225,6 +235,7 @@ async def put_blob(request: Request):
 @endpoint("/api/copy", ollama)
 async def copy(request: Request):
     source, destination = copy_request(await _body(request))
+    _not_an_alias(service_of(request), destination, "destination")
     source = service_of(request).resolve(source)  # a name /api/ps or /v1/models lists
     made = await _making(lambda: copy_model(source, destination))
     service_of(request).deleted(made.name)  # a model of that name loaded before: the copy loads next time

@@ -60,7 +60,9 @@ async def _listed(request: Request) -> list[dict]:
 
 
 def _entry(service, name: str, *, loaded: bool, file, **meta) -> dict:
-    return {"id": name, "object": "model", "created": service.created, "owned_by": "localrun",
+    # the served model's entry lists its --alias names (sorted, as llama-server's set), the first its id
+    aliases = {"aliases": sorted(set(service.options.aliases))} if service.alias and name == service.alias else {}
+    return {"id": name, **aliases, "object": "model", "created": service.created, "owned_by": "localrun",
             "meta": {**meta, "file": file, "loaded": loaded}}
 
 
