@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
@@ -438,14 +438,21 @@ def indent_cut(text: str, n_indent: int) -> Optional[int]:
     return None
 
 
-async def indent_limited(events: AsyncIterator[Event], n_indent: int, stop) -> AsyncIterator[Event]:
+async def indent_limited(events: AsyncIterator[Event], n_indent: int, stop,
+                         piece: Optional[Callable[[int], bytes]] = None) -> AsyncIterator[Event]:
     """An answer's events ended as n_indent says (indent_cut): the text cut there, `stop()` called to stop the model,
-    and the answer's end said as a limit reached (stop_type "limit", as llama-server's)."""
-    text, cut = "", False
+    and the answer's end said as a limit reached (stop_type "limit", as llama-server's). What the model made after
+    the cut is not the answer's: the event holding the cut keeps the tokens (and logprobs) up to it (`piece`: a
+    token's bytes, to tell them), and tokens_predicted counts the tokens up to it (the model stops a step or more
+    later)."""
+    text, cut, predicted = "", False, 0
     async for e in events:
         if cut:
             if e.kind in ("done", "failed") and e.final is not None:
-                yield Event("done", final=replace(e.final, finish_reason="length", stop_sequence=None, error=None))
+                final = replace(e.final, finish_reason="length", stop_sequence=None, error=None)
+                if final.stats is not None:
+                    final = replace(final, stats=replace(final.stats, generated_tokens=predicted))
+                yield Event("done", final=final)
                 return
             continue
         if e.kind == "text":
@@ -454,10 +461,28 @@ async def indent_limited(events: AsyncIterator[Event], n_indent: int, stop) -> A
                 cut = True
                 stop()
                 if at > len(text):
-                    yield replace(e, text=(text + e.text)[len(text):at])
+                    e = _up_to(e, at - len(text), piece)
+                    predicted += len(e.tokens) or 1
+                    yield e
                 continue
             text += e.text
+            predicted += len(e.tokens) or 1
         yield e
+
+
+def _up_to(e: Event, n: int, piece: Optional[Callable[[int], bytes]]) -> Event:
+    """A text event cut to its first `n` characters, with the tokens (and their logprobs) that make them: the fewest
+    whose text reaches n; all of them where a token's text is not known."""
+    kept = len(e.tokens)
+    if piece is not None:
+        made = b""
+        for i, token in enumerate(e.tokens):
+            made += piece(token)
+            if len(made.decode("utf-8", "ignore")) >= n:
+                kept = i + 1
+                break
+    logprobs = e.logprobs[:kept] if len(e.logprobs) == len(e.tokens) else e.logprobs
+    return replace(e, text=e.text[:n], tokens=list(e.tokens[:kept]), logprobs=list(logprobs))
 
 
 async def lines(events: AsyncIterator[Event], made: Made, native: Native, facts=None, progress: bool = False,

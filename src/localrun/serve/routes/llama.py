@@ -67,18 +67,18 @@ def _probed(asked: Asked, native: llama.Native, held: Held) -> Asked:
 
 
 def _streamed(request: Request, answer, held: Held, asked: Asked, native: llama.Native):
-    wire = llama.lines(_events(request, answer, native), _made(request, held, answer, asked), native, held.facts,
+    wire = llama.lines(_events(request, answer, native, held), _made(request, held, answer, asked), native, held.facts,
                        progress=asked.reply.progress, sampling=answer.request.sampling)
     return streamed(request, answer, wire)
 
 
-def _events(request: Request, answer, native: llama.Native):
+def _events(request: Request, answer, native: llama.Native, held: Held):
     """The answer's events, counted; under n_indent, ended at the first line indented less (the answer stopped)."""
     if not native.n_indent:
         return counted_events(request, answer)
 
     async def limited():
-        async for event in llama.indent_limited(answer_events(answer), native.n_indent, answer.cancel):
+        async for event in llama.indent_limited(answer_events(answer), native.n_indent, answer.cancel, held.facts.piece):
             if event.kind in ("done", "failed"):  # (as counted_events counts them)
                 count(request, 200 if event.kind == "done" else 500)
                 if event.final is not None and event.final.stats is not None:
@@ -89,7 +89,7 @@ def _events(request: Request, answer, native: llama.Native):
 
 async def _whole(request: Request, answer, held: Held, asked: Asked, native: llama.Native) -> dict:
     if native.n_indent:
-        text, final = await _gathered(request, answer, native)
+        text, final = await _gathered(request, answer, native, held)
     else:
         text, final = await whole(request, answer)
     logprobs = (llama.probabilities(held.facts, final.logprobs, native, answer.request.sampling)
@@ -97,11 +97,11 @@ async def _whole(request: Request, answer, held: Held, asked: Asked, native: lla
     return llama.final(_made(request, held, answer, asked), text, final, native, logprobs)
 
 
-async def _gathered(request: Request, answer, native: llama.Native):
+async def _gathered(request: Request, answer, native: llama.Native, held: Held):
     """The whole answer read from its events (whole() reads the model's, which n_indent cuts short)."""
     parts, tokens, logprobs = [], [], []
     async with cancelled_on_disconnect(request, answer):
-        async for event in _events(request, answer, native):
+        async for event in _events(request, answer, native, held):
             if event.kind == "text":
                 parts.append(event.text)
                 tokens += event.tokens
