@@ -62,6 +62,7 @@ def test_api_create_refuses_an_adapter_it_cannot_use(server, smollm2, adapters):
     with pytest.raises(ollama.ResponseError) as refused:
         client.create(model="wrong", from_=str(smollm2), adapters={"qwen2.gguf": wrong})
     assert refused.value.status_code == 400 and "qwen2 architecture" in refused.value.error
+    assert refused.value.error.startswith(f"adapters: {wrong}: is for the qwen2 architecture")  # not the server's path
     assert "\n" not in refused.value.error
     missing = "sha256:" + "0" * 64
     with pytest.raises(ollama.ResponseError) as refused:

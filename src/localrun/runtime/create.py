@@ -59,9 +59,15 @@ def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, sourc
     if local.source == "path":  # a file of the user's own: whole and a GGUF model, or no model is made of it
         _check_file(local.path)
     if adapters:
-        from .lora import check_adapters
+        from .lora import AdapterError, check_adapters
 
-        check_adapters(adapters, local.path)
+        try:
+            check_adapters(adapters, local.path)
+        except AdapterError as exc:  # an uploaded one (/api/create's adapters) by its digest, not the server's path
+            digest = _DIGEST.fullmatch(exc.path.name)
+            if digest is None or exc.path.parent != blob_path(exc.path.name).parent:
+                raise
+            raise UsageError(f"adapters: sha256:{digest.group(1)}: {exc.reason}") from None
     return hub.register_created(name, local, defaults, origin=f"FROM {local.ref if local.source != 'path' else local.path}")
 
 
