@@ -11,8 +11,8 @@ import jsonschema
 import ollama
 import pytest
 
-from conftest import start_server, wait_until
-from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
+from conftest import run_cli, start_server, wait_until
+from hubstub import HubStub, StubEnv, StubFile, isolate_hf_home, point_hub_at
 
 pytestmark = pytest.mark.slow
 
@@ -21,13 +21,37 @@ QUESTION = "What is the capital of France?"
 GREEDY = {"temperature": 0, "num_predict": 24}
 
 
+@pytest.fixture(scope="module")
+def module_served(smollm2, tmp_path_factory):
+    """One Hub stand-in, one pull of SmolLM2 (as REF) and one server on that home for the whole module (a pull of
+    90 MB and a server's start for each test were most of this module's time); stopped (Ctrl-C) at the end.
+    test_pull_and_delete pulls another repository, so the pull itself is still tested through the server."""
+    where = tmp_path_factory.mktemp("ollama")
+    home, hf_home = where / "localrun-home", where / "hf-home"
+    home.mkdir()
+    with pytest.MonkeyPatch.context() as patch, HubStub() as stub:
+        patch.setenv("LOCALRUN_HOME", str(home))
+        patch.delenv("LOCALRUN_MODELS", raising=False)
+        patch.delenv("LOCALRUN_MIRROR_FIND_LINKS", raising=False)
+        isolate_hf_home(patch, hf_home)
+        point_hub_at(patch, stub.url)
+        stub.add_repo("test/SmolLM2-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
+        pulled = run_cli("pull", REF)
+        assert pulled.returncode == 0, pulled.stderr
+        with start_server(None, home, "--parallel", "2", "--ctx", "1024") as srv:
+            srv.hub = StubEnv(stub=stub, home=home, hf_home=hf_home)
+            yield srv
+        from huggingface_hub import close_session
+
+        close_session()
+
+
 @pytest.fixture
-def served(hub_stub, smollm2, cli):
-    """A server whose home has SmolLM2 pulled (as REF) from the Hub stand-in; stopped (Ctrl-C) at the end."""
-    hub_stub.stub.add_repo("test/SmolLM2-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
-    assert cli("pull", REF).returncode == 0
-    with start_server(None, hub_stub.home, "--parallel", "2", "--ctx", "1024") as srv:
-        yield srv
+def served(module_served, monkeypatch):
+    """The module's server, with this test's `localrun` commands (run_here) in the server's home."""
+    monkeypatch.setenv("LOCALRUN_HOME", str(module_served.hub.home))
+    monkeypatch.setenv("HF_HOME", str(module_served.hub.hf_home))
+    return module_served
 
 
 def run_here(cli, *args: str) -> str:
@@ -111,7 +135,9 @@ def test_list_show_ps_version_preload_and_unload(served, cli):
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.block_count"] == 30
     assert "<|im_start|>" in shown.template
 
-    assert c.ps().models == []
+    for model in c.ps().models:  # (what the module's earlier tests left loaded: unloaded first)
+        c.generate(model=model.model, prompt="", keep_alive=0)
+    wait_until(lambda: c.ps().models == [], what="the models loaded before to unload")
     loaded = c.chat(model=REF, messages=[])  # an empty request loads the model (Ollama's preload)
     assert loaded.done and loaded.done_reason == "load"
     [running] = c.ps().models
@@ -126,8 +152,8 @@ def test_list_show_ps_version_preload_and_unload(served, cli):
     assert up.status_code == 200 and "Ollama is running" in httpx.get(served.url + "/").text
 
 
-def test_pull_and_delete(served, hub_stub, smollm2):
-    c = ollama.Client(host=served.url)
+def test_pull_and_delete(served, smollm2):
+    c, hub_stub = ollama.Client(host=served.url), served.hub
     other = "test/SmolLM2-copy-GGUF:Q4_1"
     hub_stub.stub.add_repo("test/SmolLM2-copy-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
     parts = list(c.pull(other, stream=True))
@@ -208,13 +234,16 @@ def test_a_model_deleted_while_it_answers_leaves_the_listings_whole(served):
     (it was a 500 on the vanished file), and the answer under way ends."""
     body = {"model": REF, "messages": [{"role": "user", "content": "Count to a hundred."}],
             "options": {"num_predict": 200, "temperature": 0}}
-    with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=300) as answer:
-        lines = answer.iter_lines()
-        assert json.loads(next(lines))["done"] is False  # under way
-        assert httpx.request("DELETE", served.url + "/api/delete", json={"model": REF}, timeout=60).status_code == 200
-        tags = httpx.get(served.url + "/api/tags", timeout=60)
-        assert tags.status_code == 200 and REF not in [m["name"] for m in tags.json()["models"]], tags.text
-        assert json.loads(list(lines)[-1])["done"] is True
+    try:
+        with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=300) as answer:
+            lines = answer.iter_lines()
+            assert json.loads(next(lines))["done"] is False  # under way
+            assert httpx.request("DELETE", served.url + "/api/delete", json={"model": REF}, timeout=60).status_code == 200
+            tags = httpx.get(served.url + "/api/tags", timeout=60)
+            assert tags.status_code == 200 and REF not in [m["name"] for m in tags.json()["models"]], tags.text
+            assert json.loads(list(lines)[-1])["done"] is True
+    finally:  # the module's other tests use it: pulled again (from the stand-in, as the module's fixture did)
+        assert ollama.Client(host=served.url).pull(REF).status == "success"
 
 
 def test_generate_context_continues_an_exchange(served):
