@@ -23,8 +23,18 @@ COUNT = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}
 HI = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+@pytest.fixture(scope="module")
+def served(smollm2, tmp_path_factory):
+    """One server for the tests that leave it as they found it (a server's start for each test was most of this
+    module's time)."""
+    with start_server(smollm2, tmp_path_factory.mktemp("ollama-clients") / "home", "--parallel", "2", "--ctx", "512") as srv:
+        yield srv
+
+
 @pytest.fixture
-def served(smollm2, tmp_path):
+def fresh(smollm2, tmp_path):
+    """A server of its own, for a test that needs one untouched (its access log, its prompt cache, its loaded
+    models) or changes what it serves (a reload with another num_ctx)."""
     with start_server(smollm2, tmp_path / "home", "--parallel", "2", "--ctx", "512") as srv:
         yield srv
 
@@ -67,8 +77,8 @@ def test_unknown_options_and_fields_are_ignored_and_logged_known_ones_honoured(s
     assert version["localrun_version"] == __version__
 
 
-def test_v1_takes_ollama_and_llama_server_parameters(served, smollm2):
-    client = served.client()
+def test_v1_takes_ollama_and_llama_server_parameters(fresh, smollm2):
+    client = fresh.client()
     name = smollm2.name
     # Open WebUI's OpenAI connection puts its Advanced Params at the top level
     r = client.chat.completions.create(model=name, messages=HI, temperature=0, max_tokens=40,
@@ -77,7 +87,7 @@ def test_v1_takes_ollama_and_llama_server_parameters(served, smollm2):
     # num_ctx means what it means on /api: the model is loaded with it (reloaded here)
     r = client.chat.completions.create(model=name, messages=HI, max_tokens=2, extra_body={"num_ctx": 256})
     assert r.choices[0].finish_reason == "length"
-    [loaded] = httpx.get(served.url + "/api/ps").json()["models"]
+    [loaded] = httpx.get(fresh.url + "/api/ps").json()["models"]
     assert loaded["context_length"] == 256
     # num_predict alone is the length
     r = client.chat.completions.create(model=name, messages=HI, temperature=0, extra_body={"num_predict": 3, "num_ctx": 256})
@@ -118,23 +128,27 @@ def test_ps_expires_at_is_always_a_date(served, smollm2, gemma):
     r = c.post("/api/generate", json={"model": str(gemma), "keep_alive": -1})  # Open WebUI's preload, forever
     assert r.status_code == 200 and r.json()["done_reason"] == "load"
     assert expiry(gemma.name) > far
-    r = c.post("/api/generate", json={"model": str(gemma), "keep_alive": "10m"})
-    assert expiry(gemma.name) < far and expiry(gemma.name) > datetime.now().astimezone()
+    try:
+        r = c.post("/api/generate", json={"model": str(gemma), "keep_alive": "10m"})
+        assert expiry(gemma.name) < far and expiry(gemma.name) > datetime.now().astimezone()
+    finally:  # the module's server: Gemma unloaded for the tests after this one
+        c.post("/api/generate", json={"model": str(gemma), "keep_alive": 0})
+        wait_until(lambda: gemma.name not in [m["name"] for m in c.get("/api/ps").json()["models"]], what="Gemma to unload")
 
 
-def test_one_access_log_line_per_request(served, smollm2, tmp_path):
+def test_one_access_log_line_per_request(fresh, smollm2, tmp_path):
     name = smollm2.name
-    r = httpx.post(served.url + "/api/chat", timeout=120, json={"model": name, "messages": HI, "stream": False,
+    r = httpx.post(fresh.url + "/api/chat", timeout=120, json={"model": name, "messages": HI, "stream": False,
                                                                 "options": {"num_predict": 3}})
     assert r.status_code == 200
-    httpx.post(served.url + "/v1/chat/completions", timeout=120, json={"model": name, "messages": HI, "max_tokens": 2,
+    httpx.post(fresh.url + "/v1/chat/completions", timeout=120, json={"model": name, "messages": HI, "max_tokens": 2,
                                                                        "stream": True}).read()
-    assert httpx.post(served.url + "/api/chat", json={"model": "no-such-model", "messages": HI}).status_code == 404
-    missing = httpx.post(served.url + "/api/push", json={"model": "x"})  # Ollama's push: nowhere to push to here
+    assert httpx.post(fresh.url + "/api/chat", json={"model": "no-such-model", "messages": HI}).status_code == 404
+    missing = httpx.post(fresh.url + "/api/push", json={"model": "x"})  # Ollama's push: nowhere to push to here
     assert missing.status_code == 404 and isinstance(missing.json()["error"], str)  # Ollama's error shape under /api
     prompt = r.json()["prompt_eval_count"]
-    wait_until(lambda: len(re.findall(r"^\[access\]", log(served), re.M)) >= 4, what="four access lines")
-    lines = [line for line in log(served).splitlines() if line.startswith("[access]")]
+    wait_until(lambda: len(re.findall(r"^\[access\]", log(fresh), re.M)) >= 4, what="four access lines")
+    lines = [line for line in log(fresh).splitlines() if line.startswith("[access]")]
     # the prompt's tokens (those from a cache: the second request's prefix is the first's), the answer's, the time to the first
     assert re.search(rf"\| 200 \| .*POST /api/chat \| {re.escape(name)} \| {prompt} in \(0 cached\), 3 out, ttft \d+\.\d{{3}}s$", lines[0]), lines[0]
     assert re.search(rf"\| 200 \| .*POST /v1/chat/completions \| {re.escape(name)} \| {prompt} in \({prompt - 1} cached\), 2 out, ttft [0-9.]+s$",
@@ -142,11 +156,11 @@ def test_one_access_log_line_per_request(served, smollm2, tmp_path):
     assert "| 404 |" in lines[2] and "POST /api/chat | no-such-model |" in lines[2]
     assert "| 404 |" in lines[3] and "POST /api/push" in lines[3]
     # A client that goes away mid-stream: its line says 499 (as /metrics counts it), not the 200 its head carried.
-    with httpx.stream("POST", served.url + "/v1/chat/completions", timeout=120, json={
+    with httpx.stream("POST", fresh.url + "/v1/chat/completions", timeout=120, json={
             "model": name, "messages": HI, "max_tokens": 400, "stream": True, "ignore_eos": True}) as cut:
         next(cut.iter_lines())
-    wait_until(lambda: len(re.findall(r"^\[access\]", log(served), re.M)) >= 5, what="the cut stream's line")
-    cut_line = [line for line in log(served).splitlines() if line.startswith("[access]")][4]
+    wait_until(lambda: len(re.findall(r"^\[access\]", log(fresh), re.M)) >= 5, what="the cut stream's line")
+    cut_line = [line for line in log(fresh).splitlines() if line.startswith("[access]")][4]
     assert "| 499 |" in cut_line and "POST /v1/chat/completions" in cut_line, cut_line
 
     with start_server(smollm2, tmp_path / "quiet-home", "--quiet") as quiet:
@@ -156,8 +170,8 @@ def test_one_access_log_line_per_request(served, smollm2, tmp_path):
     assert "[access]" not in "".join(quiet.stderr)
 
 
-def test_one_name_per_model_before_and_after_a_reload(served, smollm2):
-    c = httpx.Client(base_url=served.url, timeout=120)
+def test_one_name_per_model_before_and_after_a_reload(fresh, smollm2):
+    c = httpx.Client(base_url=fresh.url, timeout=120)
     [listed] = [m["id"] for m in c.get("/v1/models").json()["data"]]
     assert [m["name"] for m in c.get("/api/tags").json()["models"]] == [listed]
     assert [(m["name"], m["model"]) for m in c.get("/api/ps").json()["models"]] == [(listed, listed)]
