@@ -11,6 +11,7 @@ two layers of random weights (tests/tinymodel.py), since it is the reading that 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -87,13 +88,16 @@ def want(case: dict) -> tuple[str, str, list]:
     return e["content"].strip(), e["reasoning"].strip(), [(c["name"], arguments(c["arguments"])) for c in e["tool_calls"]]
 
 
+SLOTS = 4  # a family's requests are sent at once, decoded together (each one's text is fixed by its grammar)
+
+
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
     from tinymodel import write_tiny_model
 
     where = tmp_path_factory.mktemp("tiny-families")
     tiny = write_tiny_model(smollm2, where / "tiny.gguf", (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text())
-    with start_server(None, where / "home", "--ctx", "4096", "--parallel", "1") as srv:
+    with start_server(None, where / "home", "--ctx", "4096", "--parallel", str(SLOTS)) as srv:
         srv.tiny = tiny
         yield srv
 
@@ -164,12 +168,13 @@ def test_what_each_family_writes_comes_back_as_calls(server, family):
         made = http.post("/api/create", json={"model": model, "from": str(server.tiny), "template": template, "stream": False})
         assert made.status_code == 200, made.text
         try:
-            for kind, case in cases.items():
-                expected = want(case)
-                for way, read in (("/v1", _v1), ("/api/chat", _ollama)):
-                    for stream in (False, True):
-                        got = read(http, model, case, stream)
-                        assert got == expected, f"{kind} ({case['id']}) on {way}{' streamed' if stream else ''}: {got} != {expected}"
+            asked = [(kind, case, way, read, stream) for kind, case in cases.items()
+                     for way, read in (("/v1", _v1), ("/api/chat", _ollama)) for stream in (False, True)]
+            with ThreadPoolExecutor(SLOTS) as pool:
+                answers = [pool.submit(read, http, model, case, stream) for _, case, _, read, stream in asked]
+                for (kind, case, way, _, stream), answer in zip(asked, answers):
+                    got, expected = answer.result(), want(case)
+                    assert got == expected, f"{kind} ({case['id']}) on {way}{' streamed' if stream else ''}: {got} != {expected}"
         finally:
             http.request("DELETE", "/api/delete", json={"model": model})
 
