@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import wait_until
+from localrun.cli.failures import message_for
 from localrun.runtime.options import LoadSpec
 from localrun.runtime.pool import ModelPool, ModelTooBig, PoolBusy, _gib, estimate_bytes, gpu_share
 
@@ -108,7 +109,8 @@ def test_models_take_turns_on_a_small_gpu_and_a_too_big_one_is_refused(smollm2, 
             tiny.acquire(str(gemma), spec)
         message = refused.value.message
         assert f"on the GPU need about {_gib(big)}" in message and f"has {_gib(small // 3)} free" in message  # both numbers
-        assert "--gpu-layers" in message
+        assert "(gpu_layers)" in message  # the setting, named by the edge: the command line's flag
+        assert "offload fewer layers (--gpu-layers)" in message_for(refused.value)[0]
         half, _ = tiny.acquire(str(smollm2), LoadSpec(ctx=1024, parallel=1, gpu_layers="8", kind="run"))  # fewer layers fit
         assert 0 < half.vram <= small // 3
         tiny.release(half)
