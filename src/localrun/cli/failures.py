@@ -4,11 +4,7 @@ one line and an exit code (runtime.failures has the table)."""
 from __future__ import annotations
 
 from ..runtime import failures
-
-
-def flag(setting: str) -> str:
-    """The command line's flag for a load or sampling setting (ctx -> --ctx, kv_type -> --kv-type)."""
-    return "--" + setting.replace("_", "-")
+from ..runtime.failures import flag
 
 
 def message_for(exc: BaseException) -> tuple[str, int]:

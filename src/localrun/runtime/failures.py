@@ -1,13 +1,19 @@
 """The one table from an exception to what a user reads: a sentence naming settings in their own names (an
 errors.Phrase) and an exit code. Each edge words the settings: the command line as flags (cli.failures), the
 server's own dialect for `localrun run` (serve.dialects.native) the same way, so a failure reads the same either
-way; nothing here names a flag."""
+way; no sentence here names a flag (`flag` is how those edges name one)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, ContextOverflow, LocalrunError, Phrase
+
+
+def flag(setting: str) -> str:
+    """A setting as the command line names it, its flag (ctx -> --ctx, kv_type -> --kv-type): how cli.failures words
+    an error's settings, and how the server's own dialects name a setting only its command line sets."""
+    return "--" + setting.replace("_", "-")
 
 
 def phrase_for(exc: BaseException) -> tuple[Phrase, int]:

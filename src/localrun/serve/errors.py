@@ -12,6 +12,7 @@ from typing import Optional
 
 from ..errors import ContextOverflow, InvalidModelFile, LocalrunError, ModelNotFound, SettingError, UnknownModel, UsageError
 from ..runtime import OptionError
+from ..runtime.failures import flag
 from ..runtime.images import BadImage, NoProjector
 from ..runtime.options import OLLAMA_LOAD
 from ..runtime.pool import LoadCancelled, ModelTooBig, PoolBusy
@@ -160,7 +161,7 @@ def settings_named(w: Wording) -> Callable[[str], str]:
         if setting in w.load_options:
             return w.name_of(f"load.{setting}")
         if setting in LOAD_SETTINGS:
-            return "the server's --" + setting.replace("_", "-")
+            return "the server's " + flag(setting)
         return w.name_of(setting)
     return named
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from ...errors import LocalrunError
-from ...runtime.failures import message_for
+from ...runtime.failures import flag, message_for
 from ...runtime.identity import build_identity
 from ...runtime.options import LOAD_FIELDS, LoadSpec
 from ...runtime.pool import parse_keep_alive
@@ -29,11 +29,6 @@ class RunRefused(Refused):
 
 # The command line is this dialect's client: what it can change is its own flags
 WORDING = Wording(more_context="raise --ctx", no_projector="pass --mmproj FILE", load_options=LOAD_SETTINGS)
-
-
-def flag(setting: str) -> str:
-    """A setting as this dialect's client names it: its flag (cli.failures.flag)."""
-    return "--" + setting.replace("_", "-")
 
 
 def error_answer(exc: BaseException, model: Optional[str] = None) -> tuple[int, dict]:
