@@ -4,7 +4,7 @@
     python scripts/bench_decode.py [--models smollm2 gemma] [--reps 5] [--threads N] [--llama-bench PATH]
                                    [--output md|table|json|csv]
 
-A fixed recipe over `localrun bench` (src/localrun/runtime/bench.py, cli/bench.py) on the test suite's cached real models:
+A fixed recipe over `localrun bench` (src/localrun/runtime/reports/bench.py, cli/bench.py) on the test suite's cached real models:
   - pp512: prefill of 512 tokens (llama-bench `-p 512 -n 0`; ours: the engine's batched step into a fresh context)
   - tg128@d512: 128 decode steps after a 512-token context (llama-bench `-p 0 -n 128 -d 512`; ours:
     engine.generate with the default sampler chain, end-of-text suppressed, timed from the first token)
@@ -31,7 +31,7 @@ MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma": "gemma-3-270m-q
 
 
 def find_llama_bench(explicit: str | None) -> str:
-    from localrun.runtime.bench import find_llama_bench as find
+    from localrun.runtime.reports.bench import find_llama_bench as find
     from localrun.errors import LocalrunError
 
     try:

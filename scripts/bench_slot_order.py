@@ -3,7 +3,7 @@
 when the slots' sequence ids are not consecutive. With one KV stream per slot (localrun's layout,
 llama-server's --no-kv-unified), llama.cpp puts only consecutive sequences in one micro-batch, so slots
 0, 2, 5, 7 decode as four micro-batches of one token (four passes over the weights), slots 0-3 as one.
-localrun's slot choice (runtime.scheduler.Scheduler._closest) takes the free slot beside the busy ones
+localrun's slot choice (runtime.serving.scheduler.Scheduler._closest) takes the free slot beside the busy ones
 first, and copies a prefix held elsewhere into it; when the longest useful prefix came first, requests
 were scattered over the slots once all had been used (bench_serve.py's 4 streams on slots 0, 1, 3, 4).
 
@@ -36,7 +36,7 @@ def main() -> None:
     from localrun.engine.sampling import merge_options
     from localrun.runtime.loader import load
     from localrun.runtime.options import LoadSpec
-    from localrun.runtime.scheduler import Scheduler
+    from localrun.runtime.serving.scheduler import Scheduler
 
     if args.model is None:
         sys.path.insert(0, str(HERE.parent / "tests"))

@@ -17,7 +17,7 @@ import httpx
 
 def find_llama_server() -> Optional[Path]:
     from localrun.errors import LocalrunError
-    from localrun.runtime import bench
+    from localrun.runtime.reports import bench
 
     try:
         server = bench.find_llama_bench().parent / "llama-server"  # scripts/build_llama_bench.sh builds both

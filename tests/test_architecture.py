@@ -25,7 +25,7 @@ CONTRACT: dict[str, set[str]] = {
     "store": {"errors"},
     "hub": {"store", "errors", "console", "lazy"},
     "runtime": {"engine", "store", "hub", "errors", "lazy"},
-    "serve": {"runtime", "errors"},
+    "serve": {"runtime", "store", "hub", "errors"},  # store: the Responses API's stored answers; hub: /api/pull
     "cli": {"runtime", "serve", "hub", "store", "errors", "console"},
     "__init__": set(),
 }
@@ -350,3 +350,61 @@ def test_the_flag_rule_catches_what_it_forbids(tmp_path):
         "def h(Phrase):\n    raise ValueError(Phrase('try a smaller {ctx}'))\n")
     (root / "cli" / "main.py").write_text("def f():\n    raise ValueError('invalid --ctx')\n")
     assert flags_in_raises(root) == ["localrun.engine.model:2 names --ctx"]
+
+
+# runtime/ in parts by audience: the request path every front end takes (runtime's own modules), what a server
+# keeps and runs (serving), the command line's client of a server (client), what is made of models (models) and
+# what is reported of them (reports). A part may import the parts named here, imports inside functions included.
+RUNTIME = SRC / "runtime"
+PARTS: dict[str, set[str]] = {
+    "request path": set(),
+    "client": {"request path"},
+    "models": {"request path"},
+    "serving": {"request path", "models"},
+    "reports": {"request path", "serving", "models"},
+}
+
+
+def _part(module: str) -> str:
+    inner = module.split(".")[2:3]  # localrun.runtime.PART...
+    return inner[0] if inner and inner[0] in PARTS else "request path"
+
+
+def runtime_part_violations(root: Path = RUNTIME) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(("localrun", "runtime", *path.relative_to(root).with_suffix("").parts))
+        module = module.removesuffix(".__init__")
+        part = _part(module)
+        seen = set()
+        for line, target in imports_of(path, module):
+            if target.startswith("localrun.runtime.") and target.count(".") >= 2:
+                other = _part(target)
+                if other != part and other not in PARTS[part] and (line, other) not in seen:
+                    seen.add((line, other))  # (`from .serving.pool import X` is one import, not two)
+                    out.append(f"{module}:{line} imports {target}: the {part} part may import {sorted(PARTS[part]) or 'no other part'}")
+    return out
+
+
+def test_runtime_parts_import_only_the_parts_below_them():
+    assert runtime_part_violations() == []
+
+
+def test_the_part_rule_catches_what_it_forbids(tmp_path):
+    root = tmp_path / "runtime"
+    (root / "serving").mkdir(parents=True)
+    (root / "generate.py").write_text("def f():\n    from .serving.pool import ModelPool\n")
+    (root / "serving" / "pool.py").write_text("from ..generate import f\n")
+    assert runtime_part_violations(root) == [
+        "localrun.runtime.generate:2 imports localrun.runtime.serving.pool: the request path part may import no other part"]
+
+
+@pytest.mark.parametrize("module", sorted(f"localrun.runtime.client.{p.stem}".removesuffix(".__init__")
+                                          for p in (RUNTIME / "client").glob("*.py")))
+def test_the_client_imports_only_the_standard_library(module):
+    """A `run` against a warm server starts as fast as Python: importing any client module loads nothing outside
+    the standard library but localrun's own light modules (no llama_cpp, numpy, starlette, pydantic, typer...)."""
+    code = (f"import sys; before = set(sys.modules); import {module}; "
+            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {'localrun'}))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"

@@ -182,7 +182,7 @@ def test_bench_measures_under_the_adapter_and_its_perplexity_is_llama_perplexity
     three minutes on a busy core); the command line's --lora is read into the rows' settings."""
     import json
 
-    from localrun.runtime import bench
+    from localrun.runtime.reports import bench
 
     short = tmp_path / "short.txt"
     short.write_text(bench.text_path().read_text(encoding="utf-8")[:3000], encoding="utf-8")

@@ -148,7 +148,7 @@ def _slots_tokens(smollm2, backend: bool, requests: list[dict]) -> tuple[list[li
 
     from localrun.engine import Engine, LoadOptions
     from localrun.engine.sampling import merge_options
-    from localrun.runtime.scheduler import Job, Scheduler
+    from localrun.runtime.serving.scheduler import Job, Scheduler
 
     n = len(requests)
     engine = Engine(smollm2, LoadOptions(n_ctx=256 * n, n_threads=1, n_seq_max=n, n_outputs=n, gpu_layers="auto",

@@ -1,5 +1,5 @@
 """Ollama's Modelfile as localrun reads it (hub.modelfile), and what `create` makes of each instruction
-(runtime.create): what it honours lands in the registry's defaults, what it cannot is one line naming it."""
+(runtime.models.create): what it honours lands in the registry's defaults, what it cannot is one line naming it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from localrun.errors import LocalrunError, UsageError
 from localrun.hub import defaults_for, list_local, resolve_local
 from localrun.hub.modelfile import ModelfileError, parse_modelfile
-from localrun.runtime.create import copy_model, create_model
+from localrun.runtime.models.create import copy_model, create_model
 
 FULL = '''# comment lines and blank lines are skipped
 

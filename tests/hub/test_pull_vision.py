@@ -26,7 +26,7 @@ def test_a_pulled_vision_model_shows_and_runs_with_its_projector(hub_stub, smoll
     assert shown["projector"].endswith("mmproj-SmolVision-f16.gguf") and shown["files"][-1] == shown["projector"]
     assert re.search(r"^vision: +yes: projector .*mmproj-SmolVision-f16.gguf$", cli("show", REF, "--no-measure").stdout, re.M)
 
-    from localrun.runtime.report import model_card
+    from localrun.runtime.reports.report import model_card
 
     assert "vision" in model_card(REF)["capabilities"]  # Ollama's /api/show: what Open WebUI enables image upload by
     (tmp_path / "red.png").write_bytes(red_square())

@@ -20,7 +20,7 @@ from localrun.cli.failures import message_for
 
 from conftest import LOCALRUN
 from localrun.cli import bench as front
-from localrun.runtime import bench
+from localrun.runtime.reports import bench
 from localrun.errors import LocalrunError, UsageError
 
 

@@ -1,4 +1,4 @@
-"""A chat's conversation on the server (runtime.resident.converse), driven as the server drives it, on a real
+"""A chat's conversation on the server (runtime.serving.resident.converse), driven as the server drives it, on a real
 model and scheduler: what a client's first and second Ctrl-C leave in the conversation and its session."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from localrun.runtime.loader import load
 from localrun.runtime.options import LoadSpec
-from localrun.runtime.resident import converse
-from localrun.runtime.scheduler import Scheduler
+from localrun.runtime.serving.resident import converse
+from localrun.runtime.serving.scheduler import Scheduler
 from localrun.runtime.sessions import Sessions
 
 

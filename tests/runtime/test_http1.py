@@ -1,4 +1,4 @@
-"""The client's HTTP/1.1 reader (runtime/http1.py): whatever the chunking, lines and bodies come back
+"""The client's HTTP/1.1 reader (runtime/client/http1.py): whatever the chunking, lines and bodies come back
 exactly; an answer cut short is a ProtocolError (an OSError: the client's "the server went away"), never
 a hang or a silently short answer. The real server end of it is exercised by every run through the
 background server (tests/cli/test_resident_run.py)."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localrun.runtime.http1 import Connection, ProtocolError, Response
+from localrun.runtime.client.http1 import Connection, ProtocolError, Response
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
 

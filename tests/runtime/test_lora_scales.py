@@ -18,7 +18,7 @@ from localrun.runtime.generate import generate
 from localrun.runtime.loader import load
 from localrun.runtime.options import LoadSpec
 from localrun.runtime.request import Request
-from localrun.runtime.serving import start_scheduler
+from localrun.runtime.serving.runner import start_scheduler
 
 PROMPT = "The capital of France is"
 
@@ -150,7 +150,7 @@ def test_default_scales_change_while_the_model_stays_loaded(served, adapter, mon
 
 def test_a_model_loaded_with_other_adapters_is_another_load(smollm2, adapter, tmp_path):
     """As other load options: the pool reloads the model for a request whose spec names other adapters or scales."""
-    from localrun.runtime.pool import ModelPool
+    from localrun.runtime.serving.pool import ModelPool
 
     pool = ModelPool(make_scheduler=lambda loaded, slot_ctx, spec: start_scheduler(loaded, slot_ctx, spec, max_waiting=4, prefill_chunk=64),
                      load=lambda ref, spec: load(ref, spec))

@@ -18,7 +18,7 @@ PROBE = r"""
 import json, sys, psutil
 from localrun.engine.llama import llama_cpp_module
 llama_cpp_module()
-from localrun.runtime.report import measured_allocation
+from localrun.runtime.reports.report import measured_allocation
 from localrun.engine.footprint import footprint, repacks_here
 from localrun.engine.gguf_info import read_info
 path, n_ctx = sys.argv[1], int(sys.argv[2])
@@ -118,7 +118,7 @@ def test_the_pools_fit_decision_counts_the_repacked_copy(gemma, cpu_only):
     from types import SimpleNamespace
 
     from localrun.runtime.options import LoadSpec
-    from localrun.runtime.pool import ModelPool, ModelTooBig, estimate_breakdown
+    from localrun.runtime.serving.pool import ModelPool, ModelTooBig, estimate_breakdown
 
     spec = LoadSpec(ctx=1024, parallel=1, gpu_layers="0", kind="run")
     parts = estimate_breakdown(gemma, spec)

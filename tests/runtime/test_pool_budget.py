@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_until
 from localrun.cli.failures import message_for
 from localrun.runtime.options import LoadSpec
-from localrun.runtime.pool import ModelPool, ModelTooBig, PoolBusy, _gib, estimate_bytes, gpu_share
+from localrun.runtime.serving.pool import ModelPool, ModelTooBig, PoolBusy, _gib, estimate_bytes, gpu_share
 
 GIB = 1 << 30
 

@@ -361,7 +361,7 @@ def test_the_next_request_is_answered_while_a_save_is_still_being_written(smollm
     from localrun.runtime.loader import load
     from localrun.runtime.options import LoadSpec
     from localrun.runtime.request import Request
-    from localrun.runtime.scheduler import Scheduler
+    from localrun.runtime.serving.scheduler import Scheduler
 
     def deliver(responses) -> None:
         for job, response in responses:

@@ -106,7 +106,7 @@ def test_too_little_disk_space_is_said_before_writing(smollm2, tmp_path, monkeyp
     from collections import namedtuple
 
     from localrun.errors import LocalrunError
-    from localrun.runtime.quantize import quantize_model
+    from localrun.runtime.models.quantize import quantize_model
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**6, 10**6))
@@ -155,7 +155,7 @@ def test_bench_compares_quants_in_one_table(made, smollm2, tmp_path, monkeypatch
     """`bench A,B,C --quality`: one row per quant with size, memory, speed and perplexity, and the ratio of each
     perplexity to the best one (1.0 for the best)."""
     from localrun.cli import bench as front
-    from localrun.runtime import bench
+    from localrun.runtime.reports import bench
 
     short = tmp_path / "short.txt"  # a part of the bundled text keeps this quick; the method is the same
     short.write_text(bench.text_path().read_text(encoding="utf-8")[:2500], encoding="utf-8")  # 4 chunks of 128

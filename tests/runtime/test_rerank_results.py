@@ -13,7 +13,8 @@ from rerankmodel import QWEN3_RERANK, write_reranker
 
 from localrun.errors import SettingError
 from localrun.runtime.options import LoadSpec
-from localrun.runtime.rerank import NotAReranker, check_reranker, load_reranker, rerank, rerank_on, reranker_spec
+from localrun.runtime.rerank import NotAReranker, check_reranker, load_reranker, rerank, reranker_spec
+from localrun.runtime.serving.resident import rerank_on
 
 DOCUMENTS = ["Machine learning is a field of AI.", "Paris is in France.", "Cats sleep.", "Learning takes time."]
 
@@ -88,8 +89,8 @@ def test_rerank_on_a_model_the_pool_holds(models):
     """As the HTTP layer will: the pool loads the reranker with reranker_spec (an embeddings context, rank pooling), and
     rerank_on takes the model's turn for the request; the scores are those of a load in this process."""
     from localrun.runtime.loader import load
-    from localrun.runtime.pool import ModelPool
-    from localrun.runtime.serving import start_scheduler
+    from localrun.runtime.serving.pool import ModelPool
+    from localrun.runtime.serving.runner import start_scheduler
 
     pool = ModelPool(make_scheduler=lambda loaded, slot_ctx, spec: start_scheduler(loaded, slot_ctx, spec, max_waiting=4, prefill_chunk=64),
                      load=lambda ref, spec: load(ref, spec))

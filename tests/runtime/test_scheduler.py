@@ -9,7 +9,7 @@ from localrun.engine.sampling import merge_options
 from localrun.engine.vision import MARKER, Image
 from localrun.runtime.loader import load
 from localrun.runtime.options import LoadSpec
-from localrun.runtime.scheduler import Scheduler, ServerStopping
+from localrun.runtime.serving.scheduler import Scheduler, ServerStopping
 from projector import red_square
 
 GREEDY = {"temperature": 0, "max_tokens": 4}
@@ -137,7 +137,7 @@ def test_a_burst_sharing_a_long_prefix_evaluates_it_once(smollm2):
     the same tokens beside it; each still gets the answer it gets alone."""
     import queue
 
-    from localrun.runtime.scheduler import PREFIX_WAIT, Job
+    from localrun.runtime.serving.scheduler import PREFIX_WAIT, Job
 
     loaded, scheduler = start(smollm2, parallel=3, chunk=64)
     try:

@@ -12,7 +12,7 @@ from localrun.engine.gguf_info import kv_cache_bytes
 from localrun.engine.sampling import merge_options
 from localrun.runtime.loader import load
 from localrun.runtime.options import LoadSpec
-from localrun.runtime.scheduler import Job, Scheduler
+from localrun.runtime.serving.scheduler import Job, Scheduler
 
 GREEDY = {"temperature": 0, "max_tokens": 8}
 

@@ -114,7 +114,7 @@ def test_keep_alive_per_request_and_server_default(server_factory, smollm2, gemm
 
 def test_lru_eviction_memory_budget_and_a_model_too_big(server_factory, smollm2, gemma, cli):
     from localrun.runtime.options import LoadSpec
-    from localrun.runtime.pool import estimate_bytes
+    from localrun.runtime.serving.pool import estimate_bytes
 
     spec = LoadSpec(ctx=256, parallel=1)
     small, big = estimate_bytes(smollm2, spec), estimate_bytes(gemma, spec)
@@ -229,7 +229,7 @@ def test_ps_and_stop_usage(cli):
 
 def test_keep_alive_parsing():
     from localrun.errors import UsageError
-    from localrun.runtime.pool import FOREVER, parse_keep_alive
+    from localrun.runtime.serving.pool import FOREVER, parse_keep_alive
 
     cases = {"5m": 300, "90s": 90, "1h30m": 5400, "0": 0, 0: 0, "-1": FOREVER, -5: FOREVER, "2.5": 2.5, "1h": 3600,
              "-1m": FOREVER, "inf": FOREVER, 1e20: FOREVER}

@@ -1,4 +1,4 @@
-"""`localrun bench`'s front-end: the measuring plan comes from runtime/bench.py; this prints its results as
+"""`localrun bench`'s front-end: the measuring plan comes from runtime/reports/bench.py; this prints its results as
 tables (stderr progress, stdout results), JSON, CSV or Markdown, and draws the plot."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import EXIT_INTERRUPTED
-from ..runtime.bench import REF_NOISY, SETTINGS, CSV_FIELDS, Result, make_plan, rows_of, run
+from ..runtime.reports.bench import REF_NOISY, SETTINGS, CSV_FIELDS, Result, make_plan, rows_of, run
 
 
 def to_json(rows: Sequence[dict]) -> str:

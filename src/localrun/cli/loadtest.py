@@ -176,7 +176,7 @@ def filler_prompt(n_words: int) -> str:
 def run_from_cli(url: str, *, concurrency: str, requests: Optional[int], tg: str, pp: str, output: str,
                  api_key: Optional[str]) -> int:
     from ..console import StatusLine, err
-    from ..runtime.bench import OUTPUTS, _ints
+    from ..runtime.reports.bench import OUTPUTS, _ints
 
     levels = _ints("--concurrency", concurrency, 1)
     max_tokens = _ints("--tg", tg, 1)[0]

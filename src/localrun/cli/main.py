@@ -100,13 +100,13 @@ def show(
     layers would go, without loading it); --modelfile, --license, --parameters, --template, --system print
     that alone (as `ollama show` does)."""
     from .. import hub
-    from ..runtime.report import describe, modelfile_text
+    from ..runtime.reports.report import describe, modelfile_text
     from . import render
 
     local = hub.resolve_local(model, verify=verify)
     views = [name for name, on in (("license", license_), ("parameters", parameters), ("template", template), ("system", system)) if on]
     if views:
-        from ..runtime.report import model_card
+        from ..runtime.reports.report import model_card
 
         card = model_card(model, local)
         for name in views:
@@ -138,7 +138,7 @@ def quantize(
 ) -> None:
     """Write a model in another quant with llama.cpp's quantizer; it is then listed and run as NAME:QUANT."""
     from ..console import StatusLine
-    from ..runtime.quantize import quantize_model
+    from ..runtime.models.quantize import quantize_model
 
     what = f"quantizing {model} to {quant.upper()}"
     with StatusLine(what) as status:
@@ -157,7 +157,7 @@ def create(
     """Make a model from a Modelfile, as `ollama create` does: FROM a pulled model or a .gguf file, with its
     own parameters, system prompt and first messages. Its files stay those it was made from."""
     from ..hub.modelfile import parse_modelfile
-    from ..runtime.create import create_model
+    from ..runtime.models.create import create_model
 
     try:
         text = file.read_text(encoding="utf-8")
@@ -178,7 +178,7 @@ def cp(
     destination: Annotated[str, typer.Argument(help="the copy's name")],
 ) -> None:
     """Copy a model under a new name (its defaults too; its files are shared, not copied), as `ollama cp` does."""
-    from ..runtime.create import copy_model
+    from ..runtime.models.create import copy_model
 
     made = copy_model(source, destination)
     _unload_removed([made.name], deleted=made.name)
@@ -229,7 +229,7 @@ def _unload_removed(names: list[str], deleted: Optional[str] = None) -> None:
 def doctor(as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False, rpc: RpcOpt = None) -> None:
     """Print the llama.cpp build (backends, CPU features, GPU offload), versions, paths and free disk (and
     with --rpc, each worker's devices, free memory and protocol version)."""
-    from ..runtime.report import doctor_report
+    from ..runtime.reports.report import doctor_report
     from . import render
 
     report = doctor_report()
@@ -368,7 +368,7 @@ def _resident_settings(keep_alive: str, options: dict) -> Optional[dict]:
     source), or None where this process should answer: keep-alive 0, or a decoding strategy (--draft,
     --beams: loaded per run)."""
     from ..runtime.options import SAMPLING, SLOT_DRAFTS, cli_value
-    from ..runtime.pool import parse_keep_alive
+    from ..runtime.serving.pool import parse_keep_alive
 
     seconds = parse_keep_alive(keep_alive)
     spec = _load_spec(options)
@@ -407,7 +407,7 @@ def _chat(model: str, system: Optional[str], session: Optional[str], verbose: bo
     settings = _resident_settings(keep_alive, options)
     if settings is not None:
         from ..runtime.client import ServerDeclined
-        from ..runtime.remote import RemoteConversation
+        from ..runtime.client.remote import RemoteConversation
 
         try:
             conv = RemoteConversation(model, **settings, on_notice=notice, mmproj=mmproj)
@@ -557,7 +557,7 @@ def serve(
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
     from ..runtime.options import SAMPLING, cli_value
-    from ..runtime.pool import parse_keep_alive
+    from ..runtime.serving.pool import parse_keep_alive
     from ..serve.app import ServeOptions, serve as run_server
     from ..store.paths import parse_size
     from . import lan

@@ -5,7 +5,7 @@ by convention, a value to the end of the line or between quotes over several lin
     TEMPLATE <text>                  MESSAGE <role> <text>          ADAPTER <path>
     LICENSE <text>                   REQUIRES <version>
 
-This module only reads the text (plain data, no validation of values): runtime.create decides what each
+This module only reads the text (plain data, no validation of values): runtime.models.create decides what each
 instruction means for a localrun model and names what it cannot honour.
 """
 

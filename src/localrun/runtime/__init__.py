@@ -1,6 +1,11 @@
 """Requests to responses: loading a model by its options, the request path (prompt, session or prefix
 cache, decoding), conversations, continuous batching for the server, benchmarks and reports. The layers
-above (serve, cli) reach the engine only through here. Names are imported on first use (see engine)."""
+above (serve, cli) reach the engine only through here. Names are imported on first use (see engine).
+
+The parts, by who uses them: this package's own modules are the request path every front end takes (request,
+generate, conversation, loader, options, sessions, images, ...); serving/ is what a server keeps and runs (the
+model pool, the scheduler); client/ is the command line's standard-library client of a server; reports/ is bench,
+show and doctor; models/ is create, cp and quantize."""
 
 from ..lazy import exports
 
@@ -11,9 +16,6 @@ _WHERE = {
     "call_schema": "..engine.tools", "supports_tools": "..engine.formats", "parser_for": "..engine.formats",
     "family_for": "..engine.formats", "AnswerStream": "..engine.formats", "forced_grammar": "..engine.formats.grammar",
     "markers_for": "..engine.thinking",
-    "file_digest": "..store.digests", "save_response": "..store.responses", "load_response": "..store.responses",
-    "delete_response": "..store.responses", "record_ref": "..hub", "item_index": "..store.responses", "response_item": "..store.responses",
-    "response_items": "..store.responses",
     # a GGUF file's header (its quant, chat template) for what the command line shows
     "read_info": "..engine.gguf_info",
     # what the sampler chain would refuse, checked as a request is translated

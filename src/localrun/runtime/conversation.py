@@ -24,7 +24,7 @@ a resumed session's prompt, and its answers, are the same.
 
 A conversation answered in this process is this process's chat: it holds the writer lock of every session it
 opens, loads or saves until it ends (store.writers), so no other chat or run can write them meanwhile. One the
-background server keeps for a chat client (`place` given) takes none: its client holds them (runtime.remote).
+background server keeps for a chat client (`place` given) takes none: its client holds them (runtime.client.remote).
 """
 
 from __future__ import annotations

@@ -200,5 +200,5 @@ class ModelFacts:
 
 
 def facts_of(resident) -> ModelFacts:
-    """The facts of a pool's resident model (runtime.pool.Resident), or of a runtime.loader.Loaded."""
+    """The facts of a pool's resident model (runtime.serving.pool.Resident), or of a runtime.loader.Loaded."""
     return ModelFacts(getattr(resident, "loaded", resident))

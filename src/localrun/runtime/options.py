@@ -107,7 +107,7 @@ class LoadSpec:
         request may still fill all of it. `serve`'s slots keep a stream each: in one pool a sequence's cells lie
         among the others', its attention sums run in another order, and its greedy output would depend on what
         else is in the batch (the background server evicts what idle slots keep before a request that runs
-        alone, so that one answers as in-process: runtime.scheduler). Nor for a model with sliding-window
+        alone, so that one answers as in-process: runtime.serving.scheduler). Nor for a model with sliding-window
         layers (`sliding`): llama.cpp's state of one sequence in a pool keeps only their last window, and a
         slot's session could not be cut back to a shorter prefix, where engine.kv saves a stream whole."""
         return self.kind == "run" and self.parallel > 1 and not sliding

@@ -6,8 +6,8 @@ What an HTTP handler calls:
 
     check_reranker(ref)                          before loading: NotAReranker, ModelNotFound
     reranker_spec(spec)                          the load it asks the pool for (an embeddings context, rank pooling)
-    rerank_on(resident, query, documents, top_n=None, return_documents=False) -> Reranking
-    rerank(loaded, query, documents, ...)        the same on a model loaded in this process
+    rerank(loaded, query, documents, ...)        on a model loaded in this process (on a server's model, taking
+                                                 its turn: runtime.serving.resident.rerank_on)
 
 A model that is no reranker is refused before it loads (NotAReranker: a UsageError, HTTP's 400), as are an empty
 query or list of documents; the scores are llama-server's for the same model and texts (engine.rerank).
@@ -100,16 +100,6 @@ def rerank(loaded, query: str, documents: Sequence[str], *, top_n: Optional[int]
     ranked = sorted((Ranked(i, score, documents[i] if return_documents else None) for i, score in enumerate(scores)),
                     key=lambda r: r.relevance_score, reverse=True)  # (stable: equal scores keep their order)
     return Reranking(ranked[: len(ranked) if top_n is None else top_n], sum(len(p) for p in prompts), time.perf_counter() - t0)
-
-
-def rerank_on(resident, query: str, documents: Sequence[str], *, top_n: Optional[int] = None,
-              return_documents: bool = False, truncate: bool = True) -> Reranking:
-    """rerank() on a model the server's pool loaded with reranker_spec (kind "embed"): its requests take turns, each
-    batched, as embeddings do (runtime.resident)."""
-    from .resident import _turn
-
-    with _turn(resident):
-        return rerank(resident.loaded, query, documents, top_n=top_n, return_documents=return_documents, truncate=truncate)
 
 
 def _checked(query: Any, documents: Any, top_n: Any) -> tuple[str, list[str]]:

@@ -1,5 +1,5 @@
 """The places a request is answered in: this process's loaded model (InProcess, one request at a time on its one
-sequence); a resident server's slots are the other (runtime.scheduler.Scheduler, SlotSeat)."""
+sequence); a resident server's slots are the other (runtime.serving.scheduler.Scheduler, SlotSeat)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .sessions import EngineSeat
 class InProcess(EngineSeat):
     """Requests answered in this process: on the loaded model's one sequence, with its decoding strategy.
     The place a request path works in (`hold` a seat for a prompt); a resident server's slots are the
-    other (runtime.scheduler.Scheduler)."""
+    other (runtime.serving.scheduler.Scheduler)."""
 
     def __init__(self, loaded: Loaded):
         super().__init__(loaded.engine)

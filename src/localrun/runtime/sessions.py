@@ -104,7 +104,7 @@ def _whole_states(engine: Engine) -> bool:
 
 class EngineSeat:
     """Where a request's KV lives: a sequence of an engine (its tokens, context, state saved and restored).
-    This one is the engine's own single sequence; a server slot is another (runtime.scheduler.SlotSeat)."""
+    This one is the engine's own single sequence; a server slot is another (runtime.serving.scheduler.SlotSeat)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -133,7 +133,7 @@ class EngineSeat:
 
     def keep(self, n: int) -> None:
         """Nothing to cut: in this process the sequence holds only its own conversation (a server slot
-        may hold another request's tokens: runtime.scheduler.SlotSeat.keep)."""
+        may hold another request's tokens: runtime.serving.scheduler.SlotSeat.keep)."""
 
 
 @dataclass

@@ -18,7 +18,7 @@ import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ..errors import LocalrunError, Phrase, UsageError
-from ..runtime.identity import build_identity
+from ..runtime.client.identity import build_identity
 from ..runtime.workers import leave_if_workers_lost
 from .asgi import build_app
 from .guards import header_timeout

@@ -29,10 +29,10 @@ from .. import __version__
 from ..errors import ContextOverflow, LocalrunError
 from ..runtime import Response
 from ..runtime.facts import ModelFacts, facts_of
-from ..runtime.identity import build_identity
-from ..runtime.pool import Resident, parse_keep_alive
+from ..runtime.client.identity import build_identity
+from ..runtime.serving.pool import Resident, parse_keep_alive
 from ..runtime.rerank import NotAReranker, check_reranker, reranker_spec
-from ..runtime.resident import embed_on
+from ..runtime.serving.resident import embed_on
 from . import access
 from .asked import Asked
 from .errors import STOPPING, EmbedFailed, LoadFailed, LoadRefused, PromptFailed, Refused, TooLong, is_refusal
@@ -51,7 +51,7 @@ def service_of(request: Request) -> Service:
 @functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
     """What answers, as OpenAI's system_fingerprint says it (and llama-server's, "b" then its build): localrun's
-    version and a digest of the build it runs (runtime.identity: the llama.cpp libraries, the settings), so that a
+    version and a digest of the build it runs (runtime.client.identity: the llama.cpp libraries, the settings), so that a
     client sees when the same seed may answer differently."""
     return f"b{__version__}-{hashlib.sha256(build_identity().encode()).hexdigest()[:8]}"
 

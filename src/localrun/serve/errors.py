@@ -15,8 +15,8 @@ from ..runtime import OptionError
 from ..runtime.failures import flag
 from ..runtime.images import BadImage, NoProjector
 from ..runtime.options import OLLAMA_LOAD
-from ..runtime.pool import LoadCancelled, ModelTooBig, PoolBusy
-from ..runtime.scheduler import QueueFull, ServerStopping
+from ..runtime.serving.pool import LoadCancelled, ModelTooBig, PoolBusy
+from ..runtime.serving.scheduler import QueueFull, ServerStopping
 
 STOPPING = "the server is shutting down: retry later"
 
@@ -81,7 +81,7 @@ class PromptFailed(Exception):
 
 
 class LoadFailed(Exception):
-    """The pool could not give model `ref` (runtime.pool.ModelPool.acquire): `cause` says why."""
+    """The pool could not give model `ref` (runtime.serving.pool.ModelPool.acquire): `cause` says why."""
 
     def __init__(self, cause: LocalrunError, ref: str):
         super().__init__(cause.message)

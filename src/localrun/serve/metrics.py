@@ -7,7 +7,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..runtime import Stats
-from ..runtime.pool import ModelPool
+from ..runtime.serving.pool import ModelPool
 
 
 class Metrics:

@@ -14,8 +14,8 @@ from ..runtime import Loaded
 from ..runtime.loader import load
 from ..runtime.options import LoadSpec
 from ..runtime.request import TemplateDefaults
-from ..runtime.pool import FOREVER, ROOM_WAIT_S, ModelPool, Resident, pull_if_needed
-from ..runtime.serving import start_scheduler
+from ..runtime.serving.pool import FOREVER, ROOM_WAIT_S, ModelPool, Resident, pull_if_needed
+from ..runtime.serving.runner import start_scheduler
 from ..runtime.workers import fail_over_lost_workers
 from .guards import max_body_bytes
 from .metrics import Metrics
@@ -102,7 +102,7 @@ class Service:
 
     def deleted(self, ref: str) -> list[tuple[str, bool]]:
         """Model `ref` was deleted (or replaced by a create or copy of its name): unloaded where it is loaded as
-        itself (runtime.pool.deleted), and its names name nothing any more. The pool's (name, still answering)."""
+        itself (runtime.serving.pool.deleted), and its names name nothing any more. The pool's (name, still answering)."""
         for name in [n for n, r in self.known.items() if r.casefold() == ref.casefold() or n == ref.casefold()]:
             del self.known[name]
         return self.pool.deleted(ref)

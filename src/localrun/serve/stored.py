@@ -9,7 +9,7 @@ import threading
 from collections import OrderedDict
 from typing import Optional
 
-from ..runtime import delete_response, item_index, load_response, response_item, response_items, save_response
+from ..store.responses import delete_response, item_index, load_response, response_item, response_items, save_response
 
 KEPT = 256  # responses kept in memory for previous_response_id
 STORED = 1024  # and on disk (store.responses.KEEP)

@@ -25,7 +25,7 @@ from ..errors import LocalrunError, UsageError
 from ..runtime import AnswerStream, Response, parser_for
 from ..runtime.facts import facts_of
 from ..runtime.generate import generate
-from ..runtime.scheduler import ServerStopping
+from ..runtime.serving.scheduler import ServerStopping
 from .errors import Refused, failure_text
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}  # how an answer that finished ends, as OpenAI says it

@@ -12,7 +12,7 @@ before it reads the session until after it has saved it:
     run holding the session waits for that run, which is short.
 
 The lock file holds "<pid> <holder>" of the process holding it, so that a refusal can name it. Standard library
-only: a chat kept by the background server takes these locks in the client process (runtime.remote).
+only: a chat kept by the background server takes these locks in the client process (runtime.client.remote).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 from dialect_fakes import canned, final, sse_data, written
 
 from localrun.errors import ContextOverflow
-from localrun.runtime.scheduler import QueueFull
+from localrun.runtime.serving.scheduler import QueueFull
 from localrun.serve.asked import Call, Image, ToolChoice
 from localrun.serve.dialects import anthropic
 from localrun.serve.errors import Refused, TooLong

@@ -8,8 +8,8 @@ import pytest
 from localrun.engine.sampling import OptionError
 from localrun.errors import ContextOverflow, InvalidModelFile, LocalrunError, ModelNotFound, SettingError, UnknownModel, UsageError
 from localrun.runtime.images import BadImage, NoProjector
-from localrun.runtime.pool import LoadCancelled, ModelTooBig, PoolBusy
-from localrun.runtime.scheduler import QueueFull, ServerStopping
+from localrun.runtime.serving.pool import LoadCancelled, ModelTooBig, PoolBusy
+from localrun.runtime.serving.scheduler import QueueFull, ServerStopping
 from localrun.serve.dialects import anthropic, native, ollama, openai, responses
 from localrun.serve.errors import (EmbedFailed, Fault, InvalidField, LoadFailed, LoadRefused, MakeFailed, MissingField, PromptFailed,
                                    Refused, TooLong, UnknownField, Unsupported, Wording, failure_text, fault, is_refusal)

@@ -10,7 +10,7 @@ import pytest
 from dialect_fakes import FakeFacts, canned, final, written
 
 from localrun.engine.types import TokenLogprob
-from localrun.runtime.scheduler import QueueFull
+from localrun.runtime.serving.scheduler import QueueFull
 from localrun.serve.asked import Call, Image, ToolChoice
 from localrun.serve.dialects import ollama
 from localrun.serve.dialects.ollama_models import copy_request, create_request

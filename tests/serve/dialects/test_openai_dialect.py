@@ -11,7 +11,7 @@ from dialect_fakes import FakeFacts, canned, final, sse_data, written
 from localrun.engine.types import TokenLogprob
 from localrun.errors import ContextOverflow
 from localrun.runtime.options import DRAFT_MAX
-from localrun.runtime.scheduler import QueueFull
+from localrun.runtime.serving.scheduler import QueueFull
 from localrun.serve.asked import Call, Image, ToolChoice
 from localrun.serve.dialects import openai
 from localrun.serve.errors import Refused, TooLong

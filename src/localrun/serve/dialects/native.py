@@ -1,5 +1,5 @@
 """localrun's own dialect, spoken by `localrun run` and `chat` to the resident server: a run request is the model,
-its load and the request as the command line made them (runtime.resident reads it); what comes back is the engine's
+its load and the request as the command line made them (runtime.serving.resident reads it); what comes back is the engine's
 responses as JSON Lines ({"notice": ...}, a response, or {"error": ..., "exit": N}), ended by {"end": true}.
 Failures are worded as the command line words them (runtime.failures' table, each setting named as its flag), with its
 exit code."""
@@ -12,10 +12,10 @@ from typing import Any, Optional
 
 from ...errors import LocalrunError
 from ...runtime.failures import flag, message_for
-from ...runtime.identity import build_identity
+from ...runtime.client.identity import build_identity
 from ...runtime.options import LOAD_FIELDS, LoadSpec
-from ...runtime.pool import parse_keep_alive
-from ...runtime.resident import wire
+from ...runtime.serving.pool import parse_keep_alive
+from ...runtime.serving.resident import wire
 from ..errors import LOAD_SETTINGS, LoadFailed, Refused, Wording, fault
 
 
@@ -60,7 +60,7 @@ def run_request(raw: bytes, *, parallel: int, stopping: bool, busy: Callable[[],
 
 
 def line_of(response) -> dict:
-    """A response of the request path (engine.Response) as this dialect writes it (runtime.resident.wire)."""
+    """A response of the request path (engine.Response) as this dialect writes it (runtime.serving.resident.wire)."""
     return wire(response)
 
 

@@ -1,5 +1,5 @@
 """Ollama's endpoints that make models: /api/create (its JSON fields, or an older client's Modelfile text)
-and /api/copy, translated into runtime.create's Modelfile. What localrun cannot honour is a 400 naming it.
+and /api/copy, translated into runtime.models.create's Modelfile. What localrun cannot honour is a 400 naming it.
 Pure: no HTTP here (serve/routes/ollama.py serves them)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ...errors import UsageError
-from ...runtime.create import Modelfile, blob_adapters, parse_modelfile
+from ...runtime.models.create import Modelfile, blob_adapters, parse_modelfile
 from ..checks import need
 from ..errors import Refused
 from .ollama import ignored

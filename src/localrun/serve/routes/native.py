@@ -1,5 +1,5 @@
 """localrun's own dialect, spoken by `localrun run` and `chat` to the resident server (serve.dialects.native): POST /api/run
-and /api/converse stream what runtime.resident's request paths give (the ones in-process runs take) as JSON Lines,
+and /api/converse stream what runtime.serving.resident's request paths give (the ones in-process runs take) as JSON Lines,
 /api/cancel stops a conversation's answer at its next token, GET /api/version says what made the server."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from ... import __version__
 from ...errors import LocalrunError
 from ...runtime.facts import facts_of
-from ...runtime.identity import build_identity
-from ...runtime.resident import answer as answer_run, converse
+from ...runtime.client.identity import build_identity
+from ...runtime.serving.resident import answer as answer_run, converse
 from ..dialects import native
 from ..endpoint import endpoint, service_of, until_gone
 from ..stream import ToLoop

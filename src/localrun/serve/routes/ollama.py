@@ -17,11 +17,11 @@ from starlette.responses import JSONResponse, Response as HttpResponse, Streamin
 
 from ... import __version__
 from ...errors import LocalrunError, ModelNotFound
-from ...runtime import record_ref
-from ...runtime.create import blob_path, copy_model, create_model
+from ...hub import record_ref
+from ...runtime.models.create import blob_path, copy_model, create_model
 from ...runtime.facts import facts_of
-from ...runtime.pool import pull_if_needed, remove_pulled
-from ...runtime.report import file_entry, model_card, tags_listing
+from ...runtime.serving.pool import pull_if_needed, remove_pulled
+from ...runtime.reports.report import file_entry, model_card, tags_listing
 from ..dialects import ollama
 from ..dialects.ollama_models import copy_request, create_request
 from ..endpoint import (answering, counted_events, count, embeddings_of, endpoint, holding, named, read_json, service_of,

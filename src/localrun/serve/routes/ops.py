@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response as HttpResponse
 
 from ...errors import ModelNotFound
-from ...runtime.pool import model_key, pulled_refs
+from ...runtime.serving.pool import model_key, pulled_refs
 from ..dialects import ollama, openai, shape_for
 from ..endpoint import endpoint, refused, service_of
 from ..errors import Refused

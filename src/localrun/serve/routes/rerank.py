@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ...runtime.rerank import rerank_on
+from ...runtime.serving.resident import rerank_on
 from ..dialects import rerank
 from ..endpoint import also, endpoint, holding, named, read_json, service_of
 

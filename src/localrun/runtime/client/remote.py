@@ -1,4 +1,4 @@
-"""A chat's conversation kept by the resident server (runtime.resident.converse), with the interface of
+"""A chat's conversation kept by the resident server (runtime.serving.resident.converse), with the interface of
 runtime.conversation.Conversation, so that the chat REPL reads the same either way.
 
 The messages are kept here too and go with every request: the server rebuilds a conversation it no longer
@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from ..store.writers import SessionClaims
-from .client import resident, resident_stream
-from .messages import Messages
+from ...store.writers import SessionClaims
+from . import resident, resident_stream
+from ..messages import Messages
 
 
 class RemoteConversation(Messages):
@@ -36,14 +36,14 @@ class RemoteConversation(Messages):
                  on_notice: Callable[[str], None], mmproj: Optional[Path] = None):
         """Ask the server for the model (loading it there); raises client.ServerDeclined where this process
         should chat instead. `mmproj`: the projector for the chat's images (the server loads it with the first)."""
-        from . import merge_options
+        from .. import merge_options
 
         self.key = uuid.uuid4().hex
         self.mmproj = str(Path(mmproj).expanduser().resolve()) if mmproj is not None else None
         self._sending: list[dict] = []  # the images of the message being sent (a message of their own, for images_in)
         self.model, self.load_options, self.keep_alive, self.source = model, load, keep_alive, source
         self.on_notice = on_notice
-        self.tty = sys.stderr.isatty()  # advice for a person at a terminal (runtime.resident.busy_notice)
+        self.tty = sys.stderr.isatty()  # advice for a person at a terminal (runtime.serving.resident.busy_notice)
         self.claims = SessionClaims(on_wait=on_notice)
         self.messages: list[dict] = []
         info = self._one("info", sampling=sampling)["info"]
@@ -63,7 +63,7 @@ class RemoteConversation(Messages):
     def _stream(self, op: str, **fields: Any):
         messages = self.messages
         if any(m.get("images") for m in messages):
-            from .conversation import stored
+            from ..conversation import stored
 
             messages = stored(messages)
         request = {"op": op, "conversation": self.key, "messages": messages, "tty": self.tty, **fields}
@@ -83,7 +83,7 @@ class RemoteConversation(Messages):
         if "messages" in result:
             messages = result["messages"]
             if any(m.get("images") for m in messages):  # the bytes of those this client sent are not sent back
-                from .conversation import images_in, live
+                from ..conversation import images_in, live
 
                 messages = live(messages, {**images_in(self.messages), **images_in(self._sending)})
             self.messages = messages
@@ -117,13 +117,13 @@ class RemoteConversation(Messages):
              on_dropped: Callable[[int], None] = lambda n: None, save_as: Optional[str] = None,
              on_save_failed: Callable[[str], None] = lambda message: None, on_thinking: Callable[[str], None] = lambda t: None,
              images: Sequence = (), on_progress: Callable = lambda progress: None):
-        from . import Response, Stats
+        from .. import Response, Stats
 
         if save_as:
             self.claims.hold(save_as)
         fields: dict[str, Any] = {}
         if images:
-            from .conversation import stored_images
+            from ..conversation import stored_images
 
             fields["images"] = stored_images(images)
         self._sending = [{"images": list(images)}]
@@ -142,7 +142,7 @@ class RemoteConversation(Messages):
                 elif "dropped" in item:
                     on_dropped(item["dropped"])
                 elif "progress" in item:  # a long prompt's evaluation on the server, chunk by chunk
-                    from ..engine.types import Progress
+                    from ...engine.types import Progress
 
                     on_progress(Progress(**item["progress"]))
                 elif "warning" in item:

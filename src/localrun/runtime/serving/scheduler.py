@@ -38,15 +38,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..engine import Engine, Response
-from ..engine.loop import Plain, step
-from ..engine.kv import common_prefix
-from ..engine.lora import lora_key
-from ..engine.model import Batch, DecodeError
-from ..engine.sampling import Sampler
-from ..engine.sequence import SequenceState
-from ..engine.strategies import LookupDrafter, SpeculativeTask
-from ..errors import EngineError, LocalrunError
+from ...engine import Engine, Response
+from ...engine.loop import Plain, step
+from ...engine.kv import common_prefix
+from ...engine.lora import lora_key
+from ...engine.model import Batch, DecodeError
+from ...engine.sampling import Sampler
+from ...engine.sequence import SequenceState
+from ...engine.strategies import LookupDrafter, SpeculativeTask
+from ...errors import EngineError, LocalrunError
 
 # A request waits for another slot to finish evaluating a prefix they share when it is at least this long (a
 # copy of a slot's KV stream costs far less than evaluating the tokens; a short one is not worth the wait).
@@ -661,7 +661,7 @@ class SlotSeat:
         and queued here, before the first response is asked for: a bad grammar or logit bias raises now.
         `top_logprobs`: each token's log-probability and that many alternatives' in the responses; `draft_max`:
         this request's cap on a lookup draft where the model drafts (0: none)."""
-        from ..errors import UsageError
+        from ...errors import UsageError
 
         if not tokens:
             raise UsageError("empty prompt: give some text as an argument or on stdin")

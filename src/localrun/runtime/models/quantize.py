@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from .. import hub
-from ..errors import LocalrunError, Phrase, UsageError
+from ... import hub
+from ...errors import LocalrunError, Phrase, UsageError
 
 
 def base_name(filename: str) -> str:
@@ -23,7 +23,7 @@ def base_name(filename: str) -> str:
 
 
 def default_output(name: str, stem: str, quant: str) -> Path:
-    from ..store.paths import home
+    from ...store.paths import home
 
     folder = re.sub(r"[^\w.-]+", "_", name)
     return home() / "quantized" / folder / f"{stem}.{quant}.gguf"
@@ -35,9 +35,9 @@ def quantize_model(ref: str, quant: str, *, out: Optional[Path] = None, allow_re
     """Write `ref` (pulled first if need be) in `quant` and register the result. Refuses, before writing
     anything, an unknown quant, a file that is not a usable GGUF, a quantized source without
     allow_requantize, an output that exists, and a disk without room for the result."""
-    from ..engine.gguf_info import read_info
-    from ..engine.quantize import UNQUANTIZED, check_quant, estimated_bytes, quantize
-    from ..store.files import sha256_file
+    from ...engine.gguf_info import read_info
+    from ...engine.quantize import UNQUANTIZED, check_quant, estimated_bytes, quantize
+    from ...store.files import sha256_file
 
     quant = check_quant(quant)
     local = hub.ensure_local(ref, source=source)

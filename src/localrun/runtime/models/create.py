@@ -16,9 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..errors import UsageError
-from ..hub.modelfile import Modelfile, ModelfileError, parse_modelfile
-from .options import OLLAMA_IGNORED, OLLAMA_LOAD, OLLAMA_RENAMED
+from ...errors import UsageError
+from ...hub.modelfile import Modelfile, ModelfileError, parse_modelfile
+from ..options import OLLAMA_IGNORED, OLLAMA_LOAD, OLLAMA_RENAMED
 
 __all__ = ["Modelfile", "ModelfileError", "blob_adapters", "blob_path", "copy_model", "create_model", "parse_modelfile"]
 
@@ -35,7 +35,7 @@ def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, sourc
     """Register `name` as the model `modelfile` (hub.Modelfile) describes; returns its hub.LocalModel. A FROM
     that names a model not pulled yet is pulled first; a relative FROM path is read from `base_dir` (the
     Modelfile's folder). Every value is checked before anything is pulled or written."""
-    from .. import hub
+    from ... import hub
 
     say = on_notice or (lambda _: None)
     name = hub.created_name(name)
@@ -59,7 +59,7 @@ def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, sourc
     if local.source == "path":  # a file of the user's own: whole and a GGUF model, or no model is made of it
         _check_file(local.path)
     if adapters:
-        from .lora import AdapterError, check_adapters
+        from ..lora import AdapterError, check_adapters
 
         try:
             check_adapters(adapters, local.path)
@@ -74,7 +74,7 @@ def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, sourc
 def blob_path(digest: str) -> Path:
     """Where the file uploaded as `digest` (Ollama's sha256:HEX, POST /api/blobs/DIGEST) is kept: one file per digest
     under localrun's folder. UsageError for a digest that is not sha256:HEX."""
-    from ..store.paths import home
+    from ...store.paths import home
 
     m = _DIGEST.fullmatch(digest) if isinstance(digest, str) else None
     if m is None:
@@ -86,7 +86,7 @@ def blob_adapters(adapters: dict) -> list[str]:
     """Ollama's /api/create `adapters` ({"file.gguf": "sha256:HEX"}, each uploaded with /api/blobs) as ADAPTER lines:
     the blobs' paths, each checked to be there and a LoRA adapter's GGUF (UsageError naming the file as the client
     named it and its digest, never the server's path)."""
-    from .lora import AdapterError, read_adapter
+    from ..lora import AdapterError, read_adapter
 
     out = []
     for name, digest in adapters.items():
@@ -105,7 +105,7 @@ def blob_adapters(adapters: dict) -> list[str]:
 
 def copy_model(source: str, destination: str):
     """`cp SOURCE DESTINATION`: DESTINATION runs as SOURCE does (its files, its defaults) under its own name."""
-    from .. import hub
+    from ... import hub
 
     name = hub.created_name(destination)
     local = hub.resolve_local(source)
@@ -115,8 +115,8 @@ def copy_model(source: str, destination: str):
 def _check_file(path: Path) -> None:
     """FROM a file: one that llama.cpp could not load (not a GGUF, cut short, a corrupt header) is refused
     now, in one line, rather than at the first run (it was made, then listed by `list` but not /api/tags)."""
-    from ..engine.gguf_info import read_info
-    from ..errors import InvalidModelFile
+    from ...engine.gguf_info import read_info
+    from ...errors import InvalidModelFile
 
     try:
         read_info(path)
@@ -128,7 +128,7 @@ def _check_file(path: Path) -> None:
 def _adapters(given: list[str], base_dir: Optional[Path]) -> tuple[tuple[str, float], ...]:
     """ADAPTER lines as (absolute path, scale) pairs, each a LoRA adapter's GGUF (an Ollama ADAPTER of safetensors
     is refused: llama.cpp loads GGUF adapters only)."""
-    from .lora import AdapterError, parse_adapters
+    from ..lora import AdapterError, parse_adapters
 
     try:
         return parse_adapters(given, base_dir)
@@ -146,7 +146,7 @@ def _base_ref(base: str, base_dir: Optional[Path]) -> str:
 
 def _parameters(parameters: list[tuple[str, str]], base, say) -> tuple[dict[str, Any], Optional[int]]:
     """PARAMETER lines over the base's sampling defaults (localrun's names), and the context num_ctx sets."""
-    from .options import BY_NAME, OptionError, merge_options, text_value
+    from ..options import BY_NAME, OptionError, merge_options, text_value
 
     sampling, context, stops = dict(base.sampling), base.context, []
     for raw_name, value in parameters:
@@ -196,8 +196,8 @@ def _template(text: str, say) -> Optional[str]:
         say("ignoring TEMPLATE: it is an Ollama (Go) template, which localrun cannot render; the model's own chat "
             "template (Jinja, from its GGUF) is used")
         return None
-    from ..engine.prompt import compile_template
-    from ..errors import TemplateError
+    from ...engine.prompt import compile_template
+    from ...errors import TemplateError
 
     try:  # in the environment every prompt renders in: loop controls ({% break %}), {% do %}, {% generation %}
         compile_template(text)

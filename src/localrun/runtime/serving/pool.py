@@ -20,9 +20,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ConfigError, LocalrunError, ModelNotFound, Phrase, UsageError
-from .memory import available_memory, estimate_breakdown, estimate_bytes, gpu_free_bytes, gpu_share  # noqa: F401
-from .options import LoadSpec
+from ...errors import ConfigError, LocalrunError, ModelNotFound, Phrase, UsageError
+from ..memory import available_memory, estimate_breakdown, estimate_bytes, gpu_free_bytes, gpu_share  # noqa: F401
+from ..options import LoadSpec
 
 FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or by `stop`)
 FOREVER_AFTER_S = 10 * 365 * 86400.0
@@ -76,7 +76,7 @@ def model_key(resident: Resident, name: Optional[str] = None) -> str:
 
 
 def _made(loaded) -> bool:
-    """Whether a loaded model is a created one (runtime.create)."""
+    """Whether a loaded model is a created one (runtime.models.create)."""
     return getattr(getattr(loaded, "brought", None), "made", False)
 
 
@@ -88,14 +88,14 @@ def _same_model(loaded, brought) -> bool:
 
 
 def _brought(ref: str):
-    from .. import hub
+    from ... import hub
 
     return hub.defaults_for(ref)
 
 
 def _registered_name(ref: str) -> str:
     """A created model's name as it is registered (pirate-2 for PIRATE-2:latest)."""
-    from .. import hub
+    from ... import hub
 
     return hub.record_ref(ref) or ref
 
@@ -104,8 +104,8 @@ def pull_if_needed(ref: str, source: str, on_progress: Optional[Callable[[str, O
     """Pull `ref` when it is not here: the model named on `serve`'s command line (requests never pull), and
     Ollama's /api/pull (`on_progress` hears each file's bytes instead of a bar on stderr). A damaged file is
     fetched again, as `localrun pull` does."""
-    from .. import hub
-    from ..errors import IntegrityError
+    from ... import hub
+    from ...errors import IntegrityError
 
     try:
         hub.ensure_local(ref, source=source, progress=on_progress or True)
@@ -115,7 +115,7 @@ def pull_if_needed(ref: str, source: str, on_progress: Optional[Callable[[str, O
 
 def remove_pulled(ref: str) -> list[Path]:
     """Delete a pulled model's files (`localrun rm`); ModelNotFound when it is not pulled."""
-    from .. import hub
+    from ... import hub
 
     return hub.remove(ref)
 
@@ -128,7 +128,7 @@ def pulled_refs() -> list[tuple[str, str]]:
 def listed_local() -> list:
     """The pulled and made models, for a server's model lists: none, with a warning in its log, where the
     registry is damaged (the lists still answer with what is loaded; a request naming one says the reason)."""
-    from .. import hub
+    from ... import hub
 
     try:
         return hub.list_local()
@@ -170,11 +170,11 @@ class Resident:
         self.retiring = False  # being stopped or reloaded: no new requests, unloaded when the last one ends
         self.yielding = False  # a load waits for its room: no new requests (ModelPool._make_room unloads it)
         self.stamp: tuple[int, int] = (-1, -1)  # the file's size and mtime when loaded
-        from ..engine.llama import CpuLoad
+        from ...engine.llama import CpuLoad
 
-        self.machine = CpuLoad()  # how busy other processes keep the CPUs between its requests (runtime.resident)
+        self.machine = CpuLoad()  # how busy other processes keep the CPUs between its requests (runtime.serving.resident)
         self.told_busy = False  # a run at a terminal heard that the machine is busy (once, until it calms down)
-        self.conversations: "OrderedDict[str, Any]" = OrderedDict()  # the chats kept on it (runtime.resident)
+        self.conversations: "OrderedDict[str, Any]" = OrderedDict()  # the chats kept on it (runtime.serving.resident)
 
     def usable(self, stamp: tuple[int, int]) -> bool:
         """May a new request use it: not being retired, not failed, and still the file on disk."""
@@ -188,8 +188,8 @@ class Resident:
         """What `ps` shows (Ollama's /api/ps fields, plus the slots), listed by `name` (one of `listed`)."""
         from datetime import datetime
 
-        from ..store.digests import file_digest
-        from .details import model_details
+        from ...store.digests import file_digest
+        from ..models.details import model_details
 
         on_gpu = self.engine.gpu_fraction()
         # Always a time, as Ollama writes it (clients parse it as a date): in use, its keep-alive from now;
@@ -220,7 +220,7 @@ _PER_CONTEXT = ("size", "size_vram", "processor", "context_length", "slots", "sl
 def _as_loaded(spec: LoadSpec) -> LoadSpec:
     """`spec` as the pool compares loads: threads as many as the default are the default (a --threads N and no
     --threads load the same; they used to reload the model between them)."""
-    from ..engine.llama import default_threads
+    from ...engine.llama import default_threads
 
     return replace(spec, threads=None) if spec.threads == default_threads() else spec
 
@@ -248,11 +248,11 @@ class Loading:
 
     def describe(self) -> dict[str, Any]:
         """`ps`'s row for it: what its load will hold (the estimate), how far llama.cpp has read it."""
-        from ..engine.gguf_info import read_info
-        from ..engine.llama import default_threads
-        from .details import model_details
+        from ...engine.gguf_info import read_info
+        from ...engine.llama import default_threads
+        from ..models.details import model_details
 
-        from .. import hub
+        from ... import hub
 
         name = hub.record_ref(self.ref) or self.path.name  # as it is listed once loaded (a file: by its name)
         size = self.memory.get("total_bytes", 0)
@@ -377,7 +377,7 @@ class ModelPool:
             loading = Loading(ref, path, spec, memory, vram)
             with self.lock:
                 self.loads.append(loading)
-            from ..engine.llama import load_progress
+            from ...engine.llama import load_progress
 
             try:
                 heard = load_progress.set(loading.heard)  # llama.cpp's progress, for ps (engine.model.Engine)
@@ -477,7 +477,7 @@ class ModelPool:
         """RPC workers were lost mid-generation: the models split over them fail their open requests with
         `message` and leave the pool (their memory is not freed: a thread is stuck inside llama.cpp there);
         the other models keep serving."""
-        from ..engine.rpc import parse_endpoints
+        from ...engine.rpc import parse_endpoints
 
         with self.lock:
             gone = [self._remove(r) for r in list(self.residents) if set(parse_endpoints(r.spec.rpc)) & set(endpoints)]
@@ -573,7 +573,7 @@ class ModelPool:
         return resident
 
     def _path(self, ref: str) -> Path:
-        from .. import hub
+        from ... import hub
 
         return hub.resolve_local(ref).path
 

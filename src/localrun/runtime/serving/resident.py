@@ -3,7 +3,7 @@ request path a run in-process takes (runtime.generate: the session or prefix cac
 save after), so that what the user sees is the same either way.
 
 A model loaded for run/chat has its own continuous-batching scheduler and slots (the server's --parallel):
-each request leases a slot for its whole length (runtime.scheduler.Scheduler.hold), so sessions and the
+each request leases a slot for its whole length (runtime.serving.scheduler.Scheduler.hold), so sessions and the
 prefix cache are restored into it and saved from it, while the slots decode together. An embeddings
 context takes its requests in turn (`Exclusive` stands where a Scheduler stands, so the pool keeps,
 expires and evicts every kind alike).
@@ -20,12 +20,12 @@ go back without the bytes the client sent.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, Optional
 
-from ..errors import UsageError
+from ...errors import UsageError
 from .scheduler import ServerStopping, StepStats
 
 # The fields of a run request on the wire (localrun's own /api/run), besides model, load and keep_alive.
@@ -83,7 +83,7 @@ def busy_notice(resident, fresh: bool, tty: bool, notice: Callable[[str], None])
     """Once, to a person at a terminal, when other processes keep the CPUs busy enough that llama.cpp's threads
     stall (engine.llama.busy_advice): measured while the model loaded (`fresh`), else since the last request.
     Said again only after a request finds the machine calm."""
-    from ..engine.llama import busy_advice
+    from ...engine.llama import busy_advice
 
     if fresh:
         advice = resident.loaded.busy
@@ -104,9 +104,9 @@ def answer(resident, payload: dict[str, Any], *, fresh: float, on_notice: Callab
     run in-process would: with --no-cache from an empty slot, as a freshly loaded model starts.
     `fresh`: the seconds this request spent loading it or waiting for its load (pool.acquire; reported as its
     load duration; 0: it was already loaded)."""
-    from ..engine import merge_options
-    from .generate import generate
-    from .request import Request
+    from ...engine import merge_options
+    from ..generate import generate
+    from ..request import Request
 
     unknown = set(payload) - set(RUN_FIELDS) - set(RUN_ONLY)
     if unknown:
@@ -115,11 +115,11 @@ def answer(resident, payload: dict[str, Any], *, fresh: float, on_notice: Callab
     sampling = merge_options(loaded.defaults, payload.get("sampling") or {})
     fields = {k: payload[k] for k in RUN_FIELDS if k in payload}
     if payload.get("mmproj"):
-        from .images import use_projector
+        from ..images import use_projector
 
         use_projector(loaded.engine, payload["mmproj"], loaded.name, loaded.ref)
     if any(isinstance(m, dict) and m.get("images") for m in fields.get("messages") or ()):  # run --image: their bytes
-        from .conversation import live
+        from ..conversation import live
 
         fields["messages"] = live(fields["messages"])
     request = Request(sampling=sampling, **fields)
@@ -138,8 +138,8 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
     receives {"notice"}, {"warning"}, {"dropped": n}, {"progress"}, {"text"} items and the op's result. `cancelled`: the
     client asked to stop the answer (its first Ctrl-C: what was shown stays); `gone`: the client closed the
     connection (a second Ctrl-C: the REPL drops the message, and so does the conversation here and its session)."""
-    from ..engine import merge_options
-    from .conversation import Conversation, images_in, live, live_images, stored
+    from ...engine import merge_options
+    from ..conversation import Conversation, images_in, live, live_images, stored
 
     op, key, messages = payload.get("op"), payload.get("conversation"), payload.get("messages")
     if op not in CONVERSE_OPS or not isinstance(key, str) or not isinstance(messages, list):
@@ -206,10 +206,20 @@ def _conversation(resident, key: str, make: Callable[[], Any]):
 def embed_on(resident, texts: list, *, truncate: bool = True, dimensions: Optional[int] = None):
     """Embeddings of `texts` (strings, or token id lists) on a model the pool loaded as an embeddings context
     (kind "embed"); its requests take turns, each batched (runtime.embed)."""
-    from .embed import embed
+    from ..embed import embed
 
     with _turn(resident):
         return embed(resident.loaded, texts, truncate=truncate, dimensions=dimensions)
+
+
+def rerank_on(resident, query: str, documents: Sequence[str], *, top_n: Optional[int] = None,
+              return_documents: bool = False, truncate: bool = True):
+    """Reranking (runtime.rerank) on a model the pool loaded with reranker_spec (kind "embed"): its requests take
+    turns, each batched, as embeddings do."""
+    from ..rerank import rerank
+
+    with _turn(resident):
+        return rerank(resident.loaded, query, documents, top_n=top_n, return_documents=return_documents, truncate=truncate)
 
 
 @contextmanager

@@ -9,14 +9,14 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from .. import __version__
+from ... import __version__
 
 
 @lru_cache(maxsize=1)
 def build_identity() -> str:
     """'localrun VERSION, llama.cpp LIBS' where LIBS fingerprints the bundled libraries (engine.llama): another
     build of the same version (cpu, cpu-exact, cuda) gives another identity."""
-    from ..engine.llama import library_fingerprint
+    from ...engine.llama import library_fingerprint
 
     tag = os.environ.get("LOCALRUN_BUILD_TAG", "")  # marks a build apart (a packager's patch; the tests' "other build")
     return f"localrun {__version__}{'+' + tag if tag else ''}, llama.cpp {library_fingerprint()}, settings {_settings()}"
@@ -29,7 +29,7 @@ _SETTINGS = ("LOCALRUN_MODELS", "LOCALRUN_CACHE_MAX", "LOCALRUN_BACKEND_SAMPLING
 
 
 def _settings() -> str:
-    from ..store.paths import home
+    from ...store.paths import home
 
     digest = hashlib.sha256()
     for name in _SETTINGS:

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from ..engine.options import KV_TYPES
-from ..errors import EngineError, LocalrunError, Phrase, SettingError, SettingsConflict, UsageError
+from ...engine.options import KV_TYPES
+from ...errors import EngineError, LocalrunError, Phrase, SettingError, SettingsConflict, UsageError
 
 if TYPE_CHECKING:
-    from ..engine.strategies import Perplexity
+    from ...engine.strategies import Perplexity
 
 OUTPUTS = ("table", "json", "csv", "md")
 FLASH_ATTN = ("auto", "on", "off")
@@ -147,7 +147,7 @@ class Settings:
         where beams do not size them."""
         from dataclasses import replace
 
-        from .options import LoadSpec
+        from ..options import LoadSpec
 
         spec = LoadSpec(gpu_layers=self.gpu_layers, flash_attn={"auto": None, "on": True, "off": False}[self.flash_attn],
                         kv_type=self.kv_type, threads=self.threads, batch=self.batch, rpc=self.rpc, tensor_split=self.tensor_split,
@@ -161,7 +161,7 @@ class Settings:
 
     def llama_args(self) -> list[str]:
         """The same settings for llama-bench / llama-perplexity, resolved as Engine resolves them."""
-        from ..engine.llama import supports_gpu_offload
+        from ...engine.llama import supports_gpu_offload
 
         layers = self.gpu_layers
         if layers == "auto":
@@ -239,7 +239,7 @@ def make_plan(
     lora: Optional[Sequence[str]] = None,
 ) -> Plan:
     """Parse and check every option (naming the bad value), find llama-bench if asked to compare."""
-    from ..engine import KV_TYPES, default_threads, parse_gpu_layers
+    from ...engine import KV_TYPES, default_threads, parse_gpu_layers
 
     models = [m.strip() for arg in models for m in arg.split(",") if m.strip()]  # A,B,C as well as A B C
     if not models:
@@ -266,13 +266,13 @@ def make_plan(
     decodes = _split("decode", decode)
     for value in decodes:
         parse_decode(value)  # refused here, before anything runs
-    from ..engine.rpc import parse_endpoints
-    from .workers import parse_tensor_split
+    from ...engine.rpc import parse_endpoints
+    from ..workers import parse_tensor_split
 
     parse_endpoints(rpc), parse_tensor_split(tensor_split)  # refused here, before anything runs
     if rpc and compare:
         raise SettingsConflict(("compare", "rpc"), Phrase("compare a local run, or sweep {gpu_layers} 0,-1 with {rpc}"))
-    from .lora import parse_adapters
+    from ..lora import parse_adapters
 
     adapters = parse_adapters(lora or [])  # each a LoRA GGUF; against each model once it is here (run)
     if adapters and compare:
@@ -298,7 +298,7 @@ def make_plan(
 
 def parse_decode(value: str):
     """A --decode value as decoding.DecodeOptions: plain, lookup, draft:MODEL or beamsN."""
-    from ..engine import DecodeOptions
+    from ...engine import DecodeOptions
 
     if value == "plain":
         return DecodeOptions()
@@ -395,7 +395,7 @@ def prompt_tokens(engine, n: int) -> list[int]:
 
 
 def prefill_seconds(engine, tokens: Sequence[int]) -> float:
-    from ..engine.loop import evaluate
+    from ...engine.loop import evaluate
 
     engine.reset()
     t0 = time.perf_counter()
@@ -408,8 +408,8 @@ def decode_seconds(engine, context: Sequence[int], n: int, seed: int = 1, strate
     """Seconds for n decode steps after `context`, on the engine's own generation path, timed from the first
     token. n+1 tokens are sampled so that n decodes (each followed by a sample) lie between the first and the
     last token, as llama-bench's -n counts decodes."""
-    from ..engine import SamplingOptions, generate
-    from ..engine.strategies import BeamSearch
+    from ...engine import SamplingOptions, generate
+    from ...engine.strategies import BeamSearch
 
     engine.reset()
     if isinstance(strategy, BeamSearch):  # not streamed: its own clock, end-of-text banned
@@ -426,7 +426,7 @@ def decode_seconds(engine, context: Sequence[int], n: int, seed: int = 1, strate
 
 def ttft_seconds(engine, prompt: Sequence[int], seed: int = 1, strategy=None) -> float:
     """Wall time from asking for an answer to the first token, for a fresh context."""
-    from ..engine import SamplingOptions, generate
+    from ...engine import SamplingOptions, generate
 
     engine.reset()
     t0 = time.perf_counter()
@@ -442,7 +442,7 @@ def ttft_seconds(engine, prompt: Sequence[int], seed: int = 1, strategy=None) ->
 
 def perplexity(engine, text: str, n_ctx: int = QUALITY_CTX, max_chunks: Optional[int] = None):
     """Perplexity on `text` in chunks of n_ctx tokens (llama-perplexity's method, engine/strategies.py)."""
-    from ..engine.strategies import perplexity as measure
+    from ...engine.strategies import perplexity as measure
 
     return measure(engine, text, n_ctx, max_chunks)
 
@@ -595,11 +595,11 @@ Status = Callable[[str], None]
 
 def run(plan: Plan, status: Status = lambda _: None, notice: Status = lambda _: None) -> Iterator[Result]:
     """Measure everything in the plan, yielding each result as soon as it is complete."""
-    from .. import hub
-    from ..engine import build_id
+    from ... import hub
+    from ...engine import build_id
 
     locals_ = []
-    from .lora import check_adapters
+    from ..lora import check_adapters
 
     for ref in plan.models:  # resolve (and pull) every model first: a typo fails before minutes of measuring
         local = hub.ensure_local(ref, source=plan.source)
@@ -630,10 +630,10 @@ def _run_config(plan: Plan, config: ConfigRun, status: Status, notice: Status) -
 
 
 def _load(config: ConfigRun, n_ctx: int, status: Status, notice: Status):
-    from ..engine import Engine
-    from ..engine.gguf_info import kv_cache_bytes
-    from ..engine.llama import captured_llama_log
-    from .loader import strategy_for
+    from ...engine import Engine
+    from ...engine.gguf_info import kv_cache_bytes
+    from ...engine.llama import captured_llama_log
+    from ..loader import strategy_for
 
     status(f"{config.model}: loading")
     options = config.settings.load_options(n_ctx)

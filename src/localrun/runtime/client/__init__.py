@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import LocalrunError, Phrase
+from ...errors import LocalrunError, Phrase
 from .http1 import Connection, Response, Unanswered
 
 START_TIMEOUT_S = 60.0
@@ -113,7 +113,7 @@ class NoServer(LocalrunError):
 
 
 def resident() -> Client:
-    from ..store.paths import server_socket
+    from ...store.paths import server_socket
 
     return Client(socket_path=server_socket())
 
@@ -128,8 +128,8 @@ def resident_run(model: str, *, load: dict, request: dict, keep_alive: float, so
 
 
 def _responses(items: Iterator[dict]) -> Iterator:
-    from ..engine.types import Progress
-    from . import Response, Stats
+    from ...engine.types import Progress
+    from .. import Response, Stats
 
     for item in items:
         stats = Stats(**item["stats"]) if item.get("stats") else None
@@ -209,7 +209,7 @@ def _open(path: str, model: str, load: dict, request: dict, keep_alive: float, s
         if code == "models_busy":  # every model there is answering and this one does not fit beside them
             raise ServerDeclined(f"the background server cannot take this model now ({answer.get('error')}): answering in this process")
         if code == "model_not_found" and not pulled:
-            from .. import hub
+            from ... import hub
 
             hub.ensure_local(model, source=source)  # as in-process: pull it here (progress on stderr), or fail the same way
             pulled = True
@@ -220,7 +220,7 @@ def _open(path: str, model: str, load: dict, request: dict, keep_alive: float, s
 
 
 def _log_path() -> Path:
-    from ..store.paths import logs_dir
+    from ...store.paths import logs_dir
 
     return logs_dir() / "server.log"
 
@@ -266,7 +266,7 @@ def _connect_or_start(client: Client, keep_alive: float, notice: Callable[[str],
         return conn
     from filelock import FileLock
 
-    from ..store.paths import run_dir
+    from ...store.paths import run_dir
 
     # Two clients racing to start a server: the lock makes the second find the first one's server.
     with FileLock(str(run_dir() / "start.lock"), timeout=START_TIMEOUT_S):
@@ -298,7 +298,7 @@ def _try_connect(client: Client) -> Optional[Connection]:
 
 def _spawn(socket_path: Path, keep_alive: float, notice: Callable[[str], None]) -> subprocess.Popen:
     """Start the resident server detached from this terminal (its own session, output to the log)."""
-    from ..store.paths import run_dir
+    from ...store.paths import run_dir
 
     log_path = _log_path()
     code = "import sys; from localrun.cli import main; sys.argv[0] = 'localrun'; main()"

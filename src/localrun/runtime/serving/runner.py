@@ -1,13 +1,13 @@
-"""What a server runs a loaded model on: its continuous-batching scheduler (runtime.scheduler), started and warmed
-for the HTTP dialects, or an embeddings context's one turn at a time (runtime.resident.Exclusive). The model pool
-(runtime.pool.ModelPool) calls `start_scheduler` for each model it loads."""
+"""What a server runs a loaded model on: its continuous-batching scheduler (runtime.serving.scheduler), started and warmed
+for the HTTP dialects, or an embeddings context's one turn at a time (runtime.serving.resident.Exclusive). The model pool
+(runtime.serving.pool.ModelPool) calls `start_scheduler` for each model it loads."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Optional
 
-from .options import LoadSpec
+from ..options import LoadSpec
 from .resident import Exclusive
 from .scheduler import Job, Scheduler
 
@@ -33,6 +33,6 @@ def start_scheduler(loaded, slot_ctx: int, spec: LoadSpec, *, max_waiting: int, 
 
 
 def _deliver(responses: list[tuple[Job, object]]) -> None:
-    """Straight to the jobs' own queues, read by their requests' threads (runtime.scheduler.SlotSeat)."""
+    """Straight to the jobs' own queues, read by their requests' threads (runtime.serving.scheduler.SlotSeat)."""
     for job, response in responses:
         job.sink.put_nowait(response)

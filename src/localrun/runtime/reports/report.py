@@ -10,8 +10,8 @@ import shutil
 import sys
 from typing import Any, Optional
 
-from .. import __version__
-from .details import model_details  # noqa: F401 - (its old home)
+from ... import __version__
+from ..models.details import model_details  # noqa: F401 - (its old home)
 
 
 def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: bool = False, rpc: bool = False) -> dict[str, Any]:
@@ -19,14 +19,14 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
     and mtime against the pull's record. The memory estimate is for the load `run --keep-alive 0` makes (one
     sequence, the repacked copy where llama.cpp makes one here; none beside `rpc` workers), `memory_served`
     for the background server's (its slots, each that context)."""
-    from ..hub import defaults_for
-    from ..store.files import sha256_file
+    from ...hub import defaults_for
+    from ...store.files import sha256_file
 
-    from ..engine.footprint import footprint, repacks_here
-    from ..engine.gguf_info import read_info
+    from ...engine.footprint import footprint, repacks_here
+    from ...engine.gguf_info import read_info
 
-    from .memory import capped_context, context_for
-    from .options import LoadSpec
+    from ..memory import capped_context, context_for
+    from ..options import LoadSpec
 
     info = read_info(local.path)
     brought = defaults_for(local.ref)
@@ -63,8 +63,8 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
         **({"context_capped": capped} if capped else {}),  # the context asked for is past the trained length
     }
     if not rpc:  # run and chat load it in the background server, with its slots (each this context): what `ps` shows
-        from .options import SERVER_SLOTS
-        from .memory import estimate_breakdown
+        from ..options import SERVER_SLOTS
+        from ..memory import estimate_breakdown
 
         spec = LoadSpec(ctx=n_ctx, kv_type=kv_type, parallel=SERVER_SLOTS, kind="run")
         out["memory_served"] = {"slots": SERVER_SLOTS, "n_ctx": n_ctx, **estimate_breakdown(local.path, spec, local.ref)}
@@ -88,9 +88,9 @@ def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
     """Load the model with this context and read the buffer sizes llama.cpp reports allocating: the weights
     (CPU_Mapped, or a device's, less the pages of the repacked weights the engine gives back), the repacked
     copy (CPU_REPACK), KV, compute (with the output buffer)."""
-    from ..engine import Engine
-    from ..engine.llama import captured_llama_log
-    from .options import LoadSpec
+    from ...engine import Engine
+    from ...engine.llama import captured_llama_log
+    from ..options import LoadSpec
 
     with captured_llama_log() as lines:  # as `run` loads it
         engine = Engine(path, LoadSpec(kv_type=kv_type, kind="run").engine_options(n_ctx))
@@ -116,8 +116,8 @@ def measured_allocation(path, n_ctx: int, kv_type: str) -> dict[str, int]:
 
 
 def doctor_report() -> dict[str, Any]:
-    from ..hub.catalogue import catalogue_paths
-    from ..store.paths import home, mirror_dir
+    from ...hub.catalogue import catalogue_paths
+    from ...store.paths import home, mirror_dir
 
     report: dict[str, Any] = {
         "localrun": __version__,
@@ -135,7 +135,7 @@ def doctor_report() -> dict[str, Any]:
         target = target.parent
     report["free_disk_bytes"] = shutil.disk_usage(target).free
     try:
-        from ..engine import system_info
+        from ...engine import system_info
 
         report.update(system_info())
     except ImportError as exc:
@@ -156,7 +156,7 @@ def cpu_report(window_s: float = 0.5) -> dict[str, Any]:
     much of those cores other processes use now (over `window_s`), with the advice busy_advice gives."""
     import time
 
-    from ..engine.llama import CpuLoad, busy_advice, cpu_counts, default_threads
+    from ...engine.llama import CpuLoad, busy_advice, cpu_counts, default_threads
 
     cores, logical = cpu_counts()
     machine = CpuLoad()
@@ -173,9 +173,9 @@ def cpu_report(window_s: float = 0.5) -> dict[str, Any]:
 
 def tags_listing() -> list[dict[str, Any]]:
     """The pulled models whose files are all here, as Ollama's /api/tags lists them."""
-    from ..engine.gguf_info import read_info
-    from ..errors import InvalidModelFile
-    from .pool import listed_local
+    from ...engine.gguf_info import read_info
+    from ...errors import InvalidModelFile
+    from ..serving.pool import listed_local
 
     out = []
     for m in listed_local():
@@ -195,8 +195,8 @@ def file_entry(name: str, path, info=None) -> dict[str, Any]:
     GGUF metadata when already read (a loaded model's). Raises OSError when the file is gone."""
     from pathlib import Path
 
-    from ..engine.gguf_info import read_info
-    from ..store.digests import file_digest
+    from ...engine.gguf_info import read_info
+    from ...store.digests import file_digest
 
     path = Path(path)
     size = path.stat().st_size
@@ -208,8 +208,8 @@ def model_card(ref: str, local=None) -> dict[str, Any]:
     """What Ollama's /api/show answers for a pulled model (or a .gguf path): details, the GGUF metadata as
     model_info (arrays the size of a vocabulary left out, as Ollama does), the chat template, the catalogue's
     sampling defaults as parameters. `local`: `ref` already resolved (hub.resolve_local). Raises ModelNotFound."""
-    from ..engine.gguf_info import read_info
-    from ..hub import defaults_for, resolve_local
+    from ...engine.gguf_info import read_info
+    from ...hub import defaults_for, resolve_local
 
     local = local or resolve_local(ref)
     info = read_info(local.path)
@@ -222,8 +222,8 @@ def model_card(ref: str, local=None) -> dict[str, Any]:
         model_info[key] = value
     brought = defaults_for(local.ref if local.source != "path" else ref)
     parameters = "\n".join(f"{name:<30} {_go_value(value)}" for name, value in ollama_parameters(brought))
-    from ..engine.thinking import markers_for
-    from ..engine.tools import supports_tools
+    from ...engine.thinking import markers_for
+    from ...engine.tools import supports_tools
 
     capabilities = ["completion"] + (["vision"] if projector_of(local) else []) + (["tools"] if supports_tools(info.chat_template) else []) + (
         ["thinking"] if markers_for(info.chat_template) else []) + (["embedding"] if brought.embedding else [])
@@ -240,8 +240,8 @@ def model_card(ref: str, local=None) -> dict[str, Any]:
 
 def projector_of(local):
     """The vision projector a model is run with (the mmproj file beside it, as pulled with it), or None."""
-    from ..errors import UsageError
-    from .images import projector_beside
+    from ...errors import UsageError
+    from ..images import projector_beside
 
     try:
         return projector_beside([local.path, local.path.resolve()])
@@ -276,7 +276,7 @@ def modelfile_text(local, brought) -> str:
 def ollama_parameters(brought) -> list[tuple[str, Any]]:
     """A model's defaults as Ollama names its parameters (num_predict, not max_tokens; num_ctx), one pair per
     value (a stop each), as a Modelfile's PARAMETER lines and /api/show's parameters list them."""
-    from .options import OLLAMA_RENAMED
+    from ..options import OLLAMA_RENAMED
 
     ollama_name = {ours: theirs for theirs, ours in OLLAMA_RENAMED.items()}
     out = []
@@ -301,7 +301,7 @@ def _go_value(value: Any) -> str:
 
 def _digest(local) -> str:
     """A model's sha256: recorded at pull, or computed once for a file served by path (store.digests)."""
-    from ..store.digests import file_digest
+    from ...store.digests import file_digest
 
     return (local.sha256[0] if getattr(local, "sha256", None) else None) or file_digest(local.path) or ""
 
