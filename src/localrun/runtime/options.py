@@ -16,13 +16,16 @@ _WHERE = {
     "json_grammar": "..engine.sampling",
     "DecodeOptions": "..engine.strategies",
 }
-__all__ = ["BY_NAME", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "MIN_CONTEXT", "LoadSpec", "check_context", "has_sliding_window", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
+__all__ = ["BY_NAME", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "LOAD_OPTIONS", "MIN_CONTEXT", "LoadSpec", "check_context", "has_sliding_window", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
 __getattr__ = exports(globals(), _WHERE)
 
 # Ollama's option names (api.Options and api.Runner) where they are not localrun's own: what its clients send
 # in `options`, chat's `/set parameter` and a Modelfile's PARAMETER lines name.
 OLLAMA_RENAMED = {"num_predict": "max_tokens"}
 OLLAMA_LOAD = {"num_ctx": "ctx", "num_gpu": "gpu_layers", "num_thread": "threads", "num_batch": "batch"}  # load-time
+# The one table of the load options a request may name in `options` (serve.checks.load_options): Ollama's names
+# (api.Runner), plus localrun's for the slots, the KV cache and flash attention; each to its LoadSpec field.
+LOAD_OPTIONS = {**OLLAMA_LOAD, "num_parallel": "parallel", "kv_type": "kv_type", "flash_attn": "flash_attn"}
 OLLAMA_IGNORED = ("num_keep", "penalize_newline", "numa", "main_gpu", "low_vram", "vocab_only", "use_mmap", "use_mlock", "tfs_z",
                   "f16_kv", "logits_all", "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa")  # older clients send these
 

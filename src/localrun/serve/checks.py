@@ -12,7 +12,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       create_model)
 
 from ..runtime import SamplingOptions
-from ..runtime.options import DRAFT_MAX, KV_TYPES, OLLAMA_LOAD
+from ..runtime.options import DRAFT_MAX, KV_TYPES, LOAD_OPTIONS
 from .asked import Tool, ToolChoice
 from .errors import InvalidField, MissingField, Refused, UnknownField
 
@@ -189,8 +189,6 @@ def function_tools(tools: Any, runs_here: Callable[[dict], bool], schema_key: st
 
 # -- Ollama's `options` object: load options, which /v1 takes too ------------------------------------
 
-# Ollama's names for the load-time options (api.Runner), plus localrun's for the KV cache and flash attention.
-LOAD_OPTIONS = {**OLLAMA_LOAD, "num_parallel": "parallel", "kv_type": "kv_type", "flash_attn": "flash_attn"}
 _SETTING_OPTION = {setting: option for option, setting in LOAD_OPTIONS.items()}
 
 

@@ -14,7 +14,7 @@ from ..errors import ContextOverflow, InvalidModelFile, LocalrunError, ModelNotF
 from ..runtime import OptionError
 from ..runtime.failures import flag
 from ..runtime.images import BadImage, NoProjector
-from ..runtime.options import OLLAMA_LOAD
+from ..runtime.options import LOAD_OPTIONS
 from ..runtime.serving.pool import LoadCancelled, ModelTooBig, PoolBusy
 from ..runtime.serving.scheduler import QueueFull, ServerStopping
 
@@ -149,8 +149,8 @@ class Fault:
         return {"Retry-After": "1"} if self.status in (429, 503) else None  # as every dialect's busy answer
 
 
-# The load settings some dialect's requests set (serve.checks.LOAD_OPTIONS: Ollama's, and three of localrun's)
-LOAD_SETTINGS = frozenset({*OLLAMA_LOAD.values(), "parallel", "kv_type", "flash_attn"})
+# The load settings some dialect's requests set (runtime.options.LOAD_OPTIONS' fields)
+LOAD_SETTINGS = frozenset(LOAD_OPTIONS.values())
 
 
 def settings_named(w: Wording) -> Callable[[str], str]:

@@ -19,14 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from ...runtime import Response, SamplingOptions, Stats
 from ...runtime.options import DRAFT_MAX, OLLAMA_IGNORED, OLLAMA_LOAD
 from ..asked import Asked, Call, Image, Message, Reply
-from ..checks import (LOAD_OPTIONS, SAMPLING_FIELDS, FunctionTool, load_options, openai_choice, options_name, stops_of,
+from ..checks import (SAMPLING_FIELDS, FunctionTool, load_options, openai_choice, options_name, stops_of,
                       strict, tool_of, top_logprobs, validated)
-from ..errors import Fault, Refused, Unsupported, Wording, fault
+from ..errors import LOAD_SETTINGS, Fault, Refused, Unsupported, Wording, fault
 from ..stream import FINISH_REASONS, Event
 from ..wire import BadJson, parse_json
 
 WORDING = Wording(more_context="restart the server with a larger --ctx", name_of=options_name,
-                  load_options=frozenset(LOAD_OPTIONS.values()),  # its `options` take them all (checks.load_options)
+                  load_options=LOAD_SETTINGS,  # its `options` take them all (checks.load_options)
                   no_projector="start the server with --mmproj FILE for it, or put its mmproj-*.gguf beside the model file")
 
 

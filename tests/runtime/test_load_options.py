@@ -1,0 +1,23 @@
+"""The one load-options type (runtime.options.LoadSpec) and what each front end builds of it, tested alone and
+fast (no model): the one table of the load names a request may use, every load flag the command line shares
+is a LoadSpec field with LoadSpec's default, and a bench row's settings are a LoadSpec."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from localrun.runtime.options import LOAD_OPTIONS, OLLAMA_LOAD, LoadSpec
+from localrun.serve import checks, errors
+
+
+def test_the_load_names_a_request_may_use_are_one_table_of_loadspec_fields():
+    assert set(LOAD_OPTIONS.values()) <= {f.name for f in fields(LoadSpec)}
+    assert OLLAMA_LOAD.items() <= LOAD_OPTIONS.items()
+    # the error table and the dialects read the same table (each wrote it out once)
+    assert errors.LOAD_SETTINGS == frozenset(LOAD_OPTIONS.values())
+    assert checks.load_options({name: 2 for name in ("num_ctx", "num_thread", "num_batch", "num_parallel")}) == {
+        "ctx": 2, "threads": 2, "batch": 2, "parallel": 2}
+    assert checks.load_options({"num_gpu": 0, "kv_type": "q8_0", "flash_attn": True}) == {
+        "gpu_layers": "0", "kv_type": "q8_0", "flash_attn": True}
+    assert {checks.options_name(f"load.{setting}") for setting in LOAD_OPTIONS.values()} == {
+        f"options.{name}" for name in LOAD_OPTIONS}
