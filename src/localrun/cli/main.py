@@ -294,8 +294,9 @@ def run(
     if not prompt and not image and sys.stdin.isatty() and not (as_json or raw or truncate or no_cache or hide_thinking or think is not None
                                                                  or reasoning_effort is not None):
         _chat(model, system, session, verbose, keep_alive, mmproj, options)
-    _check_before_loading(session, use_cache=not no_cache, options=options, model=model)
-    images = _check_images(image or [], mmproj, options)
+    spec = _load_spec(options, kind="run")
+    _check_before_loading(session, use_cache=not no_cache, spec=spec, model=model)
+    images = _check_images(image or [], mmproj, spec)
     text = read_prompt(prompt or [], None if "-" in map(str, image or []) else sys.stdin)  # --image -: stdin is the image
     if reasoning_effort == "none" and think is None:
         think = False
@@ -304,12 +305,13 @@ def run(
                  template_kwargs={"reasoning_effort": reasoning_effort} if reasoning_effort is not None else {})
     if images:
         asked["messages"][0]["images"] = images
-    responses = _resident_answer(model, asked, keep_alive, options, mmproj=mmproj)
+    settings = _run_settings(keep_alive, options)
+    responses = _resident_answer(model, asked, spec, settings, mmproj=mmproj)
     if responses is None:  # in this process, as with --keep-alive 0
         from ..runtime import Request
         from ..runtime.generate import generate
 
-        loaded = _load(model, options)
+        loaded = _load(model, spec, settings)
         _UNTIL_EXIT.append(loaded)  # freed by the process's end, not when run() returns (see _leave)
         if images or mmproj:
             from ..runtime.images import attach_projector
@@ -323,7 +325,7 @@ def run(
                          limit_unasked=options.get("max_tokens") is None, threads=threads)
 
 
-def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> list:
+def _check_images(paths: list[Path], mmproj: Optional[Path], spec) -> list:
     """run's --image files read and --mmproj checked, before any model loads."""
     if not paths and mmproj is None:
         return []  # (runtime.images brings the engine: a run through the background server needs none of it)
@@ -336,17 +338,17 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], options: dict) -> l
         raise UsageError("--image - reads one image from stdin: give the others as files")
     from ..runtime.options import SLOT_DRAFTS
 
-    if options.get("draft") not in SLOT_DRAFTS or (options.get("beams") or 1) > 1:  # lookup drafts from the prompt
+    if spec.draft not in SLOT_DRAFTS or spec.beams > 1:  # lookup drafts from the prompt
         raise UsageError("--image cannot combine with a --draft model or --beams (they decode the prompt's tokens themselves): drop one")
     return read_images(paths)
 
 
-def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict, mmproj: Optional[Path] = None):
+def _resident_answer(model: str, asked: dict, spec, settings: dict, mmproj: Optional[Path] = None):
     """The answer's responses from the resident server, or None where this process should answer. Images go
     as their bytes (runtime.conversation.stored), the projector as its path (the server loads it, as chat's)."""
     from ..runtime.client import ServerDeclined, resident_run
 
-    settings = _resident_settings(keep_alive, options)
+    settings = _resident_settings(spec, settings)
     if settings is None:
         return None
     request = {**asked, "sampling": settings.pop("sampling"), "tty": sys.stderr.isatty()}
@@ -363,19 +365,31 @@ def _resident_answer(model: str, asked: dict, keep_alive: str, options: dict, mm
         return None
 
 
-def _resident_settings(keep_alive: str, options: dict) -> Optional[dict]:
-    """What run and chat send the resident server (load options, the sampling flags given, keep-alive,
-    source), or None where this process should answer: keep-alive 0, or a decoding strategy (--draft,
-    --beams: loaded per run)."""
-    from ..runtime.options import SAMPLING, SLOT_DRAFTS, cli_value
+def _run_settings(keep_alive: str, options: dict) -> dict:
+    """What run and chat take from their flags beside the load, read once whether the resident server or this
+    process answers (a --grammar file is read once): keep-alive, source and the sampling flags given."""
     from ..runtime.serving.pool import parse_keep_alive
 
-    seconds = parse_keep_alive(keep_alive)
-    spec = _load_spec(options)
-    if seconds == 0 or spec.draft not in SLOT_DRAFTS or spec.beams > 1:
+    return dict(keep_alive=parse_keep_alive(keep_alive), source=_source(options["source"]), sampling=_given_sampling(options))
+
+
+def _given_sampling(options: dict) -> dict:
+    """The sampling flags given (runtime.options.SAMPLING, files and pairs read), by option name; those not given
+    are left out (the model's own apply: runtime.options.merge_options)."""
+    from ..runtime.options import SAMPLING, cli_value
+
+    return {o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None}
+
+
+def _resident_settings(spec, settings: dict) -> Optional[dict]:
+    """What run and chat send the resident server (`spec`'s load options the client sets, the sampling flags
+    given, keep-alive, source: `_run_settings`), or None where this process should answer: keep-alive 0, or a
+    decoding strategy (--draft, --beams: loaded per run)."""
+    from ..runtime.options import SLOT_DRAFTS
+
+    if settings["keep_alive"] == 0 or spec.draft not in SLOT_DRAFTS or spec.beams > 1:
         return None
-    return dict(load=spec.sent(), keep_alive=seconds, source=_source(options["source"]),
-                sampling={o.name: value for o in SAMPLING if (value := cli_value(o.name, options[o.name])) is not None})
+    return dict(load=spec.sent(), **settings)
 
 
 @app.command()
@@ -398,25 +412,27 @@ def _chat(model: str, system: Optional[str], session: Optional[str], verbose: bo
     """The chat REPL on `model` (chat, and run with no prompt at a terminal); exits with its code."""
     from . import chat as chat_repl
 
-    _check_before_loading(session, use_cache=True, options=options, model=model)
+    spec = _load_spec(options, kind="run")
+    _check_before_loading(session, use_cache=True, spec=spec, model=model)
     if mmproj is not None:
         from ..runtime.images import check_projector
 
         check_projector(mmproj)
     conv = None
-    settings = _resident_settings(keep_alive, options)
-    if settings is not None:
+    settings = _run_settings(keep_alive, options)
+    resident = _resident_settings(spec, settings)
+    if resident is not None:
         from ..runtime.client import ServerDeclined
         from ..runtime.client.remote import RemoteConversation
 
         try:
-            conv = RemoteConversation(model, **settings, on_notice=notice, mmproj=mmproj)
+            conv = RemoteConversation(model, **resident, on_notice=notice, mmproj=mmproj)
         except ServerDeclined as exc:
             notice(str(exc))
     if conv is None:  # in this process, as with --keep-alive 0
         from ..runtime.conversation import Conversation
 
-        conv = Conversation(_load(model, options), None, mmproj=mmproj)
+        conv = Conversation(_load(model, spec, settings), None, mmproj=mmproj)
         _UNTIL_EXIT.append(conv)
     code = chat_repl.chat_loop(conv, system=system, session=session, verbose=verbose)
     raise typer.Exit(code)
@@ -568,7 +584,7 @@ def serve(
         if value < least or (flag == "--port" and value > 65535):
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
     if options.get("lora"):
-        _check_adapters(options["lora"], model)
+        _check_adapters(_load_spec(options).lora, model)
     aliases = _aliases(alias, model)
     keys = lan.api_keys(api_key, api_key_file)
     certfile, keyfile = lan.tls_files(ssl_certfile, ssl_keyfile)
@@ -830,29 +846,29 @@ def sessions_prune(
     err.print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}; the store now holds {human_size(total)}")
 
 
-def _check_before_loading(session: Optional[str], use_cache: bool, options: dict, model: Optional[str] = None) -> None:
+def _check_before_loading(session: Optional[str], use_cache: bool, spec, model: Optional[str] = None) -> None:
     """What would otherwise fail only after the model loaded (or, for the cache size, after the answer)."""
     from ..store.names import cache_max_bytes, check_name
 
     if session is not None:
         check_name(session)  # '' too: it ran without a session, silently
-        if (options.get("beams") or 1) > 1:  # the answer streamed, then "sessions need a single-sequence context"
+        if spec.beams > 1:  # the answer streamed, then "sessions need a single-sequence context"
             raise UsageError("--session cannot combine with --beams (a session keeps one sequence, beam search several): drop one")
         if model is not None:
-            _check_session_model(session, model, options.get("lora") or [])
+            _check_session_model(session, model, spec.lora)
     if use_cache:
         cache_max_bytes()
-    if options.get("lora"):
-        _check_adapters(options["lora"], model)
+    if spec.lora:
+        _check_adapters(spec.lora, model)
 
 
-def _check_adapters(given: list[str], model: Optional[str]) -> None:
-    """--lora: each file a LoRA GGUF, and where the model is here already, made for it (its architecture, its
-    weights' shapes): one line naming the file, before any model loads or the background server is asked."""
+def _check_adapters(adapters: tuple, model: Optional[str]) -> None:
+    """--lora (parsed: LoadSpec.lora): each file a LoRA GGUF, and where the model is here already, made for it
+    (its architecture, its weights' shapes): one line naming the file, before any model loads or the
+    background server is asked."""
     from .. import hub
-    from ..runtime.lora import check_adapters, parse_adapters
+    from ..runtime.lora import check_adapters
 
-    adapters = parse_adapters(given)
     if model is None:
         return
     try:
@@ -862,7 +878,7 @@ def _check_adapters(given: list[str], model: Optional[str]) -> None:
     check_adapters(adapters, local.path)
 
 
-def _check_session_model(session: str, model: str, lora: list[str] = ()) -> None:
+def _check_session_model(session: str, model: str, lora: tuple = ()) -> None:
     """A session saved with another model file is refused before this one loads (a 5 GB model was loaded, then
     the session refused), where the file's sha256 is known without hashing it: recorded at its pull, or
     hashed by the store before. Otherwise the check after the load says it, as before. So is one saved under
@@ -887,10 +903,9 @@ def _check_session_model(session: str, model: str, lora: list[str] = ()) -> None
         sha = (local.sha256[0] if local.sha256 else None) or store.known_sha256(local.path)
         adapters = None
         if sha is None or sha == saved.model_sha256:
-            from ..runtime.lora import parse_adapters
             from ..runtime.sessions import adapters_key
 
-            adapters = adapters_key(store, [*hub.defaults_for(model).adapters, *parse_adapters(lora)])
+            adapters = adapters_key(store, [*hub.defaults_for(model).adapters, *lora])
     finally:
         store.close()
     if adapters is not None and adapters != saved.adapters:
@@ -900,17 +915,16 @@ def _check_session_model(session: str, model: str, lora: list[str] = ()) -> None
                            f"resume it with {saved.model}")
 
 
-def _load(model: str, options: dict):
-    """Resolve and load the model in this process with the options `run` and `chat` share (options.shared_options)."""
+def _load(model: str, spec, settings: dict):
+    """Resolve and load the model in this process by run's and chat's one LoadSpec (`_load_spec`) and their
+    source and sampling flags (`_run_settings`)."""
     from ..runtime import load
-    from ..runtime.options import SAMPLING, cli_value
 
-    if options["rpc"]:
+    if spec.rpc:
         from ..runtime.workers import leave_when_workers_lost
 
         leave_when_workers_lost()
-    loaded = load(model, _load_spec(options, kind="run"), source=_source(options["source"]), on_notice=notice,
-                  sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING})
+    loaded = load(model, spec, source=settings["source"], on_notice=notice, sampling=settings["sampling"])
     if loaded.busy and sys.stderr.isatty():  # advice for a person at a terminal (engine.llama.busy_advice)
         notice(loaded.busy)
     return loaded
