@@ -11,6 +11,7 @@ import typer
 from .. import __version__
 from ..console import err, notice
 from ..errors import EXIT_INTERRUPTED, LocalrunError, UsageError
+from ..runtime.options import SERVER_SLOTS
 from .options import (CtxOpt, DraftMaxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, LoraOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt,
                       ThreadsOpt, shared_options)
 from .render import render_error
@@ -537,7 +538,7 @@ def rerank(
 @shared_options()
 def serve(
     model: Annotated[Optional[str], typer.Argument(help="a model to load at start and serve by default (alias, owner/repo[:QUANT] or path); others load when a request names them")] = None,
-    parallel: Annotated[int, typer.Option("--parallel", "-np", help="sequences decoded together (slots), per model")] = 4,
+    parallel: Annotated[int, typer.Option("--parallel", "-np", help="sequences decoded together (slots), per model")] = SERVER_SLOTS,
     host: Annotated[str, typer.Option("--host", help="address to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[Optional[int], typer.Option("--port", help="port to listen on (0 = any free port; default 11435, with --ollama 11434)")] = None,
     ollama: Annotated[bool, typer.Option("--ollama", help="listen on Ollama's port, 11434, so that clients set up for Ollama work unchanged")] = False,
@@ -572,7 +573,6 @@ def serve(
     **options,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
-    from ..runtime.options import SAMPLING, cli_value
     from ..runtime.serving.pool import parse_keep_alive
     from ..serve.app import ServeOptions, serve as run_server
     from ..store.paths import parse_size
@@ -583,15 +583,17 @@ def serve(
     for flag, value, least in (("--queue", queue, 0), ("--prefill-chunk", prefill_chunk, 1), ("--port", port, 0), ("--max-models", max_models, 0)):
         if value < least or (flag == "--port" and value > 65535):
             raise UsageError(f"invalid {flag} {value}: use {least} or more" + (" (at most 65535)" if flag == "--port" else ""))
-    if options.get("lora"):
-        _check_adapters(_load_spec(options).lora, model)
+    spec = _load_spec({**options, "draft": draft, "draft_max": draft_max}, parallel)
+    if spec.lora:
+        _check_adapters(spec.lora, model)
     aliases = _aliases(alias, model)
     keys = lan.api_keys(api_key, api_key_file)
     certfile, keyfile = lan.tls_files(ssl_certfile, ssl_keyfile)
+    spec.check()  # (after the names, keys and certificates: before any model loads)
     serve_options = ServeOptions(
-        spec=_served_spec({**options, "draft": draft, "draft_max": draft_max}, parallel), max_waiting=queue, prefill_chunk=prefill_chunk, model=model, aliases=aliases,
+        spec=spec, max_waiting=queue, prefill_chunk=prefill_chunk, model=model, aliases=aliases,
         api_keys=keys, origins=lan.allowed_origins(allowed_origins), ssl_certfile=certfile, ssl_keyfile=keyfile,
-        sampling={o.name: cli_value(o.name, options[o.name]) for o in SAMPLING}, keep_alive=parse_keep_alive(keep_alive),
+        sampling=_given_sampling(options), keep_alive=parse_keep_alive(keep_alive),
         max_models=max_models, memory_budget=None if memory_budget is None else parse_size(memory_budget, f"--memory-budget {memory_budget!r}"), source=_source(options["source"]),
         exit_when_idle=exit_when_idle, quiet=quiet,
         template_defaults=_template_defaults(reasoning, reasoning_effort, chat_template_kwargs),
@@ -943,13 +945,6 @@ def _load_spec(options: dict, parallel: int = 1, kind: str = "batch"):
 
         given["lora"] = parse_adapters(given["lora"] or [])
     return LoadSpec(**{**given, "parallel": parallel, "kind": kind})
-
-
-def _served_spec(options: dict, parallel: int):
-    """serve's load options, checked now (before any model loads)."""
-    spec = _load_spec(options, parallel)
-    spec.check()
-    return spec
 
 
 def read_prompt(args: list[str], stdin) -> str:

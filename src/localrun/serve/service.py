@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runtime import Loaded
 from ..runtime.loader import load
-from ..runtime.options import LoadSpec
+from ..runtime.options import SERVER_SLOTS, LoadSpec
 from ..runtime.request import TemplateDefaults
 from ..runtime.serving.pool import FOREVER, ROOM_WAIT_S, ModelPool, Resident, pull_if_needed
 from ..runtime.serving.runner import start_scheduler
@@ -24,7 +24,7 @@ from .stored import Kept
 
 @dataclass
 class ServeOptions:
-    spec: LoadSpec = field(default_factory=lambda: LoadSpec(parallel=4))  # the server's load-time options (requests may differ)
+    spec: LoadSpec = field(default_factory=lambda: LoadSpec(parallel=SERVER_SLOTS))  # the server's load-time options (requests may differ)
     max_waiting: int = 64
     prefill_chunk: int = 256
     api_keys: tuple[str, ...] = ()  # a request needs one of them (none: no key); serve.guards
