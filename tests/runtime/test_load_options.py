@@ -21,3 +21,19 @@ def test_the_load_names_a_request_may_use_are_one_table_of_loadspec_fields():
         "gpu_layers": "0", "kv_type": "q8_0", "flash_attn": True}
     assert {checks.options_name(f"load.{setting}") for setting in LOAD_OPTIONS.values()} == {
         f"options.{name}" for name in LOAD_OPTIONS}
+
+
+def test_every_load_flag_the_command_line_shares_is_a_loadspec_field_with_its_default():
+    """cli.main._load_spec takes the flags by LoadSpec's field names: a new flag named otherwise, or defaulting
+    otherwise, would be dropped or would load another way than the library's LoadSpec() (--help would lie)."""
+    import inspect
+
+    from localrun.cli.options import _decoding, _generation
+
+    spec = {f.name: f.default for f in fields(LoadSpec)}
+    for template in (_generation, _decoding):
+        for name, param in inspect.signature(template).parameters.items():
+            if name == "source":  # where the model comes from, not how it loads
+                continue
+            assert name in spec, f"--{name.replace('_', '-')} is no LoadSpec field"
+            assert param.default == spec[name] or (name == "lora" and param.default is None), name

@@ -12,7 +12,7 @@ from .. import __version__
 from ..console import err, notice
 from ..errors import EXIT_INTERRUPTED, LocalrunError, UsageError
 from ..runtime.options import SERVER_SLOTS
-from .options import (CtxOpt, DraftMaxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, LoraOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt,
+from .options import (DEFAULT_LOAD, CtxOpt, DraftMaxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, LoraOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt,
                       ThreadsOpt, shared_options)
 from .render import render_error
 
@@ -84,11 +84,11 @@ def list_models(
 def show(
     model: ModelArg,
     ctx: CtxOpt = None,
-    kv_type: KvTypeOpt = "f16",
+    kv_type: KvTypeOpt = DEFAULT_LOAD.kv_type,
     measure: Annotated[bool, typer.Option("--measure/--no-measure", help="also load the model to report what llama.cpp allocates")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
     rpc: RpcOpt = None,
-    gpu_layers: GpuLayersOpt = "auto",
+    gpu_layers: GpuLayersOpt = DEFAULT_LOAD.gpu_layers,
     tensor_split: TensorSplitOpt = None,
     verify: Annotated[bool, typer.Option("--verify", help="hash the model's files again and compare with the pull")] = False,
     modelfile: Annotated[bool, typer.Option("--modelfile", help="print the model as a Modelfile (what `create` reads)")] = False,
@@ -448,7 +448,7 @@ def embed(
     truncate: Annotated[bool, typer.Option("--truncate/--no-truncate", help="cut a text longer than the context (default), or fail")] = True,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
-    gpu_layers: GpuLayersOpt = "auto",
+    gpu_layers: GpuLayersOpt = DEFAULT_LOAD.gpu_layers,
     source: SourceOpt = "auto",
 ) -> None:
     """Embed texts: one L2-normalised vector per text, as JSON Lines ({"text", "embedding"}) or a .npy file."""
@@ -499,7 +499,7 @@ def rerank(
     truncate: Annotated[bool, typer.Option("--truncate/--no-truncate", help="cut a document that does not fit the context beside the query (default), or fail")] = True,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
-    gpu_layers: GpuLayersOpt = "auto",
+    gpu_layers: GpuLayersOpt = DEFAULT_LOAD.gpu_layers,
     source: SourceOpt = "auto",
 ) -> None:
     """Rank documents by their relevance to a query with a reranker (bge-reranker, jina-reranker, Qwen3-Reranker):
@@ -757,9 +757,9 @@ def bench(
     reps: Annotated[int, typer.Option("--reps", "-r", help="repetitions after one warm-up")] = 5,
     threads: Annotated[Optional[str], typer.Option("--threads", "-t", help="CPU threads (sweep: 1,2)")] = None,
     ctx: Annotated[Optional[str], typer.Option("--ctx", "-c", help="context size (sweep); default: fits the tests")] = None,
-    batch: Annotated[str, typer.Option("--batch", "-b", help="batch size (sweep)")] = "512",
-    kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache type (sweep: f16,q8_0)")] = "f16",
-    gpu_layers: Annotated[str, typer.Option("--gpu-layers", help="layers to offload (sweep); auto: all, on a GPU build")] = "auto",
+    batch: Annotated[str, typer.Option("--batch", "-b", help="batch size (sweep)")] = str(DEFAULT_LOAD.batch),
+    kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache type (sweep: f16,q8_0)")] = DEFAULT_LOAD.kv_type,
+    gpu_layers: Annotated[str, typer.Option("--gpu-layers", help="layers to offload (sweep); auto: all, on a GPU build")] = DEFAULT_LOAD.gpu_layers,
     flash_attn: Annotated[str, typer.Option("--flash-attn", help="auto, on, off (sweep)")] = "auto",
     decode: Annotated[str, typer.Option("--decode", help="plain, lookup, draft:MODEL, beamsN (sweep: plain,lookup)")] = "plain",
     output: Annotated[str, typer.Option("--output", "-o", help="table, json, csv or md")] = "table",

@@ -11,6 +11,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..runtime.options import LoadSpec
+
+# The load flags' defaults are the one load type's (a flag is a LoadSpec field of its name: cli.main._load_spec).
+DEFAULT_LOAD = LoadSpec()
+
 ModelArg = Annotated[str, typer.Argument(help="alias from models.yaml, owner/repo[:QUANT], or a path to a .gguf file")]
 
 _M = "Model and hardware"
@@ -58,12 +63,13 @@ LengthPenaltyOpt = Annotated[float, typer.Option("--length-penalty", help="beam 
 
 def _generation(
     source: SourceOpt = "auto",
-    ctx: CtxOpt = None, gpu_layers: GpuLayersOpt = "auto", flash_attn: FlashAttnOpt = None, kv_type: KvTypeOpt = "f16",
-    threads: ThreadsOpt = None, batch: BatchOpt = 512, rpc: RpcOpt = None, tensor_split: TensorSplitOpt = None,
-    lora: LoraOpt = None,
+    ctx: CtxOpt = DEFAULT_LOAD.ctx, gpu_layers: GpuLayersOpt = DEFAULT_LOAD.gpu_layers, flash_attn: FlashAttnOpt = DEFAULT_LOAD.flash_attn,
+    kv_type: KvTypeOpt = DEFAULT_LOAD.kv_type, threads: ThreadsOpt = DEFAULT_LOAD.threads, batch: BatchOpt = DEFAULT_LOAD.batch,
+    rpc: RpcOpt = DEFAULT_LOAD.rpc, tensor_split: TensorSplitOpt = DEFAULT_LOAD.tensor_split, lora: LoraOpt = None,
 ) -> None:
     """The options run, chat and serve share: where the model comes from, model and hardware (the sampling
-    options are added from SamplingOptions, see sampling_parameters)."""
+    options are added from SamplingOptions, see sampling_parameters). Each but --source is the LoadSpec field of
+    its name, with its default (--lora's None: no adapter, LoadSpec's ())."""
 
 
 def sampling_parameters() -> list[inspect.Parameter]:
@@ -91,9 +97,10 @@ def sampling_parameters() -> list[inspect.Parameter]:
 
 
 def _decoding(
-    draft: DraftOpt = None, draft_max: DraftMaxOpt = None, beams: BeamsOpt = 1, length_penalty: LengthPenaltyOpt = 1.0,
+    draft: DraftOpt = DEFAULT_LOAD.draft, draft_max: DraftMaxOpt = DEFAULT_LOAD.draft_max, beams: BeamsOpt = DEFAULT_LOAD.beams,
+    length_penalty: LengthPenaltyOpt = DEFAULT_LOAD.length_penalty,
 ) -> None:
-    """The decoding strategy options run and chat share."""
+    """The decoding strategy options run and chat share (LoadSpec's fields, with its defaults)."""
 
 
 def shared_options(*, decoding: bool = False) -> Callable[[Callable], Callable]:
