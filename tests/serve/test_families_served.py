@@ -89,6 +89,7 @@ def want(case: dict) -> tuple[str, str, list]:
 
 
 SLOTS = 4  # a family's requests are sent at once, decoded together (each one's text is fixed by its grammar)
+MERGES = 256  # the tiny model's vocabulary: SmolLM2's special tokens, bytes and first merges (tests/tinymodel.py)
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +97,15 @@ def server(smollm2, tmp_path_factory):
     from tinymodel import write_tiny_model
 
     where = tmp_path_factory.mktemp("tiny-families")
-    tiny = write_tiny_model(smollm2, where / "tiny.gguf", (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text())
-    with start_server(None, where / "home", "--ctx", "4096", "--parallel", str(SLOTS)) as srv:
+    tiny = write_tiny_model(smollm2, where / "tiny.gguf", (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(),
+                            merges=MERGES)
+    with start_server(None, where / "home", "--ctx", "16384", "--parallel", str(SLOTS)) as srv:
         srv.tiny = tiny
         yield srv
 
 
 def _v1(http, model: str, case: dict, stream: bool) -> tuple[str, str, list]:
-    body = {"model": model, "messages": case["messages"] or [USER], "tools": case["tools"], "temperature": 0, "max_tokens": 600,
+    body = {"model": model, "messages": case["messages"] or [USER], "tools": case["tools"], "temperature": 0, "max_tokens": 2400,
             "grammar": literal(case["input"]), "parallel_tool_calls": True, "stream": stream,
             "reasoning_format": "none" if case["reasoning_format"] == "none" else "auto",
             "chat_template_kwargs": {"enable_thinking": case["enable_thinking"]}}
@@ -131,7 +133,7 @@ def _v1(http, model: str, case: dict, stream: bool) -> tuple[str, str, list]:
 
 def _ollama(http, model: str, case: dict, stream: bool) -> tuple[str, str, list]:
     body = {"model": model, "messages": case["messages"] or [USER], "tools": case["tools"], "stream": stream,
-            "options": {"temperature": 0, "num_predict": 600, "grammar": literal(case["input"])}}
+            "options": {"temperature": 0, "num_predict": 2400, "grammar": literal(case["input"])}}
     if case.get("thinks"):  # (Ollama refuses think for a model that does not think)
         body["think"] = case["enable_thinking"]
     if not stream:
