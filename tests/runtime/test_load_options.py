@@ -37,3 +37,19 @@ def test_every_load_flag_the_command_line_shares_is_a_loadspec_field_with_its_de
                 continue
             assert name in spec, f"--{name.replace('_', '-')} is no LoadSpec field"
             assert param.default == spec[name] or (name == "lora" and param.default is None), name
+
+
+def test_a_bench_rows_settings_are_a_loadspec():
+    """bench loads each row as run does (LoadSpec.engine_options), with --flash-attn's words read once."""
+    from localrun.runtime.reports import bench
+
+    plan = bench.make_plan(["m"], threads="2", ctx="600", batch="64", kv_type="q8_0", gpu_layers="0", flash_attn="auto,on",
+                           decode="plain,lookup")
+    specs = [s.spec for s in plan.settings]
+    assert all(isinstance(spec, LoadSpec) for spec in specs)
+    assert specs[0] == LoadSpec(threads=2, ctx=600, batch=64, kv_type="q8_0", gpu_layers="0")
+    assert [(s.flash_attn, s.spec.flash_attn, s.decode) for s in plan.settings] == [
+        ("auto", None, "plain"), ("auto", None, "lookup"), ("on", True, "plain"), ("on", True, "lookup")]
+    assert list(bench.FLASH_ATTN) == bench.RESULT_SCHEMA["items"]["properties"]["settings"]["properties"]["flash_attn"]["enum"]
+    assert plan.settings[0].as_dict(600) == {"threads": 2, "ctx": 600, "batch": 64, "kv_type": "q8_0", "gpu_layers": 0,
+                                             "flash_attn": "auto", "decode": "plain"}

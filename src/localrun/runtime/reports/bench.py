@@ -25,19 +25,20 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from ...engine.options import KV_TYPES
 from ...errors import EngineError, LocalrunError, Phrase, SettingError, SettingsConflict, UsageError
+from ..options import LoadSpec
 
 if TYPE_CHECKING:
     from ...engine.strategies import Perplexity
 
 OUTPUTS = ("table", "json", "csv", "md")
-FLASH_ATTN = ("auto", "on", "off")
+FLASH_ATTN = {"auto": None, "on": True, "off": False}  # --flash-attn's words, each LoadSpec.flash_attn's value
 QUALITY_CTX = 512  # llama-perplexity's default chunk
 TEXT = "wonderland.txt"
 BUILD_SCRIPT = "scripts/build_llama_bench.sh"
@@ -125,35 +126,44 @@ CSV_FIELDS = [
 # -- the plan: every argument parsed and checked before anything is loaded -------------------------
 
 
+def _loaded_by(name: str) -> property:
+    return property(lambda self: getattr(self.spec, name), doc=f"this row's LoadSpec.{name}")
+
+
 @dataclass(frozen=True)
 class Settings:
-    threads: int
-    ctx: Optional[int]  # None: sized to fit the tests
-    batch: int
-    kv_type: str
-    gpu_layers: str  # a number of layers, or "auto"
-    flash_attn: str  # auto, on, off
+    """One combination of swept settings: the load, in the one shape every load takes (runtime.options.LoadSpec:
+    its threads resolved, as rows report them; ctx None: sized to fit the tests; gpu_layers a number of layers
+    or "auto"; rpc, tensor_split and LoRA adapters the same on every row), and bench's decoding word."""
+
+    spec: LoadSpec
     decode: str = "plain"  # plain, lookup, draft:MODEL or beamsN (engine/strategies.py)
-    rpc: Optional[str] = None  # llama.cpp RPC workers taking the offloaded layers (engine.rpc)
-    tensor_split: Optional[str] = None
-    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters (absolute path, scale), applied to every row
+
+    threads = _loaded_by("threads")
+    ctx = _loaded_by("ctx")
+    batch = _loaded_by("batch")
+    kv_type = _loaded_by("kv_type")
+    gpu_layers = _loaded_by("gpu_layers")
+    rpc = _loaded_by("rpc")
+    tensor_split = _loaded_by("tensor_split")
+    lora = _loaded_by("lora")
+
+    @property
+    def flash_attn(self) -> str:
+        """auto, on or off (FLASH_ATTN's word for the spec's value)."""
+        return next(word for word, value in FLASH_ATTN.items() if value is self.spec.flash_attn)
 
     def n_ctx(self, tests: Sequence["Test"]) -> int:
         return self.ctx if self.ctx is not None else max([16, *(t.context_needed for t in tests)])
 
     def load_options(self, n_ctx: int):
-        """The engine's options for this row, built as every load builds them (runtime.options.LoadSpec):
+        """The engine's options for this row, built as every load builds them (LoadSpec.engine_options):
         one sequence, with logits for every row of a batch (perplexity reads them all; 0 = n_batch rows)
         where beams do not size them."""
         from dataclasses import replace
 
-        from ..options import LoadSpec
-
-        spec = LoadSpec(gpu_layers=self.gpu_layers, flash_attn={"auto": None, "on": True, "off": False}[self.flash_attn],
-                        kv_type=self.kv_type, threads=self.threads, batch=self.batch, rpc=self.rpc, tensor_split=self.tensor_split,
-                        lora=self.lora)
         decoding = self.decoding()
-        options = spec.engine_options(n_ctx, decoding)
+        options = self.spec.engine_options(n_ctx, decoding)
         return options if decoding.beams > 1 else replace(options, n_outputs=0)
 
     def decoding(self):
@@ -223,9 +233,9 @@ def make_plan(
     reps: int = 5,
     threads: Optional[str] = None,
     ctx: Optional[str] = None,
-    batch: str = "512",
-    kv_type: str = "f16",
-    gpu_layers: str = "auto",
+    batch: str = str(LoadSpec.batch),
+    kv_type: str = LoadSpec.kv_type,
+    gpu_layers: str = LoadSpec.gpu_layers,
     flash_attn: str = "auto",
     decode: str = "plain",
     output: str = "table",
@@ -277,8 +287,10 @@ def make_plan(
     adapters = parse_adapters(lora or [])  # each a LoRA GGUF; against each model once it is here (run)
     if adapters and compare:
         raise SettingsConflict(("compare", "lora"), "llama-bench loads no LoRA adapters")
-    settings = [Settings(*combo, rpc=rpc or None, tensor_split=tensor_split or None, lora=adapters)
-                for combo in itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values, decodes)]
+    settings = [Settings(LoadSpec(threads=n_threads, ctx=n_ctx, batch=n_batch, kv_type=kv, gpu_layers=layers, flash_attn=FLASH_ATTN[fa],
+                                  rpc=rpc or None, tensor_split=tensor_split or None, lora=adapters), decode=value)
+                for n_threads, n_ctx, n_batch, kv, layers, fa, value in
+                itertools.product(thread_values, ctx_values, batches, kv_types, layer_values, fa_values, decodes)]
     for s in settings:
         if s.kv_type != "f16" and s.flash_attn == "off":
             raise UsageError(Phrase("{kv_type} {kv} quantizes the V cache, which needs flash attention: drop {flash_attn} off",
@@ -330,7 +342,7 @@ def _ints(setting: str, value: str, minimum: int) -> list[int]:
     return out
 
 
-def _words(setting: str, value: str, allowed: Sequence[str]) -> list[str]:
+def _words(setting: str, value: str, allowed: Collection[str]) -> list[str]:
     parts = _split(setting, value)
     for p in parts:
         if p not in allowed:
