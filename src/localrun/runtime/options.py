@@ -16,12 +16,13 @@ _WHERE = {
     "json_grammar": "..engine.sampling",
     "DecodeOptions": "..engine.strategies",
 }
-__all__ = ["BY_NAME", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "LOAD_OPTIONS", "MIN_CONTEXT", "LoadSpec", "check_context", "has_sliding_window", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
+__all__ = ["BY_NAME", "ollama_name", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "LOAD_OPTIONS", "MIN_CONTEXT", "LoadSpec", "check_context", "has_sliding_window", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
 __getattr__ = exports(globals(), _WHERE)
 
 # Ollama's option names (api.Options and api.Runner) where they are not localrun's own: what its clients send
 # in `options`, chat's `/set parameter` and a Modelfile's PARAMETER lines name.
 OLLAMA_RENAMED = {"num_predict": "max_tokens"}
+_OLLAMA_NAME = {ours: theirs for theirs, ours in OLLAMA_RENAMED.items()}
 OLLAMA_LOAD = {"num_ctx": "ctx", "num_gpu": "gpu_layers", "num_thread": "threads", "num_batch": "batch"}  # load-time
 # The one table of the load options a request may name in `options` (serve.checks.load_options): Ollama's names
 # (api.Runner), plus localrun's for the slots, the KV cache and flash attention; each to its LoadSpec field.
@@ -148,6 +149,12 @@ SLOT_DRAFTS = (None, "lookup", "none")
 FALLBACK_CONTEXT = 4096  # where nothing better is known (no trained length, no memory to size by)
 SERVER_SLOTS = 4  # serve's --parallel by default: the background server's slots for run and chat too
 EMBED_SEQUENCES = 16  # texts embedded per decode (an embeddings context's sequences)
+
+
+def ollama_name(setting: str) -> str:
+    """A sampling option as Ollama names it (num_predict, not max_tokens): the inverse of OLLAMA_RENAMED, for what
+    shows a model's parameters in Ollama's words (a Modelfile, /api/show, chat's /show parameters)."""
+    return _OLLAMA_NAME.get(setting, setting)
 
 
 def has_sliding_window(info) -> bool:

@@ -276,15 +276,14 @@ def modelfile_text(local, brought) -> str:
 def ollama_parameters(brought) -> list[tuple[str, Any]]:
     """A model's defaults as Ollama names its parameters (num_predict, not max_tokens; num_ctx), one pair per
     value (a stop each), as a Modelfile's PARAMETER lines and /api/show's parameters list them."""
-    from ..options import OLLAMA_RENAMED
+    from ..options import ollama_name
 
-    ollama_name = {ours: theirs for theirs, ours in OLLAMA_RENAMED.items()}
     out = []
     for name, value in sorted(brought.sampling.items()):
         for one in value if isinstance(value, list) else [value]:
             if isinstance(one, dict):  # logit_bias: TOKEN=BIAS pairs
                 one = " ".join(f"{k}={v}" for k, v in one.items())
-            out.append((ollama_name.get(name, name), one))
+            out.append((ollama_name(name), one))
     if brought.context:
         out.append(("num_ctx", brought.context))
     return out

@@ -24,7 +24,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from ...runtime.options import OLLAMA_IGNORED, OLLAMA_LOAD
+from ...runtime.options import OLLAMA_IGNORED, OLLAMA_LOAD, OLLAMA_RENAMED, ollama_name
 from ..asked import Asked, Call, Image, Message, Reply
 from ..checks import (FunctionTool, load_options, need, openai_choice, options_name, sampling_of, settings, stops_of, tool_of,
                       top_logprobs, validated)
@@ -34,13 +34,12 @@ from ..wire import ndjson
 
 # Ollama's option names (api.Options and api.Runner) -> localrun's request fields ("load" ones go to `options`,
 # the load-time options the OpenAI dialect takes as Ollama does).
-_SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-             "min_p": "min_p", "typical_p": "typical_p", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
-             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop",
-             "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta",
-             # localrun's own: a cap on this request's lookup drafts (0: none), a GBNF grammar the answer follows, the most
-             # tokens a reasoning model thinks (llama.cpp's reasoning budget)
-             "draft_max": "draft_max", "grammar": "grammar", "reasoning_budget": "reasoning_budget"}
+_SAMPLING = {**OLLAMA_RENAMED, **{name: name for name in (
+    "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "frequency_penalty", "seed", "stop", "mirostat", "mirostat_tau", "mirostat_eta",
+    # localrun's own: a cap on this request's lookup drafts (0: none), a GBNF grammar the answer follows, the most
+    # tokens a reasoning model thinks (llama.cpp's reasoning budget)
+    "draft_max", "grammar", "reasoning_budget")}}
 _LOAD = tuple(OLLAMA_LOAD)
 _IGNORED = OLLAMA_IGNORED  # older clients send these
 _REFUSED = {"template": "template (the model's own chat template is used)"}
@@ -78,8 +77,7 @@ def option_name(field: str) -> str:
     load setting -> options.num_ctx)."""
     if field == "load" or field.startswith("load."):
         return options_name(field)
-    name = next((o for o, f in _SAMPLING.items() if f == field), None)
-    return field if name is None else f"options.{name}"
+    return f"options.{ollama_name(field)}" if field in _SAMPLING.values() else field
 
 
 WORDING = Wording(more_context="raise options.num_ctx (or restart the server with a larger --ctx)", name_of=option_name,
