@@ -11,7 +11,7 @@ import typer
 from .. import __version__
 from ..console import err, notice
 from ..errors import EXIT_INTERRUPTED, LocalrunError, UsageError
-from ..runtime.options import SERVER_SLOTS
+from ..runtime.options import SERVER_SLOTS, LoadSpec
 from .options import (DEFAULT_LOAD, CtxOpt, DraftMaxOpt, GpuLayersOpt, KeepAliveOpt, KvTypeOpt, LoraOpt, ModelArg, RpcOpt, SourceOpt, TensorSplitOpt,
                       ThreadsOpt, shared_options)
 from .render import render_error
@@ -119,12 +119,13 @@ def show(
     if modelfile:
         sys.stdout.write(modelfile_text(local, hub.defaults_for(local.ref if local.source != "path" else model)))
         return
-    details = describe(local, ctx, kv_type, measure and not rpc, verified=verify, rpc=bool(rpc))
+    spec = LoadSpec(ctx=ctx, kv_type=kv_type, gpu_layers=gpu_layers, rpc=rpc, tensor_split=tensor_split, kind="run")
+    details = describe(local, spec, measure and not rpc, verified=verify)
     if rpc:
         from ..runtime.workers import parse_endpoints, plan
 
-        details["placement"] = plan(local.path, parse_endpoints(rpc), gpu_layers=gpu_layers, tensor_split=tensor_split,
-                                    ctx=details["memory_estimate"]["n_ctx"], kv_type=kv_type)
+        details["placement"] = plan(local.path, parse_endpoints(spec.rpc), gpu_layers=spec.gpu_layers, tensor_split=spec.tensor_split,
+                                    ctx=details["memory_estimate"]["n_ctx"], kv_type=spec.kv_type)
     render.model_details(details, as_json)
 
 

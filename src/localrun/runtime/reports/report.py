@@ -14,11 +14,16 @@ from ... import __version__
 from ..models.details import model_details  # noqa: F401 - (its old home)
 
 
-def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: bool = False, rpc: bool = False) -> dict[str, Any]:
-    """What `show` prints. `verified`: the files were hashed just now (show --verify), not only checked by size
-    and mtime against the pull's record. The memory estimate is for the load `run --keep-alive 0` makes (one
-    sequence, the repacked copy where llama.cpp makes one here; none beside `rpc` workers), `memory_served`
-    for the background server's (its slots, each that context)."""
+def describe(local, spec, measure: bool, verified: bool = False) -> dict[str, Any]:
+    """What `show` prints for a load by `spec` (runtime.options.LoadSpec: show's --ctx, --kv-type and placement
+    flags). `verified`: the files were hashed just now (show --verify), not only checked by size and mtime
+    against the pull's record. The memory estimate is for the load `run --keep-alive 0` makes (one sequence,
+    the repacked copy where llama.cpp makes one here; none beside `spec.rpc`'s workers), `memory_served` for the
+    background server's (its slots, each that context). The check, `memory_served` and the measurement are of
+    the model placed here as llama.cpp places it by default: --gpu-layers and --tensor-split are read for RPC
+    workers only (runtime.workers.plan)."""
+    from dataclasses import replace
+
     from ...hub import defaults_for
     from ...store.files import sha256_file
 
@@ -30,10 +35,12 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
 
     info = read_info(local.path)
     brought = defaults_for(local.ref)
-    n_ctx = context_for(ctx, brought, local.path, 1, kv_type)
-    capped = capped_context(ctx, brought, info, local.path.name if local.source == "path" else local.ref)
+    kv_type, rpc = spec.kv_type, bool(spec.rpc)
+    n_ctx = context_for(spec.ctx, brought, local.path, 1, kv_type)
+    capped = capped_context(spec.ctx, brought, info, local.path.name if local.source == "path" else local.ref)
 
-    LoadSpec(kv_type=kv_type).engine_options(n_ctx)  # run's checks and messages: --ctx 0 was taken as the default
+    here = replace(spec, gpu_layers=LoadSpec.gpu_layers, rpc=None, tensor_split=None)
+    here.engine_options(n_ctx)  # run's checks and messages: --ctx 0 was taken as the default
     estimate = footprint(info, n_ctx, kv_type, repack=repacks_here(rpc))
     out: dict[str, Any] = {
         "name": str(local.path) if local.source == "path" else local.ref,  # a file by its path, not PATH:QUANT
@@ -66,8 +73,8 @@ def describe(local, ctx: Optional[int], kv_type: str, measure: bool, verified: b
         from ..options import SERVER_SLOTS
         from ..memory import estimate_breakdown
 
-        spec = LoadSpec(ctx=n_ctx, kv_type=kv_type, parallel=SERVER_SLOTS, kind="run")
-        out["memory_served"] = {"slots": SERVER_SLOTS, "n_ctx": n_ctx, **estimate_breakdown(local.path, spec, local.ref)}
+        served = replace(here, ctx=n_ctx, parallel=SERVER_SLOTS, kind="run")
+        out["memory_served"] = {"slots": SERVER_SLOTS, "n_ctx": n_ctx, **estimate_breakdown(local.path, served, local.ref)}
     if measure:
         out["memory_allocated"] = measured_allocation(local.path, n_ctx, kv_type)
     return out
