@@ -350,10 +350,10 @@ def _resident_answer(model: str, asked: dict, spec, settings: dict, mmproj: Opti
     as their bytes (runtime.conversation.stored), the projector as its path (the server loads it, as chat's)."""
     from ..runtime.client import ServerDeclined, resident_run
 
-    settings = _resident_settings(spec, settings)
-    if settings is None:
+    resident = _resident_settings(spec, settings)
+    if resident is None:
         return None
-    request = {**asked, "sampling": settings.pop("sampling"), "tty": sys.stderr.isatty()}
+    request = {**asked, "sampling": resident.pop("sampling"), "tty": sys.stderr.isatty()}
     if any(m.get("images") for m in asked["messages"]):
         from ..runtime.conversation import stored
 
@@ -361,7 +361,7 @@ def _resident_answer(model: str, asked: dict, spec, settings: dict, mmproj: Opti
     if mmproj is not None:
         request["mmproj"] = str(Path(mmproj).expanduser().resolve())
     try:
-        return resident_run(model, request=request, **settings, on_notice=notice)
+        return resident_run(model, request=request, **resident, on_notice=notice)
     except ServerDeclined as exc:
         notice(str(exc))
         return None
