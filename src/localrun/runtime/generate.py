@@ -12,7 +12,7 @@ from ..engine import Response
 from ..errors import SessionError
 from .loader import Loaded
 from .request import Prompt, Request, prompt_for, with_stops, with_system
-from .seats import InProcess  # noqa: F401 - (its old home)
+from .seats import InProcess
 from .sessions import Sessions, cache_skipped
 
 

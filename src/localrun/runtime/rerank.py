@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from ..errors import ContextOverflow, Phrase, SettingError
-from ..engine.rerank import NotAReranker, check_reranker_file  # noqa: F401 - (their old home)
+from ..engine.rerank import NotAReranker, check_reranker_file  # noqa: F401 - (serve sees the engine only through runtime)
 from .options import LoadSpec
 
 

@@ -7,7 +7,7 @@ answer ends as 'interrupted' and what was shown stays in the conversation, as in
 closes the connection, which stops it too, and the message is dropped here (the server's copy is replaced
 by these messages on the next request).
 
-Images go with their message as base64 bytes (runtime.conversation.stored), read here when the user attaches
+Images go with their message as base64 bytes (runtime.images.stored), read here when the user attaches
 them: the server runs on this machine, but the bytes are what was attached (a file changed or moved later
 changes nothing), a path relative to the chat's folder needs no translating, and the server keeps them for
 the conversation and its session either way. They are sent with every request, as the messages are (over a
@@ -63,7 +63,7 @@ class RemoteConversation(Messages):
     def _stream(self, op: str, **fields: Any):
         messages = self.messages
         if any(m.get("images") for m in messages):
-            from ..conversation import stored
+            from ..images import stored
 
             messages = stored(messages)
         request = {"op": op, "conversation": self.key, "messages": messages, "tty": self.tty, **fields}
@@ -83,7 +83,7 @@ class RemoteConversation(Messages):
         if "messages" in result:
             messages = result["messages"]
             if any(m.get("images") for m in messages):  # the bytes of those this client sent are not sent back
-                from ..conversation import images_in, live
+                from ..images import images_in, live
 
                 messages = live(messages, {**images_in(self.messages), **images_in(self._sending)})
             self.messages = messages
@@ -123,7 +123,7 @@ class RemoteConversation(Messages):
             self.claims.hold(save_as)
         fields: dict[str, Any] = {}
         if images:
-            from ..conversation import stored_images
+            from ..images import stored_images
 
             fields["images"] = stored_images(images)
         self._sending = [{"images": list(images)}]

@@ -12,7 +12,7 @@ expires and evicts every kind alike).
 evaluates only what is new, as in-process. The client keeps the messages too and sends them with every
 request: a conversation this server no longer has (restarted, or one of more than CONVERSATIONS_KEPT) is
 rebuilt from them, and one whose tokens another run displaced from the KV cache reuses what still matches.
-A message's images come as runtime.conversation.stored gives them (base64 bytes and sha256: the client read
+A message's images come as runtime.images.stored gives them (base64 bytes and sha256: the client read
 the files, the bytes are what it attached, wherever this server's working folder is); the answer's messages
 go back without the bytes the client sent.
 """
@@ -119,7 +119,7 @@ def answer(resident, payload: dict[str, Any], *, fresh: float, on_notice: Callab
 
         use_projector(loaded.engine, payload["mmproj"], loaded.name, loaded.ref)
     if any(isinstance(m, dict) and m.get("images") for m in fields.get("messages") or ()):  # run --image: their bytes
-        from ..conversation import live
+        from ..images import live
 
         fields["messages"] = live(fields["messages"])
     request = Request(sampling=sampling, **fields)
@@ -139,7 +139,8 @@ def converse(resident, payload: dict[str, Any], *, fresh: bool, put: Callable[[d
     client asked to stop the answer (its first Ctrl-C: what was shown stays); `gone`: the client closed the
     connection (a second Ctrl-C: the REPL drops the message, and so does the conversation here and its session)."""
     from ...engine import merge_options
-    from ..conversation import Conversation, images_in, live, live_images, stored
+    from ..conversation import Conversation
+    from ..images import images_in, live, live_images, stored
 
     op, key, messages = payload.get("op"), payload.get("conversation"), payload.get("messages")
     if op not in CONVERSE_OPS or not isinstance(key, str) or not isinstance(messages, list):
