@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Optional
 
 from ..console import err, notice, warn
 from ..errors import LocalrunError, SessionError
-from ..runtime.options import OLLAMA_LOAD, OLLAMA_RENAMED
+from ..runtime.failures import flag
+from ..runtime.options import OLLAMA_LOAD, OLLAMA_RENAMED, ollama_name
 from .render import PromptProgress, ThinkingWriter, render_error
 
 if TYPE_CHECKING:
@@ -359,8 +360,8 @@ class Chat:
         param, value = param.strip().lower().replace("-", "_"), value.strip()
         param = OLLAMA_RENAMED.get(param, param)
         if param in OLLAMA_LOAD:
-            flag = "--" + OLLAMA_LOAD[param].replace("_", "-")
-            err.print(f"{param} is fixed when the model loads: restart the chat with {flag}", markup=False, highlight=False)
+            err.print(f"{param} is fixed when the model loads: restart the chat with {flag(OLLAMA_LOAD[param])}",
+                      markup=False, highlight=False)
             return
         if param not in fields:
             err.print(f"unknown parameter {param!r}: one of {', '.join(fields)}", markup=False, highlight=False)
@@ -397,8 +398,7 @@ class Chat:
             return
         if what == "parameters":
             defaults = type(self.sampling)()
-            ollama_name = {ours: theirs for theirs, ours in OLLAMA_RENAMED.items()}
-            changed = [(ollama_name.get(k, k), v) for k, v in self.sampling.model_dump().items() if v != getattr(defaults, k)]
+            changed = [(ollama_name(k), v) for k, v in self.sampling.model_dump().items() if v != getattr(defaults, k)]
             for name, value in changed or [("(the defaults)", "")]:
                 err.print(f"{name:<30} {_short(value)}", markup=False, highlight=False)
             return

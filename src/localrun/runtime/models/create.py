@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional
 
 from ...errors import UsageError
 from ...hub.modelfile import Modelfile, ModelfileError, parse_modelfile
-from ..options import OLLAMA_IGNORED, OLLAMA_LOAD, OLLAMA_RENAMED
+from ..failures import flag
+from ..options import OLLAMA_IGNORED, OLLAMA_LOAD, OLLAMA_RENAMED, ollama_name
 
 __all__ = ["Modelfile", "ModelfileError", "blob_adapters", "blob_path", "copy_model", "create_model", "parse_modelfile"]
 
@@ -26,8 +27,7 @@ _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")  # (fullmatch: `$` would take 
 
 # The load settings a PARAMETER sets, and their flags: a notice is read on the command line and by /api/create's
 # clients alike, so it names both ways of setting them
-_LOAD_WORDS = {"gpu_layers": ("GPU layer count", "--gpu-layers"), "threads": ("thread count", "--threads"),
-               "batch": ("batch size", "--batch")}
+_LOAD_WORDS = {"gpu_layers": "GPU layer count", "threads": "thread count", "batch": "batch size"}
 
 
 def create_model(name: str, modelfile, *, base_dir: Optional[Path] = None, source: str = "auto",
@@ -155,8 +155,8 @@ def _parameters(parameters: list[tuple[str, str]], base, say) -> tuple[dict[str,
             stops.append(value)
         elif name in OLLAMA_LOAD:
             if OLLAMA_LOAD[name] != "ctx":
-                what, flag = _LOAD_WORDS[OLLAMA_LOAD[name]]
-                say(f"ignoring PARAMETER {raw_name}: a made model keeps no {what}; set it where it runs ({flag} on the"
+                setting = OLLAMA_LOAD[name]
+                say(f"ignoring PARAMETER {raw_name}: a made model keeps no {_LOAD_WORDS[setting]}; set it where it runs ({flag(setting)} on the"
                     f" command line, options.{name} in a request)")
                 continue
             try:
@@ -182,12 +182,8 @@ def _parameters(parameters: list[tuple[str, str]], base, say) -> tuple[dict[str,
     try:
         checked = merge_options(sampling)
     except OptionError as exc:
-        raise UsageError(exc.worded(lambda setting: f"PARAMETER {_ollama_name(setting)}")) from None
+        raise UsageError(exc.worded(lambda setting: f"PARAMETER {ollama_name(setting)}")) from None
     return {k: getattr(checked, k) for k in sampling}, context
-
-
-def _ollama_name(name: str) -> str:
-    return next((o for o, ours in OLLAMA_RENAMED.items() if ours == name), name)
 
 
 def _template(text: str, say) -> Optional[str]:
