@@ -10,6 +10,7 @@ import pytest
 
 from loramodel import write_lora
 
+from localrun.engine.gguf_info import read_info
 from localrun.engine.lora import AdapterError, check_adapter, lora_key, parse_adapter, read_adapter
 from localrun.errors import UsageError
 
@@ -82,10 +83,11 @@ def test_what_llama_cpp_would_refuse_without_the_model_is_refused_naming_the_fil
 
 def test_an_adapter_for_another_model_is_refused_naming_both(smollm2, gemma, tmp_path):
     check_adapter(read_adapter(write_lora(smollm2, tmp_path / "mine.gguf", layers=1)), smollm2)  # (fits)
+    check_adapter(read_adapter(_gemma_lora(gemma, tmp_path / "gemma3.gguf")), gemma)  # (gemma's own: fits gemma)
     for adapter, words in (
         (write_lora(smollm2, tmp_path / "qwen2.gguf", layers=1, architecture="qwen2"), "is for the qwen2 architecture, not llama"),
-        (write_lora(gemma, tmp_path / "gemma.gguf", layers=1, architecture="llama"), "640x1024, SmolLM2-135M-Instruct.Q4_1.gguf's is 576x576"),
-        (write_lora(gemma, tmp_path / "gemma3.gguf", layers=1), "not llama"),
+        (_gemma_lora(gemma, tmp_path / "gemma.gguf", architecture="llama"), "640x1024, SmolLM2-135M-Instruct.Q4_1.gguf's is 576x576"),
+        (_gemma_lora(gemma, tmp_path / "gemma3.gguf"), "not llama"),
     ):
         with pytest.raises(AdapterError) as caught:
             check_adapter(read_adapter(adapter), smollm2)
@@ -96,6 +98,31 @@ def test_an_adapter_for_another_model_is_refused_naming_both(smollm2, gemma, tmp
     with pytest.raises(AdapterError) as caught:
         check_adapter(adapter, smollm2)
     assert "adapts 'blk.99.attn_q.weight', which SmolLM2-135M-Instruct.Q4_1.gguf does not have" in caught.value.message
+
+
+def _gemma_lora(gemma: Path, out: Path, architecture: str = "") -> Path:
+    """What write_lora(gemma, out, layers=1) writes (attn_q's and attn_v's A and B of rank 8 for the first layer, said
+    to be for `architecture`, by default gemma's), its shapes from gemma's header as engine.gguf_info reads it (the
+    embedding in; heads x head size out) in a blink, where the gguf package's reader first makes a view of each of
+    gemma's 262,144 tokens (20 s and more on a busy core)."""
+    import gguf
+    import numpy as np
+
+    info, rank = read_info(gemma), 8
+    writer = gguf.GGUFWriter(out, architecture or info.architecture)
+    writer.add_type("adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 16.0)
+    rng = np.random.default_rng(0)
+    for target, n_out in (("attn_q", info.n_head * info.head_dim_k), ("attn_v", info.kv_heads[0] * info.head_dim_v)):
+        name = f"blk.0.{target}.weight"
+        writer.add_tensor(f"{name}.lora_a", (rng.standard_normal((rank, info.n_embd)) * 0.05).astype(np.float32))
+        writer.add_tensor(f"{name}.lora_b", (rng.standard_normal((n_out, rank)) * 0.05).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
 
 
 def test_the_key_of_kv_made_under_adapters():
