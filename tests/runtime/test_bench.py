@@ -39,6 +39,13 @@ needs_llama_bench = pytest.mark.skipif(LLAMA_BENCH is None, reason=f"no llama-be
 ROUNDING = 2e-3
 
 
+def tpot_slack(ts: float) -> float:
+    """How far 1000 / ts (ms per token) may move with the rounding of ts (t/s) to 3 decimals and of the TPOT
+    itself: 0.5e-3 x 1000 / ts², negligible at hundreds of t/s, a millisecond at 0.6 t/s (gemma's tg4 at 2
+    threads on a busy core)."""
+    return 0.5 / ts**2 + 0.5e-3
+
+
 def assert_statistics_of_samples(row: dict) -> None:
     """mean, sample std and median are those of samples_ts (and TPOT the median time per token of them)."""
     samples = row["samples_ts"]
@@ -47,7 +54,8 @@ def assert_statistics_of_samples(row: dict) -> None:
     assert row["std_ts"] == pytest.approx(statistics.stdev(samples) if len(samples) > 1 else 0.0, abs=ROUNDING)
     assert row["median_ts"] == pytest.approx(statistics.median(samples), abs=ROUNDING)
     if row["kind"] == "tg":  # n tokens in n/ts seconds each repetition: the median of 1000/ts ms per token
-        assert row["tpot_ms"] == pytest.approx(statistics.median(1000 / s for s in samples), rel=1e-4)
+        assert row["tpot_ms"] == pytest.approx(statistics.median(1000 / s for s in samples), rel=1e-4,
+                                               abs=tpot_slack(min(samples)))
 
 
 # -- the plan ---------------------------------------------------------------------------------------
@@ -333,7 +341,8 @@ def test_several_models_and_a_threads_sweep_in_one_csv(cli, smollm2, gemma):
         assert row["reps"] == "1" and float(row["std_ts"]) == 0.0 and row["median_ts"] == row["mean_ts"]
         assert float(row["mean_ts"]) > 0 and float(row["ttft_ms"]) > 0 and float(row["load_ms"]) > 0
         if row["kind"] == "tg":
-            assert float(row["tpot_ms"]) == pytest.approx(1000 / float(row["mean_ts"]), rel=1e-4)
+            assert float(row["tpot_ms"]) == pytest.approx(1000 / float(row["mean_ts"]), rel=1e-4,
+                                                          abs=tpot_slack(float(row["mean_ts"])))
         else:
             assert row["tpot_ms"] == ""
         for empty in ("ref_mean_ts", "ref_std_ts", "ref_median_ts", "ratio", "ppl", "ppl_error", "ref_ppl",
@@ -362,12 +371,12 @@ def _llama_perplexity():
 @pytest.mark.skipif(_llama_perplexity() is None, reason=f"no llama-perplexity: build it with {bench.BUILD_SCRIPT}")
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])
 def test_perplexity_agrees_with_llama_perplexity(which, request):
-    """`llama-perplexity -m MODEL -f TEXT -c 256`: the same chunks scored the same way, within 1% (in practice
-    to the 4th digit). Two chunks of 256 keep it quick (the method is the same at bench's default of 512);
+    """`llama-perplexity -m MODEL -f TEXT -c 128`: the same chunks scored the same way, within 1% (in practice
+    to the 4th digit). Two chunks of 128 keep it quick (the method is the same at bench's default of 512);
     `bench --quality --compare llama-bench` scores the whole text."""
     from localrun.engine import Engine
 
-    n_ctx, chunks = 256, 2
+    n_ctx, chunks = 128, 2
     path = request.getfixturevalue(which)
     settings = bench.make_plan(["m"], pp="0", tg="0", threads="1", quality=True).settings[0]
     with Engine(path, settings.load_options(n_ctx)) as engine:
@@ -428,8 +437,8 @@ def reference_token_nlls(path, text: str, n_ctx: int) -> list[float]:
 
 @pytest.mark.slow
 def test_quality_adds_a_ppl_row(smollm2, tmp_path, monkeypatch):
-    short = tmp_path / "short.txt"  # a part of the bundled text (six chunks of 128) keeps this quick; the method is the same
-    text = bench.text_path().read_text(encoding="utf-8")[:3000]
+    short = tmp_path / "short.txt"  # a part of the bundled text (two chunks of 128) keeps this quick; the method is the same
+    text = bench.text_path().read_text(encoding="utf-8")[:1200]
     short.write_text(text, encoding="utf-8")
     monkeypatch.setattr(bench, "text_path", lambda: short)
     plan = bench.make_plan([str(smollm2)], pp="0", tg="0", ctx="128", threads="1", quality=True)
@@ -439,9 +448,10 @@ def test_quality_adds_a_ppl_row(smollm2, tmp_path, monkeypatch):
     assert row["test"] == "ppl@c128" and row["kind"] == "ppl" and row["settings"]["ctx"] == 128
     assert row["ttft_ms"] is None and row["tpot_ms"] is None and "ratio" not in row
     assert "| PPL |" in front.to_markdown(rows) and f"{row['ppl']:.4f}" in front.to_markdown(rows)
-    # The same chunks scored independently: every chunk's 63 next tokens, one NLL each.
+    # The same chunks scored independently: every chunk's 63 next tokens, one NLL each (SmolLM2 makes some 300
+    # tokens of the 1,200 characters: both chunks).
     nlls = reference_token_nlls(smollm2, text, 128)
-    assert len(nlls) >= 5 * (128 - 64 - 1) and row["n_tokens"] == len(nlls)
+    assert len(nlls) == 2 * (128 - 64 - 1) and row["n_tokens"] == len(nlls)
     mean = statistics.fmean(nlls)
     # The two agree to about 1e-6 (the same llama.cpp, the same chunks); 1e-3 is well inside the 1% that
     # llama-perplexity is held to, and catches a change that moves every token's NLL a little.
