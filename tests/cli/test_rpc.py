@@ -60,9 +60,22 @@ class Workers:
 
 @pytest.fixture
 def workers():
+    """Workers of this test's own, for a test that kills one."""
     pool = Workers()
     try:
         yield pool
+    finally:
+        pool.stop_all()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Two workers that the tests which only load a model on them, or only ask them what they are, share: a worker
+    keeps nothing of a client after it disconnects (llama.cpp's rpc-server frees its buffers), and each start is a
+    `localrun` process."""
+    pool = Workers()
+    try:
+        yield pool.start(), pool.start()
     finally:
         pool.stop_all()
 
@@ -72,9 +85,9 @@ def answer(model, *extra: str, prompt: str = PROMPT, n: str = "24"):
 
 
 @pytest.mark.parametrize("which,layers,prompt", [("smollm2", "20", PROMPT), ("gemma", "10", "The capital of France is")])
-def test_a_split_model_answers_token_for_token_as_alone(which, layers, prompt, request, workers):
+def test_a_split_model_answers_token_for_token_as_alone(which, layers, prompt, request, pair):
     model = request.getfixturevalue(which)
-    one, two = workers.start(), workers.start()
+    one, two = pair
     # Alone with the kernels the workers run: a worker's CPU keeps plain buffers, and llama.cpp's repacked
     # ones (AVX-512 here) round differently enough to turn a near-tie (gemma: "the French" / "the country").
     alone = run_cli("run", str(model), "-t", "0", "-n", "24", "--threads", "1", "--no-cache", "--json", prompt,
@@ -102,8 +115,8 @@ def test_a_split_model_answers_token_for_token_as_alone(which, layers, prompt, r
     assert f"on RPC0[{two}]:" in text.stdout and "output" in text.stdout
 
 
-def test_doctor_lists_workers_and_unreachable_ones_fail_fast(smollm2, workers):
-    one = workers.start()
+def test_doctor_lists_workers_and_unreachable_ones_fail_fast(smollm2, pair):
+    one = pair[0]
     closed = f"127.0.0.1:{_free_port()}"
     report = run_cli("doctor", "--json", "--rpc", f"{one},{closed}")
     assert report.returncode == 1
