@@ -203,23 +203,24 @@ def test_bench_measures_under_the_adapter_and_its_perplexity_is_llama_perplexity
                                                                                   monkeypatch):
     """bench --lora: the adapter applies to every row, and --quality's reference, llama-perplexity run with
     --lora-scaled, computes the same perplexity, other than the model's alone (also the same by both). The
-    perplexities are measured in this process on the bundled text's first 1,200 characters (some 300 tokens: two
-    chunks of 128, the fewest perplexity scores), as tests/runtime/test_bench.py measures them (the method is the
-    same; the whole text by both, at 1 thread, took three minutes on a busy core); the command line's --lora is
-    read into the rows' settings (on the tiny model and its adapter: what is read, not what is measured)."""
+    perplexities are measured in this process on the bundled text's first 640 characters (some 165 tokens: two
+    chunks of 64, the fewest perplexity scores), as tests/runtime/test_bench.py measures them in chunks of 128 (the
+    method is the same; the whole text by both, at 1 thread, took three minutes on a busy core); the command
+    line's --lora is read into the rows' settings (on the tiny model and its adapter: what is read, not what is
+    measured)."""
     import json
 
     from localrun.runtime.reports import bench
 
     short = tmp_path / "short.txt"
-    short.write_text(bench.text_path().read_text(encoding="utf-8")[:1200], encoding="utf-8")
+    short.write_text(bench.text_path().read_text(encoding="utf-8")[:640], encoding="utf-8")
     monkeypatch.setattr(bench, "text_path", lambda: short)  # (llama-perplexity is given the same file)
 
     def ppl_row(*lora: str) -> dict:
-        plan = bench.make_plan([str(smollm2)], pp="0", tg="0", ctx="128", threads="1", quality=True, lora=list(lora),
+        plan = bench.make_plan([str(smollm2)], pp="0", tg="0", ctx="64", threads="1", quality=True, lora=list(lora),
                                llama_bench=bench.find_llama_bench())
         (row,) = bench.rows_of(list(bench.run(plan)))
-        assert row["test"] == "ppl@c128" and row["ref_ppl"] is not None and row["n_tokens"] == 2 * (128 - 64 - 1)
+        assert row["test"] == "ppl@c64" and row["ref_ppl"] is not None and row["n_tokens"] == 2 * (64 - 32 - 1)
         return row
 
     tuned, alone = ppl_row(f"{adapters['lora']}:0.5"), ppl_row()
