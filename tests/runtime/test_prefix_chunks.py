@@ -1,8 +1,10 @@
 """The prefix cache in chunks keyed by the prefix they extend: what prompts share is stored once, a prompt comes
 back from the chunks of its longest stored prefix exactly as it was, eviction takes the least recently used
 chains from their ends, a damaged chunk is removed (said once) and the answer stays right, and a save is written
-after its slot is given back. Real llama.cpp and a real GGUF (SmolLM2), real processes where they must be
-separate; the cutting and joining of states also on made-up states that say in every byte where they came from."""
+after its slot is given back. Real llama.cpp and a real GGUF (SmolLM2 where an answer is compared, the tiny
+model of tests/tinymodel.py, SmolLM2's tokenizer on random weights, where only sizes, counts and locks are),
+real processes where they must be separate; the cutting and joining of states also on made-up states that say
+in every byte where they came from."""
 
 from __future__ import annotations
 
@@ -157,6 +159,34 @@ def smol(smollm2):
         yield engine
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny_smollm2):
+    """SmolLM2's tokenizer (a text is the same tokens, so the same chunks) on two layers of random weights: a
+    prompt of a thousand tokens is evaluated in a second where SmolLM2 takes ten or more; for the tests that
+    compare no answer."""
+    with Engine(tiny_smollm2, LoadOptions(n_ctx=2048, n_threads=THREADS, flash_attn=False)) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def doc(smol) -> tuple[list[int], bytearray]:
+    """TEXT's first 774 tokens (just over three chunks) evaluated on `smol` once for the module, and the KV
+    state the engine then holds: a test restores it (byte for byte the engine's own) and carries on from it."""
+    tokens = smol.tokenize(TEXT[:3000])
+    assert len(tokens) > 3 * CHUNK
+    smol.reset()
+    evaluate(smol, tokens)
+    return tokens, smol.kv.state_bytes()
+
+
+def holding(engine: Engine, doc: tuple[list[int], bytearray]) -> list[int]:
+    """Make `engine` hold `doc`'s evaluated tokens, as if it had just evaluated them; those tokens."""
+    tokens, state = doc
+    engine.reset()
+    assert engine.kv.restore(bytearray(state), tokens)
+    return list(tokens)
+
+
 @pytest.fixture
 def store():
     with Sessions.open() as s:  # under the test's own LOCALRUN_HOME
@@ -172,22 +202,22 @@ def answer(engine: Engine, tokens: list[int]):
     return [t for r in responses for t in r.tokens], responses[-1].stats
 
 
-def test_prompts_sharing_a_long_prefix_store_it_once(smol, store, monkeypatch):
+def test_prompts_sharing_a_long_prefix_store_it_once(tiny, store, monkeypatch):
     monkeypatch.setattr("localrun.store.sessions.WRITE_BATCH", 3)  # (the first save commits its chunks in two batches)
-    doc = smol.tokenize(TEXT[:4000])
+    doc = tiny.tokenize(TEXT[:4000])
     assert len(doc) > 3 * CHUNK
-    first = doc + smol.tokenize("\nWho is the story about?", add_special=False)
-    second = doc + smol.tokenize("\nWhere did Alice fall?", add_special=False)
-    smol.reset()
-    evaluate(smol, first)
-    one = store.save_prefix(smol)
+    first = doc + tiny.tokenize("\nWho is the story about?", add_special=False)
+    second = doc + tiny.tokenize("\nWhere did Alice fall?", add_special=False)
+    tiny.reset()
+    evaluate(tiny, first)
+    one = store.save_prefix(tiny)
     assert one is not None and one.tokens == len(first)
     copy = on_disk(store)
     per_token = copy / len(first)
     assert len(list(store.prefix.iterdir())) == -(-len(first) // CHUNK)
 
-    evaluate(smol, second)  # (the engine keeps the shared document: only the question is evaluated)
-    two = store.save_prefix(smol)
+    evaluate(tiny, second)  # (the engine keeps the shared document: only the question is evaluated)
+    two = store.save_prefix(tiny)
     assert two is not None and two.tokens == len(second)
     both = on_disk(store)
     # One copy of the document's whole chunks, and each prompt's last chunk: from where the chunk the prompts
@@ -200,21 +230,21 @@ def test_prompts_sharing_a_long_prefix_store_it_once(smol, store, monkeypatch):
     assert [e.tokens for e in listed] == [len(second), len(first)] and sum(e.size for e in listed) == both
 
     # Both come back from the chunks: the longest prefix each shares with a third prompt.
-    third = doc + smol.tokenize("\nWhere did Alice fall down?", add_special=False)
+    third = doc + tiny.tokenize("\nWhere did Alice fall down?", add_special=False)
     shared = next(i for i, (a, b) in enumerate(zip(second, third)) if a != b)
-    smol.reset()
-    assert store.lookup_prefix(smol, third) == shared and smol.kv.tokens[0] == third[:shared]
+    tiny.reset()
+    assert store.lookup_prefix(tiny, third) == shared and tiny.kv.tokens[0] == third[:shared]
 
 
-def test_a_prompt_from_chunks_answers_as_the_engine_that_made_them(smol, store):
+def test_a_prompt_from_chunks_answers_as_the_engine_that_made_them(smol, doc, store):
     """The chunks are the engine's own KV, cut and put back byte for byte: a prompt restored from them (its
     prefix parting mid-chunk) answers exactly as the engine carrying on from its own cache does. (A cold
     prefill is no oracle: llama.cpp's rounding depends on batch shapes; the CLI test below compares with one.)"""
-    doc = smol.tokenize(TEXT[:3500])
-    first = doc + smol.tokenize("\nWho is the story about?", add_special=False)
-    second = doc + smol.tokenize("\nWhat did the rabbit take out of its pocket?", add_special=False)
-    smol.reset()
-    evaluate(smol, first)
+    shared_doc = holding(smol, doc)
+    first = shared_doc + smol.tokenize("\nWho is the story about?", add_special=False)
+    second = shared_doc + smol.tokenize("\nWhat did the rabbit take out of its pocket?", add_special=False)
+    evaluate(smol, first)  # (only the question: the engine holds the document)
+    assert smol.kv.tokens[0] == first
     state = smol.kv.state_bytes()
     assert store.save_prefix(smol) is not None
     direct, direct_stats = answer(smol, second)
@@ -230,20 +260,20 @@ def test_a_prompt_from_chunks_answers_as_the_engine_that_made_them(smol, store):
     assert warm == direct
 
 
-def test_eviction_keeps_the_most_recent_chains_whole(smol, store, monkeypatch):
+def test_eviction_keeps_the_most_recent_chains_whole(tiny, store, monkeypatch):
     """Under a cap, the least recently used chains lose their last chunks first; the prefixes used last stay
     whole, and what is left of a shortened chain still serves its prompt's first tokens."""
-    a, b, c = [smol.tokenize(TEXT[i * 4000 : (i + 1) * 4000])[: 3 * CHUNK + 100] for i in range(3)]
+    a, b, c = [tiny.tokenize(TEXT[i * 4000 : (i + 1) * 4000])[: 3 * CHUNK + 100] for i in range(3)]
     assert len({len(a), len(b), len(c), 3 * CHUNK + 100}) == 1
 
     def restored(prompt) -> int:
-        smol.reset()
-        return store.lookup_prefix(smol, prompt + [prompt[-1]])
+        tiny.reset()
+        return store.lookup_prefix(tiny, prompt + [prompt[-1]])
 
     for prompt in (a, b):
-        smol.reset()
-        evaluate(smol, prompt)
-        assert store.save_prefix(smol) is not None
+        tiny.reset()
+        evaluate(tiny, prompt)
+        assert store.save_prefix(tiny) is not None
     chain = on_disk(store) / 2  # one prompt's chunks
     chunk = chain / len(a) * CHUNK  # about one full chunk's bytes
     assert restored(a) == len(a)  # A used again: B is now the least recently used
@@ -251,9 +281,9 @@ def test_eviction_keeps_the_most_recent_chains_whole(smol, store, monkeypatch):
     # Room for two chains and a chunk and a half: B, the least recently used, keeps its first chunk only.
     cap = int(2 * chain + 1.5 * chunk)
     monkeypatch.setenv("LOCALRUN_CACHE_MAX", str(cap))
-    smol.reset()
-    evaluate(smol, c)
-    newest = store.save_prefix(smol)
+    tiny.reset()
+    evaluate(tiny, c)
+    newest = store.save_prefix(tiny)
     assert newest is not None and newest.tokens == len(c)
     assert on_disk(store) == store.total_bytes("prefix") <= cap
     assert restored(c) == len(c)  # the newest, whole
@@ -271,11 +301,9 @@ def test_eviction_keeps_the_most_recent_chains_whole(smol, store, monkeypatch):
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
-def test_a_damaged_chunk_is_removed_said_once_and_the_answer_stays_right(damage, smol, store):
-    prompt = smol.tokenize(TEXT[:3000])
+def test_a_damaged_chunk_is_removed_said_once_and_the_answer_stays_right(damage, smol, doc, store):
+    prompt = holding(smol, doc)  # TEXT[:3000], evaluated
     question = prompt + smol.tokenize("\nWho is the story about?", add_special=False)
-    smol.reset()
-    evaluate(smol, prompt)
     assert store.save_prefix(smol) is not None
     direct, _ = answer(smol, question)
     assert len(prompt) > 3 * CHUNK
@@ -307,14 +335,15 @@ def test_a_damaged_chunk_is_removed_said_once_and_the_answer_stays_right(damage,
 
 
 def test_a_restart_restores_the_chunks_and_answers_as_a_cold_run(smollm2, cli):
-    """`run` in new processes: the second prompt shares the document's ~1,000 tokens (four chunks, the last cut
+    """`run` in new processes: the second prompt shares the document's ~800 tokens (four chunks, the last cut
     where the questions part), restored from disk, and the answer is the one a run without the cache gives.
     (Without flash attention: see tests/cli/test_run_sessions.py, a row rounds alike in any batch of more than
     one token.)"""
-    doc = TEXT[:4000]
+    doc = TEXT[:3000]  # 774 tokens, and the chat template's
 
     def ask(*args):
-        r = cli("run", str(smollm2), "-t", "0", "-n", "16", "--ctx", "2048", "--json", "--no-flash-attn", *args, input=doc)
+        r = cli("run", str(smollm2), "-t", "0", "-n", "16", "--ctx", "2048", "--threads", str(THREADS), "--json",
+                "--no-flash-attn", *args, input=doc)
         assert r.returncode == 0 and "prefix cache" not in r.stderr, r.stderr
         return last_json(r.stdout)
 
@@ -333,7 +362,8 @@ def test_a_model_removed_during_its_answer_skips_the_cache_quietly(smollm2, tmp_
     No such file or directory" (the sha256 of a file that is gone). It ends as any run, without caching."""
     model = tmp_path / "copy.gguf"
     model.write_bytes(smollm2.read_bytes())
-    proc = subprocess.Popen([LOCALRUN, "run", str(model), "-t", "0", "-n", "200", "--min-tokens", "200", "Count to a hundred:"],
+    proc = subprocess.Popen([LOCALRUN, "run", str(model), "-t", "0", "-n", "80", "--min-tokens", "80",
+                             "--threads", str(THREADS), "Count to a hundred:"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         assert proc.stdout.read(1)  # answering: the model loaded, its first text out
@@ -352,11 +382,12 @@ def test_a_model_removed_during_its_answer_skips_the_cache_quietly(smollm2, tmp_
 # -- the slot is free while a save is written ----------------------------------------------------------------
 
 
-def test_the_next_request_is_answered_while_a_save_is_still_being_written(smollm2):
+def test_the_next_request_is_answered_while_a_save_is_still_being_written(tiny_smollm2):
     """In a server an answer's chunks are written after its slot is given back, on a writer thread: the next
     request takes the slot and is answered while that save cannot finish (here another process holds the
     index's write lock, as an eviction or a save of its own would). A request used to read its state under
-    the prefix cache's lock, held by the save before it for as long as it wrote, and so waited with its slot."""
+    the prefix cache's lock, held by the save before it for as long as it wrote, and so waited with its slot.
+    (The tiny model: what it answers is not the subject.)"""
     from localrun.runtime.generate import generate as answer_request
     from localrun.runtime.loader import load
     from localrun.runtime.options import LoadSpec
@@ -367,7 +398,7 @@ def test_the_next_request_is_answered_while_a_save_is_still_being_written(smollm
         for job, response in responses:
             job.sink.put_nowait(response)
 
-    loaded = load(str(smollm2), LoadSpec(ctx=1024, parallel=1))
+    loaded = load(str(tiny_smollm2), LoadSpec(ctx=1024, parallel=1))
     scheduler = Scheduler(loaded.engine, parallel=1, slot_ctx=1024, max_waiting=4, prefill_chunk=256, deliver=deliver)
     scheduler.start()
     notices: list[str] = []
