@@ -308,29 +308,54 @@ def test_kill9_during_save_never_leaves_a_torn_session(smollm2, smol, tmp_path):
     rng = random.Random(1234)
     committed = False
     outcomes = []
-    for _ in range(20):
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE), "save-forever", str(smollm2), str(root), str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-        )
-        try:
-            assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-            time.sleep(rng.uniform(0.0, 0.25))
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        with SessionStore.open(root) as store:
+    # Each saver is a process of its own, killed -9 at a random moment of its saves; a fork of one that loaded
+    # the model once (see `fork-savers` below), so that twenty kills cost twenty forks, not twenty starts.
+    savers = subprocess.Popen(
+        [sys.executable, str(HERE), "fork-savers", str(smollm2), str(root), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.PIPE,
+    )
+    pid = None
+
+    def said() -> str:  # (what the savers wrote to stderr, once they end)
+        savers.stdin.close()
+        return savers.stderr.read()
+
+    try:
+        assert savers.stdout.readline().strip() == "loaded", said()
+        for _ in range(20):
+            savers.stdin.write("save\n")
+            savers.stdin.flush()
+            ready = savers.stdout.readline().split()
+            assert ready[:1] == ["ready"], said()
+            pid = int(ready[1])
             try:
-                messages = store.load("k", smol)
-            except SessionError as exc:
-                assert not committed and "no session named 'k'" in exc.message, exc.message
-                outcomes.append("none")
-                continue
-            committed = True
-            variant = messages[0]["content"]
-            assert smol.kv.tokens[0] == variants[variant]  # the row and the state file belong to the same save
-            assert llama_cpp_module().llama_memory_seq_pos_max(smol.kv.memory, 0) == len(variants[variant]) - 1
-            outcomes.append(variant)
+                time.sleep(rng.uniform(0.0, 0.25))
+            finally:
+                os.kill(pid, signal.SIGKILL)
+            reaped = savers.stdout.readline().split()  # the saver is gone before the store is opened
+            assert reaped[:1] == ["reaped"], said()
+            pid, status = None, int(reaped[1])
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (status, said())  # killed saving
+            with SessionStore.open(root) as store:
+                try:
+                    messages = store.load("k", smol)
+                except SessionError as exc:
+                    assert not committed and "no session named 'k'" in exc.message, exc.message
+                    outcomes.append("none")
+                    continue
+                committed = True
+                variant = messages[0]["content"]
+                assert smol.kv.tokens[0] == variants[variant]  # the row and the state file belong to the same save
+                assert llama_cpp_module().llama_memory_seq_pos_max(smol.kv.memory, 0) == len(variants[variant]) - 1
+                outcomes.append(variant)
+        savers.stdin.close()
+        assert savers.wait(timeout=60) == 0, savers.stderr.read()
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        if savers.poll() is None:
+            savers.kill()
+            savers.wait()
     assert committed, outcomes
     # Whatever the kills left behind unreferenced is swept once it is old enough.
     with SessionStore.open(root) as store:
@@ -457,6 +482,9 @@ WRITER_TAGS = {
 def child_main(argv: list[str]) -> None:
     command, model, root = argv[0], argv[1], Path(argv[2])
     engine = Engine(model, LoadOptions(n_ctx=1024 if command.startswith("resume") else 512, n_threads=THREADS))
+    if command == "fork-savers":
+        fork_savers(engine, root, Path(argv[3]))
+        return
     store = SessionStore.open(root)
 
     if command == "resume-save":
@@ -478,17 +506,6 @@ def child_main(argv: list[str]) -> None:
             "continuation": done.tokens, "cached_tokens": done.stats.cached_tokens,
             "prompt_tokens": done.stats.prompt_tokens, "messages": messages,
         }))
-    elif command == "save-forever":
-        given = Path(argv[3])
-        states = {
-            name: (bytearray((given / f"{name}.kv").read_bytes()), json.loads((given / f"{name}.json").read_text()))
-            for name in KILL_VARIANTS
-        }
-        print("ready", flush=True)
-        while True:  # until killed
-            for name, (data, tokens) in states.items():
-                assert engine.kv.restore(data, tokens)
-                store.save("k", engine, [{"role": "user", "content": name}], model_ref="smollm2")
     elif command == "save-ten-times":
         tag, go = argv[3], Path(argv[4])
         evaluate(engine, engine.tokenize(WRITER_TAGS[tag]))
@@ -500,6 +517,42 @@ def child_main(argv: list[str]) -> None:
         print(json.dumps({"saved": 10}))
     else:
         raise SystemExit(f"unknown command {command}")
+
+
+def fork_savers(engine: Engine, root: Path, given: Path) -> None:
+    """For each line read, fork a saver: a process that opens the store, says "ready PID", and saves session
+    "k" as one KILL_VARIANTS state, then the other, until it is killed; once it is gone, say "reaped STATUS".
+    The saver is a process of its own (its own store connection, locks and open files, killed whole), made
+    from this one after the model is loaded (most of a second each time) and hashed."""
+    states = {
+        name: (bytearray((given / f"{name}.kv").read_bytes()), json.loads((given / f"{name}.json").read_text()))
+        for name in KILL_VARIANTS
+    }
+    # The model file hashed and the hash cached in the index, as the first save that ends does: a 100 MB hash in
+    # each saver took the whole of its life on a busy machine (killed within 0.25 s, none ever saved).
+    with SessionStore.open(root) as store:
+        store.model_sha256(list(engine.info.shards) or [engine.path])
+    me = os.getpid()
+    print("loaded", flush=True)
+    for _ in sys.stdin:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                store = SessionStore.open(root)
+                print(f"ready {os.getpid()}", flush=True)
+                while os.getppid() == me:  # until killed (or orphaned)
+                    for name, (data, tokens) in states.items():
+                        assert engine.kv.restore(data, tokens)
+                        store.save("k", engine, [{"role": "user", "content": name}], model_ref="smollm2")
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        print(f"reaped {status}", flush=True)
 
 
 if __name__ == "__main__":
