@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from tinymodel import gguf_reader
+from localrun.engine.gguf_info import _read_header  # (the header alone: the gguf package's reader builds a view of each token)
 
 
 def write_lora(base: Path, out: Path, *, rank: int = 8, alpha: float = 16.0, seed: int = 0, magnitude: float = 0.05,
@@ -20,16 +20,16 @@ def write_lora(base: Path, out: Path, *, rank: int = 8, alpha: float = 16.0, see
     import gguf
     import numpy as np
 
-    reader = gguf_reader(base)
-    arch = str(reader.fields["general.architecture"].contents())
-    shapes = {t.name: [int(d) for d in t.shape] for t in reader.tensors}  # ggml order: (in, out)
+    header = _read_header(Path(base))
+    arch = str(header.metadata["general.architecture"])
+    shapes = {t.name: [int(d) for d in t.shape] for t in header.tensors}  # ggml order: (in, out)
     writer = gguf.GGUFWriter(out, architecture or arch)
     writer.add_type("adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", alpha)
     writer.add_name("test lora")
     rng = np.random.default_rng(seed)
-    n_layer = int(reader.fields[f"{arch}.block_count"].contents())
+    n_layer = int(header.metadata[f"{arch}.block_count"])
     for i in range(n_layer if layers is None else min(layers, n_layer)):
         for target in targets:
             name = f"blk.{i}.{target}.weight"
