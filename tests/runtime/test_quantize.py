@@ -29,16 +29,22 @@ def localrun(*args: str, home: Path, **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def made(smollm2, gemma, tmp_path_factory) -> dict[str, dict[str, Path]]:
-    """model -> quant -> the file `localrun quantize --allow-requantize` wrote (made once for the module)."""
+    """model -> quant -> the file `localrun quantize --allow-requantize` writes (made once for the module, by
+    the function the command calls, in this process: the command itself is test_quantize_writes_each_quant's)."""
+    from localrun.runtime.models.quantize import quantize_model
+
     home = tmp_path_factory.mktemp("quantize-home")
     out: dict[str, dict[str, Path]] = {}
-    for name, source in (("smollm2", smollm2), ("gemma", gemma)):
-        out[name] = {}
-        for quant in QUANTS[name]:
-            dest = home / "out" / f"{name}.{quant}.gguf"
-            r = localrun("quantize", str(source), quant, "--allow-requantize", "-o", str(dest), home=home)
-            assert r.returncode == 0, r.stderr
-            out[name][quant] = dest
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALRUN_HOME", str(home))
+        mp.setenv("HF_HOME", str(home / "hf"))
+        for name, source in (("smollm2", smollm2), ("gemma", gemma)):
+            out[name] = {}
+            for quant in QUANTS[name]:
+                dest = home / "out" / f"{name}.{quant}.gguf"
+                written = quantize_model(str(source), quant, out=dest, allow_requantize=True)
+                assert written.path == dest.resolve() and written.quant == quant and dest.is_file()
+                out[name][quant] = dest
     return out
 
 
@@ -161,8 +167,8 @@ def test_bench_compares_quants_in_one_table(made, smollm2, tmp_path, monkeypatch
     short.write_text(bench.text_path().read_text(encoding="utf-8")[:2500], encoding="utf-8")  # 4 chunks of 128
     monkeypatch.setattr(bench, "text_path", lambda: short)
     models = ",".join([str(smollm2), str(made["smollm2"]["Q8_0"]), str(made["smollm2"]["F16"])])
-    assert front.run_from_cli([models], pp="16", tg="4", depth="0", reps=1, threads="2", ctx="128", quality=True,
-                              output="json") == 0
+    assert front.run_from_cli([models], pp="16", tg="4", depth="0", reps=1, threads=str(min(2, CORES)), ctx="128",
+                              quality=True, output="json") == 0  # (no more threads than this worker's cores)
     rows = json.loads(capsys.readouterr().out)
     ppl = {r["model"]: r for r in rows if r["kind"] == "ppl"}
     assert set(ppl) == {smollm2.name, "smollm2.Q8_0.gguf", "smollm2.F16.gguf"}
