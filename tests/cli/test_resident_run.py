@@ -27,13 +27,52 @@ def run(*args: str, keep_alive: str | None = None, **kw):
     return run_cli("run", *args, env=env, **kw)
 
 
+# `localrun run` for each argument list in turn, in one process (LOCALRUN_KEEP_ALIVE=0: each answered in it, its
+# model loaded for it and freed after it), each one's stdout in a file of its own as a run's stdout is a pipe.
+_RUNS_IN_ONE_PROCESS = """
+import json, os, sys, tempfile
+import localrun.cli.main
+
+cli = sys.modules["localrun.cli.main"]  # (localrun.cli.main is also the name of its entry point)
+
+outs = []
+for args in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as out:
+        sys.stdout = out
+        try:
+            code = cli.app(["run", *args], prog_name="localrun", standalone_mode=False)  # a typer.Exit's code, or None
+        finally:
+            out.flush()
+            sys.stdout = sys.__stdout__
+        if code:
+            sys.exit(f"localrun run {args} ended with exit code {code}")
+        out.seek(0)
+        outs.append(out.read())
+    while cli._UNTIL_EXIT:
+        cli._UNTIL_EXIT.pop().engine.close()
+sys.stdout.write(json.dumps(outs))
+sys.stdout.flush()
+"""
+
+
+def in_process(*runs: list[str]) -> list[str]:
+    """The stdout of `localrun run --keep-alive 0 ARGS` for each of `runs`: the in-process answers a run
+    through the server must match, for one interpreter's start and imports (a second of CPU) instead of one each."""
+    done = subprocess.run([sys.executable, "-c", _RUNS_IN_ONE_PROCESS, json.dumps(runs)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "LOCALRUN_KEEP_ALIVE": "0"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
 def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, isolated_home):
     args = [str(smollm2), "-t", "0", "-n", "24", "--threads", "1", "--no-cache", PROMPT]
-    here = run(*args, keep_alive="0")
-    assert here.returncode == 0, here.stderr
+    prompts = ["Name a fruit.", "Name a colour.", "Name a planet.", "Name an ocean."]
+    # In-process, all in one process: this prompt plain and as --json, and each of the four prompts below.
+    here, in_proc, *expected = in_process(args, [*args, "--json"], *[
+        [str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", p] for p in prompts])
     first = run(*args)
     assert first.returncode == 0, first.stderr
-    assert first.stdout == here.stdout
+    assert first.stdout == here
     assert first.stderr.count("started a localrun server in the background") == 1
     assert "localrun stop --server" in first.stderr
     server = resident()
@@ -49,8 +88,7 @@ def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, 
     # The second run: the same server (no notice), the model already loaded (load duration 0), same events.
     again = run(*args, "--json", "--verbose")
     assert again.returncode == 0 and "started a localrun server" not in again.stderr
-    in_proc = run(*args, "--json", keep_alive="0")
-    events, reference = [json.loads(line) for line in again.stdout.splitlines()], [json.loads(line) for line in in_proc.stdout.splitlines()]
+    events, reference = [json.loads(line) for line in again.stdout.splitlines()], [json.loads(line) for line in in_proc.splitlines()]
     assert [e["type"] for e in events] == [e["type"] for e in reference]
     assert events[-1]["text"] == reference[-1]["text"] and events[-1]["tokens"] == reference[-1]["tokens"]
     assert events[-1]["stats"]["load_s"] == 0 and reference[-1]["stats"]["load_s"] > 0
@@ -83,8 +121,6 @@ def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, 
     # Four clients at once, each with its own prompt, decoded side by side in the slots' shared KV pool (where a
     # near-tie may turn, as in llama-server's); each prompt alone afterwards answers as in-process, whatever the
     # other slots kept.
-    prompts = ["Name a fruit.", "Name a colour.", "Name a planet.", "Name an ocean."]
-    expected = [run(str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", p, keep_alive="0").stdout for p in prompts]
     got: list = [None] * 4
     threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, run(
         str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", "--json", prompts[i]))) for i in range(4)]
