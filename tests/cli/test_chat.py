@@ -5,6 +5,7 @@ conversation is kept by the server and must read the same."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -134,10 +135,21 @@ def prompt_size(engine, messages: list[dict]) -> int:
     return len(engine.tokenize(apply_template(engine, messages), add_special=True, parse_special=True))
 
 
+_REFERENCES: dict = {}  # (model, n_ctx, the conversation) -> its answers: a test run twice (via) computes them once
+
+
 def reference(engine, turns: list, system=None, history: list[dict] | None = None, **options) -> list:
     """The reference answers: the same conversation held in this process by runtime.Conversation over an engine
     loaded as the command loads it, from an empty KV cache. `turns`: messages, or (message, extra options) pairs
-    for a /set between turns. Returns (answer, final response) per turn."""
+    for a /set between turns. Returns (answer, final response) per turn (greedy: computed once a module for
+    the same model, context and conversation)."""
+    key = (str(engine.path), engine.n_ctx, repr((turns, system, history, sorted(options.items()))))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _reference(engine, turns, system, history, **options)
+    return _REFERENCES[key]
+
+
+def _reference(engine, turns: list, system=None, history: list[dict] | None = None, **options) -> list:
     from localrun.runtime import Loaded, SamplingOptions
     from localrun.runtime.conversation import Conversation
 
@@ -428,15 +440,28 @@ def test_a_conversation_that_outgrows_the_context_drops_its_oldest_turns_in_bloc
     the answer no room, the oldest turns go in a block of at least half the room, so that the next turns extend
     the new prompt instead of dropping again; every message is still answered, as by the runtime's own
     conversation over the same model and context."""
-    from localrun.engine import Engine, LoadOptions
-    from localrun.runtime import Loaded, SamplingOptions
-    from localrun.runtime.conversation import Conversation
-
     questions = [f"Tell me one fact about the number {n}." for n in range(1, 10)]
     r = cli("chat", str(smollm2), "-t", "0", "-n", "32", "--ctx", "256", *T1, input="\n".join(questions) + "\n")
     assert r.returncode == 0, r.stderr
     dropped = [int(n) for n in re.findall(r"context \(256 tokens\) is full: dropped the oldest (\d+) turn", r.stderr)]
-    e = Engine(smollm2, LoadOptions(n_ctx=256, n_threads=1))
+    want, drops = _dropping_reference(smollm2, tuple(questions))
+    assert r.stdout.splitlines() == want and all(want)
+    assert dropped == [n for said in drops for n in said]
+    turns = [i for i, said in enumerate(drops) if said]
+    assert turns and all(n >= 2 for n in dropped)  # a block of turns, not the fewest that fit
+    assert all(b - a > 1 for a, b in zip(turns, turns[1:]))  # the turn after a drop extends its prompt
+    served(via)
+
+
+@functools.lru_cache(maxsize=None)
+def _dropping_reference(model, questions: tuple) -> tuple[list[str], list[list[int]]]:
+    """The runtime's own conversation over `model` in a 256-token context: each answer as piped chat writes it,
+    and the turns it dropped before each (greedy: computed once a module, for both `via`)."""
+    from localrun.engine import Engine, LoadOptions
+    from localrun.runtime import Loaded, SamplingOptions
+    from localrun.runtime.conversation import Conversation
+
+    e = Engine(model, LoadOptions(n_ctx=256, n_threads=1))
     try:
         conv = Conversation(Loaded(e, "reference", SamplingOptions()), None)
         want, drops = [], []
@@ -448,12 +473,7 @@ def test_a_conversation_that_outgrows_the_context_drops_its_oldest_turns_in_bloc
             drops.append(said)
     finally:
         e.close()
-    assert r.stdout.splitlines() == want and all(want)
-    assert dropped == [n for said in drops for n in said]
-    turns = [i for i, said in enumerate(drops) if said]
-    assert turns and all(n >= 2 for n in dropped)  # a block of turns, not the fewest that fit
-    assert all(b - a > 1 for a, b in zip(turns, turns[1:]))  # the turn after a drop extends its prompt
-    served(via)
+    return want, drops
 
 
 def test_message_too_long_for_the_context_is_one_line(smollm2, cli):
@@ -467,23 +487,24 @@ def test_message_too_long_for_the_context_is_one_line(smollm2, cli):
     assert r.stdout == "\n" + line_of(answer) + "\n"  # an empty line for the failed one, then the answer to Hi
 
 
-def test_save_load_and_session(smollm2, gemma, cli, via):
-    r = cli("chat", str(smollm2), *ARGS, input="Hello!\n/save first\n/clear\n/show\n/load first\n/show\n")
+def test_save_load_and_session(smollm2, gemma, engine, cli, via):
+    r = cli("chat", str(smollm2), *ARGS, input="Hello!\n/save ../x\n/save first\n/clear\n/show\n/load first\n/show\n")
     assert r.returncode == 0, r.stderr
+    assert "invalid session name" in r.stderr
     assert "saved" in r.stderr and "loaded" in r.stderr
     shows = re.findall(r"conversation:\s+(\d+) turn", r.stderr)
     assert shows == ["0", "1"]
-    assert "invalid session name" in cli("chat", str(smollm2), *ARGS, input="/save ../x\n").stderr
 
     one = cli("chat", str(smollm2), *ARGS, "--session", "work", input="My name is Ada.\n")
     assert one.returncode == 0 and "new session work" in one.stderr
     two = cli("chat", str(smollm2), *ARGS, "--session", "work", "-v", input="/show\nWhat is my name?\n")
     assert two.returncode == 0, two.stderr
     assert "loaded session work" in two.stderr and re.search(r"conversation:\s+1 turn", two.stderr)
-    # The reference: both messages in one process, no session: resuming continues as if never stopped.
-    straight = cli("chat", str(smollm2), *ARGS, input="My name is Ada.\nWhat is my name?\n")
-    assert straight.stdout.splitlines()[0] + "\n" == one.stdout
-    assert two.stdout == straight.stdout.splitlines()[1] + "\n"
+    # The reference: both messages in one conversation, no session (the runtime's, as piped chat writes it:
+    # test_piped_stdin_one_answer_line_per_message): resuming continues as if never stopped.
+    straight = [line_of(a) for a, _ in reference(engine, ["My name is Ada.", "What is my name?"], temperature=0, max_tokens=32)]
+    assert straight[0] + "\n" == one.stdout
+    assert two.stdout == straight[1] + "\n"
     # The restored KV cache serves the saved turn: only the new message is evaluated.
     s = stats(two.stderr)
     assert s["cached"] > 10 and s["eval_prompt"] < s["cached"]
