@@ -87,18 +87,21 @@ def test_a_gone_server_is_still_reported_at_once(resident, smollm2):
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("ctx", ["0", "10"])
-def test_a_bad_ctx_is_refused_before_the_server_is_asked(resident, smollm2, ctx):
-    """--ctx 0 reloaded the model the server held (then failed); --ctx 10 passed there (4 slots: 40 tokens)."""
+def test_a_bad_ctx_is_refused_before_the_server_is_asked(resident, smollm2):
+    """--ctx 0 reloaded the model the server held (then failed); --ctx 10 passed there (4 slots: 40 tokens).
+    Both against the one server, which holds the model loaded throughout."""
     assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
     assert _loaded() == [smollm2.name]
-    r = run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "--ctx", ctx, "hi")
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip() == f"error: invalid --ctx {ctx}: the context must hold at least 16 tokens", r.stderr
-    assert _loaded() == [smollm2.name]  # still there, never reloaded
-    chat = run_cli("chat", str(smollm2), "--ctx", ctx, input="hi\n")
-    assert chat.returncode == 2 and f"invalid --ctx {ctx}" in chat.stderr
-    assert _loaded() == [smollm2.name]
+    server = resident()
+    for ctx in ("0", "10"):
+        r = run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "--ctx", ctx, "hi")
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.strip() == f"error: invalid --ctx {ctx}: the context must hold at least 16 tokens", r.stderr
+        assert _loaded() == [smollm2.name]  # still there, never reloaded
+        chat = run_cli("chat", str(smollm2), "--ctx", ctx, input="hi\n")
+        assert chat.returncode == 2 and f"invalid --ctx {ctx}" in chat.stderr
+        assert _loaded() == [smollm2.name]
+    assert resident() == server
 
 
 def test_rm_unloads_the_model_from_the_server(resident, hub_stub, smollm2):  # noqa: F811
