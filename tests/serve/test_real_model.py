@@ -4,8 +4,10 @@ in its template) served by a real `localrun serve`, asked by the real openai, ol
 Left free (tool_choice auto) this model writes its calls as a fenced JSON block, a bare object, several in a
 row or with the doubled braces its template prints, rarely in its own <tool_call> tags: each must come back
 as tool calls, at the temperature people use (0.7), in nearly every sample. The model decodes at 10-20
-tokens/s on two cores: one server for the module, short answers, samples sent four at a time to its four
-slots (the tools' long system prompt is evaluated once and shared)."""
+tokens/s on two cores: one server for the module, short answers, and every sample of the module (45: the
+openai client's, the two cities', the ollama client's) asked at the start, four at a time, so that its four slots
+stay full from the first to the last instead of emptying at the end of each test's batch (the tools' long system
+prompt is evaluated once and shared). Greedy requests are asked after the samples are in, alone, as before."""
 
 from __future__ import annotations
 
@@ -36,9 +38,36 @@ def client(server):
     return server.client("none", timeout=600)
 
 
-def samples(n: int, ask):
-    with ThreadPoolExecutor(4) as pool:
-        return list(pool.map(lambda _: ask(), range(n)))
+def ollama_calls(server) -> list[tuple[str, dict]]:
+    import ollama
+
+    r = ollama.Client(host=server.url, timeout=300).chat(model=MODEL, messages=ONE, tools=TOOLS,
+                                                         options={"temperature": 0.7, "num_predict": 100})
+    return [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls or []]
+
+
+@pytest.fixture(scope="module")
+def sampled(server):
+    """Every sampled request of the module, each its own request of its client, asked at once to a pool of four
+    threads (the server's four slots): a test reads its own answers (a client's error is raised there), and the
+    slots are kept full across the tests' batches. What is not asked yet is dropped when the module ends early."""
+    pool = ThreadPoolExecutor(4)
+
+    def ask(n: int, one) -> list:
+        return [pool.submit(one) for _ in range(n)]
+
+    try:
+        yield {"one": ask(20, lambda: openai_calls(server, ONE)),
+               "two auto": ask(10, lambda: openai_calls(server, TWO)),
+               "two required": ask(4, lambda: openai_calls(server, TWO, tool_choice="required")),
+               "two required one": ask(1, lambda: openai_calls(server, TWO, tool_choice="required", parallel_tool_calls=False)),
+               "ollama": ask(10, lambda: ollama_calls(server))}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def answers(futures: list) -> list:
+    return [f.result() for f in futures]
 
 
 def openai_calls(server, messages, **kw) -> list[tuple[str, dict]]:
@@ -50,44 +79,31 @@ def openai_calls(server, messages, **kw) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in calls]
 
 
-def test_openai_client_gets_tool_calls_in_nearly_every_sample(server, qwen):
-    got = samples(20, lambda: openai_calls(server, ONE))
+def test_openai_client_gets_tool_calls_in_nearly_every_sample(sampled):
+    got = answers(sampled["one"])
     called = [calls for calls in got if calls]
     assert len(called) >= 19, got
     assert all(calls[0] == ("get_weather", {"city": "Paris"}) for calls in called), called
 
 
-def test_two_cities_get_two_calls_auto_and_required(server):
+def test_two_cities_get_two_calls_auto_and_required(sampled):
     # Left free, this model calls once for both cities about half the time (9 of 20 sampled gave two calls;
     # greedy gives one): every sample must call, and some must call twice. Required: always both.
-    auto = samples(10, lambda: openai_calls(server, TWO))
+    auto = answers(sampled["two auto"])
     assert all(calls for calls in auto) and any(len(calls) == 2 for calls in auto), auto
-    required = samples(4, lambda: openai_calls(server, TWO, tool_choice="required"))
+    required = answers(sampled["two required"])
     # (a sample may call more besides, sampled at 0.7: get_time for both, or for a city nobody asked about)
     assert all({"Paris", "Rome"} <= {a.get("city") for _, a in calls} for calls in required), required
-    one = openai_calls(server, TWO, tool_choice="required", parallel_tool_calls=False)
+    [one] = answers(sampled["two required one"])
     assert len(one) == 1, one
 
 
-def test_streamed_calls_come_as_tool_call_deltas(server):
-    chunks = list(client(server).chat.completions.create(
-        model=MODEL, messages=ONE, tools=TOOLS, temperature=0, max_tokens=100, stream=True))
-    deltas = [t for ch in chunks if ch.choices for t in ch.choices[0].delta.tool_calls or []]
-    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == [("get_weather", {"city": "Paris"})]
-    assert "{" not in text and chunks[-1].choices[0].finish_reason == "tool_calls"
-
-
-def test_ollama_clients_get_tool_calls(server):
+def test_ollama_clients_get_tool_calls(server, sampled):
+    # (before the greedy requests below and in the next tests: the last of the module's samples, read here, are in)
     import ollama
 
     client = ollama.Client(host=server.url, timeout=300)
-
-    def ask():
-        r = client.chat(model=MODEL, messages=ONE, tools=TOOLS, options={"temperature": 0.7, "num_predict": 100})
-        return [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls or []]
-
-    got = samples(10, ask)
+    got = answers(sampled["ollama"])
     assert sum(bool(calls) for calls in got) >= 9, got
     streamed = [c for part in client.chat(model=MODEL, messages=ONE, tools=TOOLS, stream=True, options={"temperature": 0, "num_predict": 100})
                 for c in part.message.tool_calls or []]
@@ -104,6 +120,15 @@ def test_ollama_clients_get_tool_calls(server):
     llm = ChatOllama(model=MODEL, base_url=server.url, temperature=0, num_predict=100).bind_tools([get_weather])
     msg = llm.invoke("What is the weather in Paris?")
     assert [(c["name"], c["args"]) for c in msg.tool_calls] == [("get_weather", {"city": "Paris"})]
+
+
+def test_streamed_calls_come_as_tool_call_deltas(server):
+    chunks = list(client(server).chat.completions.create(
+        model=MODEL, messages=ONE, tools=TOOLS, temperature=0, max_tokens=100, stream=True))
+    deltas = [t for ch in chunks if ch.choices for t in ch.choices[0].delta.tool_calls or []]
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == [("get_weather", {"city": "Paris"})]
+    assert "{" not in text and chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_the_tool_result_is_answered_as_text_that_uses_it(server):
