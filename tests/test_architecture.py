@@ -372,9 +372,7 @@ def _part(module: str) -> str:
 
 def runtime_part_violations(root: Path = RUNTIME) -> list[str]:
     out = []
-    for path in sorted(root.rglob("*.py")):
-        module = ".".join(("localrun", "runtime", *path.relative_to(root).with_suffix("").parts))
-        module = module.removesuffix(".__init__")
+    for module, path in _serve_modules(root).items():  # (any package's modules, by their dotted names)
         part = _part(module)
         seen = set()
         for line, target in imports_of(path, module):

@@ -347,7 +347,7 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], spec) -> list:
 
 def _resident_answer(model: str, asked: dict, spec, settings: dict, mmproj: Optional[Path] = None):
     """The answer's responses from the resident server, or None where this process should answer. Images go
-    as their bytes (runtime.conversation.stored), the projector as its path (the server loads it, as chat's)."""
+    as their bytes (runtime.images.stored), the projector as its path (the server loads it, as chat's)."""
     from ..runtime.client import ServerDeclined, resident_run
 
     resident = _resident_settings(spec, settings)
@@ -355,7 +355,7 @@ def _resident_answer(model: str, asked: dict, spec, settings: dict, mmproj: Opti
         return None
     request = {**asked, "sampling": resident.pop("sampling"), "tty": sys.stderr.isatty()}
     if any(m.get("images") for m in asked["messages"]):
-        from ..runtime.conversation import stored
+        from ..runtime.images import stored
 
         request["messages"] = stored(asked["messages"])
     if mmproj is not None:

@@ -43,7 +43,7 @@ from ..store.writers import SessionClaims
 from .loader import Loaded
 from .messages import Messages
 from .request import Prompt, Request, kept_room, marked, prompt_for, with_stops
-from .images import images_in, live, live_images, stored, stored_images  # noqa: F401 - (their old home)
+from .images import live, stored
 from .seats import InProcess
 from .sessions import Sessions
 

@@ -106,6 +106,12 @@ def named(request: Request, model: Optional[str]) -> None:
     request.state.model = model
 
 
+def answered_by(request: Request, asked: Asked, resident: Resident) -> str:
+    """The model an answer says it came from: the name the request used (as OpenAI echoes it), else the one the
+    model is listed by (the served model's --alias: Service.name_of)."""
+    return asked.model or service_of(request).name_of(resident)
+
+
 # -- reading a body ---------------------------------------------------------------------------------
 
 
@@ -238,7 +244,7 @@ async def answering(request: Request, held: Held, asked: Asked) -> Answer:
         wanted, tools = await off_loop_if_big(size, prepared, asked, held.facts)
     except Exception as exc:  # noqa: BLE001 - worded by the dialect; the model is given back by `holding`
         raise _refusal(exc, asked) from None
-    access.note(request, model=asked.model or service_of(request).name_of(held.resident))
+    access.note(request, model=answered_by(request, asked, held.resident))
     metrics, pool = service_of(request).metrics, service_of(request).pool
 
     def on_end(final: Optional[Response]) -> None:  # on the answer's thread, its state saved
@@ -342,7 +348,7 @@ async def embeddings_of(request: Request, asked: Asked, texts: list, *, truncate
             result = await run_in_threadpool(embed_on, held.resident, texts, truncate=truncate, dimensions=dimensions)
         except LocalrunError as exc:
             raise EmbedFailed(exc) from None
-    return asked.model or service_of(request).name_of(held.resident), result, held.load_s
+    return answered_by(request, asked, held.resident), result, held.load_s
 
 
 # -- the client going away --------------------------------------------------------------------------

@@ -25,8 +25,8 @@ __all__ = ["Modelfile", "ModelfileError", "blob_adapters", "blob_path", "copy_mo
 
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")  # (fullmatch: `$` would take a trailing newline)
 
-# The load settings a PARAMETER sets, and their flags: a notice is read on the command line and by /api/create's
-# clients alike, so it names both ways of setting them
+# The load settings a PARAMETER sets, in words: a notice is read on the command line and by /api/create's clients
+# alike, so it names both ways of setting them (the flag, runtime.failures.flag; the request's option)
 _LOAD_WORDS = {"gpu_layers": "GPU layer count", "threads": "thread count", "batch": "batch size"}
 
 
@@ -168,7 +168,7 @@ def _parameters(parameters: list[tuple[str, str]], base, say) -> tuple[dict[str,
         elif name in OLLAMA_IGNORED:
             say(f"ignoring PARAMETER {raw_name}, which localrun (as recent Ollama) does not use")
         elif name == "draft_num_predict":  # Ollama's cap on its draft model's tokens a step
-            say(f"ignoring PARAMETER {raw_name}: a made model keeps no draft settings; set them where it runs (--draft-max"
+            say(f"ignoring PARAMETER {raw_name}: a made model keeps no draft settings; set them where it runs ({flag('draft_max')}"
                 " on the command line)")
         elif name in BY_NAME:
             try:

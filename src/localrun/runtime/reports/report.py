@@ -8,10 +8,10 @@ import platform
 import re
 import shutil
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from ... import __version__
-from ..models.details import model_details  # noqa: F401 - (its old home)
+from ..models.details import model_details
 
 
 def describe(local, spec, measure: bool, verified: bool = False) -> dict[str, Any]:

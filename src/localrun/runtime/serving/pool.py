@@ -208,7 +208,7 @@ class Resident:
             "slots_busy": len(self.scheduler.slots) - self.scheduler.idle_slots(), "requests": self.refs,
             "expires_at": expires, "keep_alive": None if self.keep_alive < 0 else self.keep_alive,
             # (the adapters it was loaded with: a created model's ADAPTER lines, then --lora's; the spec has only these)
-            "load": {**asdict(self.spec), "lora": [list(a) for a in getattr(self.engine.options, "lora", self.spec.lora)]},
+            "load": {**asdict(self.spec), "lora": [list(a) for a in self.engine.options.lora]},
             "memory": dict(self.memory),
         }
 

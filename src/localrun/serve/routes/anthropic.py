@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..dialects import anthropic
-from ..endpoint import answering, counted_events, endpoint, holding, named, read_json, service_of, streamed, whole
+from ..endpoint import answered_by, answering, counted_events, endpoint, holding, named, read_json, streamed, whole
 from ..prepare import prompt_length
 
 
@@ -18,7 +18,7 @@ async def messages(request: Request):
     named(request, asked.model)
     async with holding(request, asked) as held:
         answer = await answering(request, held, asked)
-    model = asked.model or service_of(request).name_of(held.resident)
+    model = answered_by(request, asked, held.resident)
     if asked.reply.stream:
         return streamed(request, answer, anthropic.events(counted_events(request, answer), model, answer.prompt_tokens, asked.stops))
     text, final = await whole(request, answer)

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse
 from ..asked import Asked
 from ..dialects import llama
 from .. import access
-from ..endpoint import (Held, answering, cancelled_on_disconnect, count, counted_events, endpoint, fingerprint, holding,
+from ..endpoint import (Held, answered_by, answering, cancelled_on_disconnect, count, counted_events, endpoint, fingerprint, holding,
                         named, read_json, service_of, streamed, whole)
 from ..stream import answer_events
 from ..errors import Refused
@@ -121,7 +121,7 @@ def _made(request: Request, held: Held, answer, asked: Asked) -> llama.Made:
     settings = llama.generation_settings(answer.request.sampling, stream=asked.reply.stream, lora=scales,
                                          n_predict=asked.max_tokens or -1)
     tokens = list(answer.prompt.tokens) if answer.prompt is not None else []
-    return llama.Made(asked.model or service_of(request).name_of(held.resident), tokens, held.facts.detokenize(tokens), settings, asked.reply.stream)
+    return llama.Made(answered_by(request, asked, held.resident), tokens, held.facts.detokenize(tokens), settings, asked.reply.stream)
 
 
 @endpoint("/infill", llama)

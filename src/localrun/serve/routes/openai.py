@@ -10,8 +10,8 @@ from starlette.responses import JSONResponse
 
 from ..asked import Asked
 from ..dialects import openai
-from ..endpoint import (also, answering, counted_events, embeddings_of, endpoint, fingerprint, holding, named,
-                        off_loop_if_big, read_body, service_of, streamed, whole)
+from ..endpoint import (answered_by, also, answering, counted_events, embeddings_of, endpoint, fingerprint, holding, named,
+                        off_loop_if_big, read_body, streamed, whole)
 from ..errors import PromptFailed, is_refusal
 from ..prepare import rendered
 
@@ -37,7 +37,7 @@ async def _completion(request: Request, asked: Asked, chat: bool):
         return await _choices(request, asked, chat)
     async with holding(request, asked) as held:
         answer = await answering(request, held, asked)
-    rid, model_id = openai.new_id(chat), asked.model or service_of(request).name_of(held.resident)  # the name the client used, as OpenAI echoes it
+    rid, model_id = openai.new_id(chat), answered_by(request, asked, held.resident)  # the name the client used, as OpenAI echoes it
     top_logprobs, made_by = answer.request.top_logprobs, fingerprint()
     if asked.reply.stream:
         wire = openai.sse(counted_events(request, answer), rid, chat, asked.reply.usage, model_id, held.facts, top_logprobs,
@@ -64,7 +64,7 @@ async def _choices(request: Request, asked: Asked, chat: bool):
         for answer in answers:
             answer.cancel()
         raise
-    replies = [openai.completion("", chat, asked.model or service_of(request).name_of(answer.resident), text, final,
+    replies = [openai.completion("", chat, answered_by(request, asked, answer.resident), text, final,
                                  openai.logprobs_of(of, chat, final.logprobs) if answer.request.top_logprobs is not None else None,
                                  answer.read_whole, fingerprint())
                for (answer, text, final), of in zip(results, facts)]

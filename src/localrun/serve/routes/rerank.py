@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 
 from ...runtime.serving.resident import rerank_on
 from ..dialects import rerank
-from ..endpoint import also, endpoint, holding, named, read_json, service_of
+from ..endpoint import answered_by, also, endpoint, holding, named, read_json
 
 
 @endpoint("/v1/rerank", rerank)
@@ -20,7 +20,7 @@ async def reranked(request: Request):
     async with holding(request, asked, kind="rerank") as held:
         result = await run_in_threadpool(rerank_on, held.resident, ranking.query, ranking.documents, top_n=ranking.top_n,
                                          return_documents=ranking.return_documents)
-    return JSONResponse(rerank.answer(ranking, asked.model or service_of(request).name_of(held.resident), result))
+    return JSONResponse(rerank.answer(ranking, answered_by(request, asked, held.resident), result))
 
 
 ROUTES = [reranked, also(reranked, "/rerank"), also(reranked, "/v1/reranking"), also(reranked, "/reranking"),

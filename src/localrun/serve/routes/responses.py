@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..dialects import responses
-from ..endpoint import answering, counted_events, endpoint, holding, named, read_json, service_of, streamed, whole
+from ..endpoint import answered_by, answering, counted_events, endpoint, holding, named, read_json, service_of, streamed, whole
 from ..errors import Refused
 from ..prepare import prompt_length
 from ..stored import STORED
@@ -40,7 +40,7 @@ async def create(request: Request):
     async with holding(request, asked) as held:
         answer = await answering(request, held, asked)
     stored = service_of(request).stored
-    reply = _Reply("resp_" + os.urandom(12).hex(), data, asked.model or service_of(request).name_of(held.resident), int(time.time()), conversation)
+    reply = _Reply("resp_" + os.urandom(12).hex(), data, answered_by(request, asked, held.resident), int(time.time()), conversation)
     if data.get("store") is not False:  # GET /v1/responses/{id} reads it as in progress until it is answered
         reply.given = await run_in_threadpool(responses.input_items, data, stored.item)
         stored.begin(reply.rid, responses.envelope(reply.rid, data, reply.model, reply.created, "in_progress", []), reply.given)
