@@ -134,6 +134,16 @@ def test_a_stream_in_anthropics_events():
     assert out[14]["usage"] == {"input_tokens": 4, "cache_read_input_tokens": 6, "cache_creation_input_tokens": 0, "output_tokens": 5}
 
 
+def test_pings_before_the_prompts_progress_do_not_start_the_message():
+    """A prompt waiting for a slot, or a first chunk slower than the ping interval: the pings go out alone, and
+    message_start still carries the cached part its progress brings."""
+    events = canned(Event("ping"), Event("ping"), Event("progress", progress=_progress(7)), Event("text", "a"),
+                    Event("done", final=final("stop", prompt=10, generated=1, cached=7)))
+    out = sse_data(written(anthropic.events(events, "m", 10, [])))
+    assert [e["type"] for e in out[:4]] == ["ping", "ping", "message_start", "ping"]
+    assert out[2]["message"]["usage"]["cache_read_input_tokens"] == 7 and out[2]["message"]["usage"]["input_tokens"] == 3
+
+
 def test_a_stream_without_progress_starts_at_once_and_a_failure_ends_it():
     out = sse_data(written(anthropic.events(canned(Event("text", "a"), Event("failed", "gone")), "m", 3, [])))
     assert out[0]["message"]["usage"]["cache_read_input_tokens"] == 0

@@ -288,11 +288,15 @@ def message(model: str, text: str, thinking: str, calls: list, final, stops: lis
 
 async def events(answer: AsyncIterator[Event], model: str, prompt_tokens: int, stops: list[str]) -> AsyncIterator[str]:
     """Anthropic's event sequence for an answer: message_start (with the prompt's cached part, known once a slot has
-    matched its prefix: it waits for the prompt's first progress, milliseconds in), a content block per
-    thinking/text/tool_use (start, deltas, stop), message_delta with the stop reason and usage, message_stop; pings
-    meanwhile."""
+    matched its prefix: it waits for the prompt's first progress, milliseconds in, or seconds where the prompt waits
+    for a slot or its first chunk is long: pings until then, which Anthropic's SDKs skip wherever they come), a
+    content block per thinking/text/tool_use (start, deltas, stop), message_delta with the stop reason and usage,
+    message_stop; pings meanwhile."""
     blocks = _Blocks()
     async for event in answer:
+        if not blocks.begun and event.kind == "ping":
+            yield sse("ping", {"type": "ping"})
+            continue
         if not blocks.begun:
             blocks.begun = True
             yield _started(model, prompt_tokens, event.progress.cached if event.kind == "progress" else 0)
