@@ -87,10 +87,12 @@ def test_openai_client_gets_tool_calls_in_nearly_every_sample(sampled):
 
 
 def test_two_cities_get_two_calls_auto_and_required(sampled):
-    # Left free, this model calls once for both cities about half the time (9 of 20 sampled gave two calls;
-    # greedy gives one): every sample must call, and some must call twice. Required: always both.
+    # Left free, this model calls once for both cities as often as twice (9 of 20 samples gave two calls once, 0 of 10
+    # another time, the four slots batched together; greedy gives one): every sample must call, each call with a
+    # city. Two calls in a row, in each form the model writes them, are read in tests/engine/test_tool_parsing.py,
+    # and here below where they are required: always both cities.
     auto = answers(sampled["two auto"])
-    assert all(calls for calls in auto) and any(len(calls) == 2 for calls in auto), auto
+    assert all(calls and all(isinstance(args.get("city"), str) for _, args in calls) for calls in auto), auto
     required = answers(sampled["two required"])
     # (a sample may call more besides, sampled at 0.7: get_time for both, or for a city nobody asked about)
     assert all({"Paris", "Rome"} <= {a.get("city") for _, a in calls} for calls in required), required
