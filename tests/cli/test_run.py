@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import LOCALRUN
+from conftest import LOCALRUN, run_cli
+from one_process import Piped, run_all
 
 pytestmark = pytest.mark.slow
 
@@ -80,54 +81,57 @@ def test_stdout_carries_only_the_answer_and_stats_go_to_stderr(smollm2, cli):
     assert re.search(r"^finish reason:\s+(\w+)$", r.stderr, re.M).group(1) == stats["finish_reason"]
 
 
-def test_same_seed_same_text_different_seed_differs(smollm2, cli):
+def test_same_seed_same_text_different_seed_differs(smollm2, isolated_home):
     args = ("run", str(smollm2), "--raw", "-t", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0", "-n", "24")
-    a = cli(*args, "--seed", "7", "Once upon a time")
-    b = cli(*args, "--seed", "7", "Once upon a time")
-    c = cli(*args, "--seed", "8", "Once upon a time")
-    # llama.cpp's spelling of the temperature (--temp) is the same option
-    d = cli(*[("--temp" if x == "-t" else x) for x in args], "--seed", "7", "Once upon a time")
+    a, b, c, d = run_all(
+        [*args, "--seed", "7", "Once upon a time"],
+        [*args, "--seed", "7", "Once upon a time"],
+        [*args, "--seed", "8", "Once upon a time"],
+        # llama.cpp's spelling of the temperature (--temp) is the same option
+        [*[("--temp" if x == "-t" else x) for x in args], "--seed", "7", "Once upon a time"], home=isolated_home)
     assert a.returncode == b.returncode == c.returncode == d.returncode == 0
     assert a.stdout == b.stdout == d.stdout
     assert a.stdout != c.stdout
 
 
-def test_typical_p_and_mirostat_each_change_the_sampled_text(smollm2, cli):
+def test_typical_p_and_mirostat_each_change_the_sampled_text(smollm2, isolated_home):
     """--typical-p and --mirostat 1|2 each run and take part in sampling: with the same seed, each gives its own
     text (an option the chain ignored would give the plain text), and the same text again."""
     args = ("run", str(smollm2), "--raw", "-t", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0", "-n", "24",
             "--threads", "1", "--seed", "7", "--json")
     variants = {"plain": (), "typical": ("--typical-p", "0.2"), "mirostat1": ("--mirostat", "1"), "mirostat2": ("--mirostat", "2")}
     texts = {}
-    for name, extra in variants.items():
-        r = cli(*args, *extra, "Once upon a time")
+    *runs, again = run_all(*[[*args, *extra, "Once upon a time"] for extra in variants.values()],
+                           [*args, "--mirostat", "2", "Once upon a time"], home=isolated_home)
+    for name, r in zip(variants, runs):
         assert r.returncode == 0, (name, r.stderr)
         done = json_events(r.stdout)[-1]
         assert done["stats"]["finish_reason"] == "length", name
         texts[name] = done["tokens"]
     assert len({tuple(t) for t in texts.values()}) == 4, texts  # all four differ
-    again = json_events(cli(*args, "--mirostat", "2", "Once upon a time").stdout)[-1]
+    again = json_events(again.stdout)[-1]
     assert again["tokens"] == texts["mirostat2"]  # Mirostat's own draws follow the seed too
 
 
-def test_grammar_file_constrains_the_answer(smollm2, cli, tmp_path):
+def test_grammar_file_constrains_the_answer(smollm2, isolated_home, tmp_path):
     grammar = tmp_path / "yesno.gbnf"
     grammar.write_text('root ::= ("yes" | "no")\n')
     args = ("run", str(smollm2), "-t", "0", "-n", "8", "--threads", "1", "--json")
-    free = json_events(cli(*args, "Is the sky blue?").stdout)[-1]
+    free, r, sampled = run_all(
+        [*args, "Is the sky blue?"], [*args, "--grammar", grammar, "Is the sky blue?"],
+        ["run", smollm2, "-t", "1.5", "--top-k", "0", "--min-p", "0", "-n", "8", "--seed", "3", "--threads", "1",
+         "--grammar", grammar, "Is the sky blue?"], home=isolated_home)
+    free = json_events(free.stdout)[-1]
     assert free["text"].strip() not in ("yes", "no")  # the control: unconstrained, the model says more
-    r = cli(*args, "--grammar", str(grammar), "Is the sky blue?")
     assert r.returncode == 0, r.stderr
     done = json_events(r.stdout)[-1]
     assert done["text"] in ("yes", "no")
     assert done["stats"]["finish_reason"] == "eos"  # the grammar is complete: only end-of-text was left
-    sampled = cli("run", str(smollm2), "-t", "1.5", "--top-k", "0", "--min-p", "0", "-n", "8", "--seed", "3", "--threads", "1",
-                  "--grammar", str(grammar), "Is the sky blue?")
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout in ("yes\n", "no\n")
 
 
-def test_json_schema_output_parses_and_validates(smollm2, cli, tmp_path):
+def test_json_schema_output_parses_and_validates(smollm2, isolated_home, tmp_path):
     import jsonschema
 
     schema = {
@@ -138,23 +142,34 @@ def test_json_schema_output_parses_and_validates(smollm2, cli, tmp_path):
     }
     f = tmp_path / "schema.json"
     f.write_text(json.dumps(schema))
-    r = cli("run", str(smollm2), "-t", "0", "-n", "80", "--json-schema", str(f), "Describe a person named Ann who is 31 as JSON.")
+    url = {"type": "object", "properties": {"url": {"type": "string", "pattern": "^https://"}}, "required": ["url"]}
+    r, inline, linked, any_object = run_all(
+        ["run", smollm2, "-t", "0", "-n", "80", "--json-schema", f, "Describe a person named Ann who is 31 as JSON."],
+        # Inline, under Ollama's flag name: the same answer; `--format json`: any JSON object (as `ollama run --format json`)
+        ["run", smollm2, "-t", "0", "-n", "80", "--format", json.dumps(schema), "Describe a person named Ann who is 31 as JSON."],
+        ["run", smollm2, "-t", "0", "-n", "60", "--format", json.dumps(url), "Give a URL as JSON"],  # // kept as written
+        ["run", smollm2, "-t", "0", "-n", "200", "--format", "json", "Give Ann's name and age (31) as JSON."], home=isolated_home)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     jsonschema.validate(data, schema)
-    # Inline, under Ollama's flag name: the same answer; `--format json`: any JSON object (as `ollama run --format json`)
-    inline = cli("run", str(smollm2), "-t", "0", "-n", "80", "--format", json.dumps(schema), "Describe a person named Ann who is 31 as JSON.")
     assert inline.returncode == 0 and inline.stdout == r.stdout, inline.stderr
-    url = {"type": "object", "properties": {"url": {"type": "string", "pattern": "^https://"}}, "required": ["url"]}
-    linked = cli("run", str(smollm2), "-t", "0", "-n", "60", "--format", json.dumps(url), "Give a URL as JSON")  # // kept as written
     assert linked.returncode == 0 and json.loads(linked.stdout)["url"].startswith("https://"), linked.stdout + linked.stderr
-    any_object = cli("run", str(smollm2), "-t", "0", "-n", "200", "--format", "json", "Give Ann's name and age (31) as JSON.")
     assert any_object.returncode == 0 and isinstance(json.loads(any_object.stdout), dict), any_object.stdout
 
 
-def test_stop_sequence_split_across_tokens_is_cut_exactly(smollm2, cli):
-    full = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--json", "--ctx", "512", PROMPT)
-    events = json_events(full.stdout)
+STOPPING = ("--raw", "-t", "0", "-n", "40", "--ctx", "512", "--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def unstopped(smollm2, tmp_path_factory) -> list[dict]:
+    """The events of `run --json` for PROMPT, greedy, without a stop: where the stop tests find theirs."""
+    r = run_cli("run", str(smollm2), *STOPPING, "--json", PROMPT, env={"LOCALRUN_HOME": str(tmp_path_factory.mktemp("unstopped"))})
+    assert r.returncode == 0, r.stderr
+    return json_events(r.stdout)
+
+
+def test_stop_sequence_split_across_tokens_is_cut_exactly(smollm2, unstopped, isolated_home):
+    events = unstopped
     pieces = [e["text"] for e in events if e["type"] == "token"]
     text = "".join(pieces)
     # Find a boundary between two tokens with at least 2 characters on each side, then stop there.
@@ -167,19 +182,19 @@ def test_stop_sequence_split_across_tokens_is_cut_exactly(smollm2, cli):
     else:
         pytest.skip("no suitable token boundary in the greedy output")
     cut = text.find(stop)
-    r = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--ctx", "512", "--stop", stop, PROMPT)
+    r, rj = run_all(["run", smollm2, *STOPPING, "--stop", stop, PROMPT], ["run", smollm2, *STOPPING, "--json", "--stop", stop, PROMPT],
+                    home=isolated_home)
     assert r.returncode == 0, r.stderr
     assert r.stdout == text[:cut] + ("\n" if cut and not text[:cut].endswith("\n") else "")
     assert stop not in r.stdout
-    rj = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--ctx", "512", "--json", "--stop", stop, PROMPT)
     done = json_events(rj.stdout)[-1]
     assert done["text"] == text[:cut]
     assert done["stats"]["finish_reason"] == "stop"
 
 
-def test_repeated_stops_the_earliest_one_cuts(smollm2, cli):
-    args = ("run", str(smollm2), "--raw", "-t", "0", "-n", "40", "--ctx", "512", "--threads", "1", "--json")
-    text = json_events(cli(*args, PROMPT).stdout)[-1]["text"]
+def test_repeated_stops_the_earliest_one_cuts(smollm2, unstopped, cli):
+    args = ("run", str(smollm2), *STOPPING, "--json")
+    text = unstopped[-1]["text"]
     # Three stops from the greedy text, at about a quarter, half and three quarters of it (each first seen there).
     stops = []
     for at in (len(text) // 2, len(text) // 4, 3 * len(text) // 4):
@@ -208,24 +223,27 @@ def test_pipe_into_head_exits_cleanly(smollm2):
     assert "rc=0" in proc.stderr
 
 
-def test_stdin_comes_first_then_the_argument(smollm2, cli):
+def test_stdin_comes_first_then_the_argument(smollm2, cli, isolated_home):
     piped = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "12", "--ctx", "512", "continue the list:", input="apples, pears,")
-    joined = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "12", "--ctx", "512", "apples, pears,\n\ncontinue the list:")
+    joined, pj = run_all(
+        ["run", smollm2, "--raw", "-t", "0", "-n", "12", "--ctx", "512", "apples, pears,\n\ncontinue the list:"],
+        # The joined prompt's answer as JSON, its stdin a file: compared below with llama.cpp's low-level API's
+        Piped(["run", smollm2, "--raw", "-t", "0", "-n", "12", "--ctx", "512", "--json", "continue the list:"], "apples, pears,"),
+        home=isolated_home)
     assert piped.returncode == joined.returncode == 0
     assert piped.stdout == joined.stdout
     # The joined prompt's answer, by llama.cpp's low-level API (stdin, a blank line, then the argument).
-    pj = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "12", "--ctx", "512", "--json", "continue the list:", input="apples, pears,")
     done = json_events(pj.stdout)[-1]
     assert done["tokens"] == reference_greedy(smollm2, "apples, pears,\n\ncontinue the list:", 12)
     assert piped.stdout == done["text"] + ("" if done["text"].endswith("\n") else "\n")
 
 
-def test_base_model_without_template_falls_back_with_a_notice(gemma, cli):
-    r = cli("run", str(gemma), "-t", "0", "-n", "8", "--ctx", "512", PROMPT)
+def test_base_model_without_template_falls_back_with_a_notice(gemma, isolated_home):
+    r, rj = run_all(["run", gemma, "-t", "0", "-n", "8", "--ctx", "512", PROMPT],
+                    ["run", gemma, "-t", "0", "-n", "8", "--ctx", "512", "--json", PROMPT], home=isolated_home)
     assert r.returncode == 0, r.stderr
-    assert "no chat template" in r.stderr
+    assert "no chat template" in r.stderr and "no chat template" in rj.stderr  # each run says it
     # Falling back means the prompt goes as it is: the answer is llama.cpp's own greedy continuation of it.
-    rj = cli("run", str(gemma), "-t", "0", "-n", "8", "--ctx", "512", "--json", PROMPT)
     done = json_events(rj.stdout)[-1]
     assert done["tokens"] == reference_greedy(gemma, PROMPT, 8)
     assert r.stdout == done["text"] + ("" if done["text"].endswith("\n") else "\n")
@@ -234,7 +252,7 @@ def test_base_model_without_template_falls_back_with_a_notice(gemma, cli):
 COUNT_TO_300 = ", ".join(str(i) for i in range(1, 301)) + ","  # 1391 tokens: SmolLM2 splits numbers into digits
 
 
-def test_prompt_too_long_names_both_numbers_and_truncate_keeps_the_end(smollm2, cli):
+def test_prompt_too_long_names_both_numbers_and_truncate_keeps_the_end(smollm2, isolated_home):
     from localrun.engine import Engine, LoadOptions, SamplingOptions
     from localrun.runtime.request import Request, prompt_for
 
@@ -252,19 +270,19 @@ def test_prompt_too_long_names_both_numbers_and_truncate_keeps_the_end(smollm2, 
     # 128 - 4 tokens for the answer: the last 124 of the prompt.
     assert kept == full[-124:] and tail.endswith(", 299, 300,")
 
-    r = cli("run", str(smollm2), "--raw", "--ctx", "128", "-n", "4", COUNT_TO_300)
+    args = ("run", str(smollm2), "--raw", "-t", "0", "--ctx", "128", "-n", "4", "--threads", "1", "--no-cache", "--json")
+    # The reference (the last): the kept end given as the whole prompt. Same tokens, so the same greedy answer,
+    # which goes on counting from the end.
+    r, ok, reference = run_all(["run", smollm2, "--raw", "--ctx", "128", "-n", "4", COUNT_TO_300],
+                               [*args, "--truncate", COUNT_TO_300], [*args, tail], home=isolated_home)
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1
     assert f"the prompt is {len(full)} tokens but the context holds 128" in r.stderr and "--truncate" in r.stderr
 
-    args = ("run", str(smollm2), "--raw", "-t", "0", "--ctx", "128", "-n", "4", "--threads", "1", "--no-cache", "--json")
-    ok = cli(*args, "--truncate", COUNT_TO_300)
     assert ok.returncode == 0, ok.stderr
     done = json_events(ok.stdout)[-1]
     assert done["stats"]["prompt_tokens"] == done["stats"]["prompt_eval_tokens"] == 124
-    # The reference: the kept end given as the whole prompt. Same tokens, so the same greedy answer, which
-    # goes on counting from the end.
-    reference = json_events(cli(*args, tail).stdout)[-1]
+    reference = json_events(reference.stdout)[-1]
     assert reference["stats"]["prompt_tokens"] == 124
     assert done["tokens"] == reference["tokens"] and done["text"] == reference["text"] == " 301"
 
@@ -289,9 +307,20 @@ def test_truncate_with_the_chat_template_cuts_the_message_not_the_template(smoll
         engine.close()
 
 
-@pytest.mark.parametrize("limit", ["-1", "-2"])  # -2: llama.cpp's "until the context fills", read as -1
-def test_reaching_the_context_limit_reports_length(smollm2, cli, limit):
-    r = cli("run", str(smollm2), "--raw", "-t", "0", "--ctx", "32", "-n", limit, "--min-tokens", "100", "--json", "Once upon a time")
+LIMITS = ["-1", "-2"]  # -2: llama.cpp's "until the context fills", read as -1
+
+
+@pytest.fixture(scope="module")
+def unlimited(smollm2, tmp_path_factory) -> dict:
+    """A run in a 32-token context with each of LIMITS as -n, in one process."""
+    runs = run_all(*[["run", smollm2, "--raw", "-t", "0", "--ctx", "32", "-n", limit, "--min-tokens", "100", "--json", "Once upon a time"]
+                     for limit in LIMITS], home=tmp_path_factory.mktemp("limits"))
+    return dict(zip(LIMITS, runs))
+
+
+@pytest.mark.parametrize("limit", LIMITS)
+def test_reaching_the_context_limit_reports_length(unlimited, limit):
+    r = unlimited[limit]
     assert r.returncode == 0, r.stderr
     stats = json_events(r.stdout)[-1]["stats"]
     assert stats["finish_reason"] == "length"
@@ -327,16 +356,15 @@ def test_llama_cpp_is_loaded_before_numpy(smollm2, how):
                     "try:\n    main()\nexcept SystemExit:\n    pass"}[how]
     code = ("import sys\norder = []\nclass Seen:\n    def find_spec(self, name, path=None, target=None):\n"
             "        order.append(name)\nsys.meta_path.insert(0, Seen())\n"
-            f"{load}\nimport numpy\n"
-            "print('order', *(order.index(m) if m in order else -1 for m in ('llama_cpp', 'llama_cpp.llama_cpp', 'numpy')), file=sys.stderr)\n"
-            "print('loaded', *sorted(m for m in ('numpy', 'llama_cpp.llama', 'gguf.gguf_reader') if m in sys.modules), file=sys.stderr)")
-    out = subprocess.run([sys.executable, "-c", code.replace("import numpy\n", "", 1)], capture_output=True, text=True, timeout=120)
+            f"{load}\n"
+            "print('loaded', *sorted(m for m in ('numpy', 'llama_cpp.llama', 'gguf.gguf_reader') if m in sys.modules), file=sys.stderr)\n"
+            "import numpy\n"  # numpy after all, once what the load imported is written down
+            "print('order', *(order.index(m) if m in order else -1 for m in ('llama_cpp', 'llama_cpp.llama_cpp', 'numpy')), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     # Loading a model needs neither numpy nor llama_cpp's high-level Llama class nor gguf's reader (0.15 s of
     # CPU on every start): the bindings and gguf's tables are imported without their packages' __init__.
-    assert out.stderr.split("loaded")[-1].split() == [], out.stderr
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # numpy after all
-    assert out.returncode == 0, out.stderr
+    assert out.stderr.split("loaded")[-1].split("order ")[0].split() == [], out.stderr
     package_at, bindings_at, numpy_at = map(int, out.stderr.split("order ")[-1].split("\n")[0].split())
     assert package_at < bindings_at < numpy_at
 
@@ -387,11 +415,12 @@ def test_ctrl_c_while_llama_cpp_logs_during_load_is_not_lost(smollm2):
     assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr
 
 
-def test_min_tokens_suppresses_end_of_generation(smollm2, cli):
+def test_min_tokens_suppresses_end_of_generation(smollm2, isolated_home):
+    plain, r = run_all(["run", smollm2, "-t", "0", "-n", "60", "--json", "Say hi."],
+                       ["run", smollm2, "-t", "0", "--min-tokens", "60", "-n", "60", "--json", "Say hi."], home=isolated_home)
     # The control: without --min-tokens the answer ends with end-of-text well before 60 tokens.
-    plain = json_events(cli("run", str(smollm2), "-t", "0", "-n", "60", "--json", "Say hi.").stdout)[-1]
+    plain = json_events(plain.stdout)[-1]
     assert plain["stats"]["finish_reason"] == "eos" and len(plain["tokens"]) < 50
-    r = cli("run", str(smollm2), "-t", "0", "--min-tokens", "60", "-n", "60", "--json", "Say hi.")
     assert r.returncode == 0, r.stderr
     done = json_events(r.stdout)[-1]
     stats = done["stats"]
@@ -400,20 +429,34 @@ def test_min_tokens_suppresses_end_of_generation(smollm2, cli):
     assert done["tokens"][: len(plain["tokens"])] == plain["tokens"] and len(done["tokens"]) == 60
 
 
-def test_logit_bias_bans_a_token(smollm2, cli):
-    first = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "1", "--json", PROMPT)
-    tok = json_events(first.stdout)[-1]["tokens"][0]
-    banned = cli("run", str(smollm2), "--raw", "-t", "0", "-n", "1", "--json", "--logit-bias", f"{tok}=-inf", PROMPT)
+def test_logit_bias_bans_a_token(smollm2, isolated_home):
+    [tok] = reference_greedy(smollm2, PROMPT, 1)  # the token to ban, by llama.cpp's low-level API
+    first, banned = run_all(["run", smollm2, "--raw", "-t", "0", "-n", "1", "--json", PROMPT],
+                            ["run", smollm2, "--raw", "-t", "0", "-n", "1", "--json", "--logit-bias", f"{tok}=-inf", PROMPT],
+                            home=isolated_home)
+    assert json_events(first.stdout)[-1]["tokens"][0] == tok  # the control: unbiased, the command picks it
     assert json_events(banned.stdout)[-1]["tokens"][0] != tok
 
 
-@pytest.mark.parametrize("flag,value", [("--repeat-penalty", "1.8"), ("--frequency-penalty", "1.5"), ("--presence-penalty", "2")])
-def test_penalties_cut_repetition(smollm2, cli, flag, value):
+PENALTIES = [("--repeat-penalty", "1.8"), ("--frequency-penalty", "1.5"), ("--presence-penalty", "2")]
+
+
+@pytest.fixture(scope="module")
+def penalised(smollm2, tmp_path_factory) -> dict:
+    """The greedy answer to a repetitive prompt (key None), and with each of PENALTIES: in one process, the plain
+    answer once for the three."""
+    args = ("run", str(smollm2), "--raw", "-t", "0", "-n", "48", "--json", "The cat sat on the mat. The cat sat on the mat. The cat")
+    runs = run_all(args, *[[*args, flag, value, "--repeat-last-n", "64"] for flag, value in PENALTIES],
+                   home=tmp_path_factory.mktemp("penalties"))
+    return dict(zip([None, *PENALTIES], runs))
+
+
+@pytest.mark.parametrize("flag,value", PENALTIES)
+def test_penalties_cut_repetition(penalised, flag, value):
     """Greedy decoding of a repetitive prompt repeats it; each penalty, applied in the C chain over the
     prompt and the answer, makes it repeat tokens less (these flags crashed the chain once: no test had run them)."""
-    args = ("run", str(smollm2), "--raw", "-t", "0", "-n", "48", "--json", "The cat sat on the mat. The cat sat on the mat. The cat")
-    plain = json_events(cli(*args).stdout)[-1]["tokens"]
-    r = cli(*args, flag, value, "--repeat-last-n", "64")
+    plain = json_events(penalised[None].stdout)[-1]["tokens"]
+    r = penalised[flag, value]
     assert r.returncode == 0, r.stderr
     penalised = json_events(r.stdout)[-1]["tokens"]
     assert penalised != plain
@@ -463,9 +506,16 @@ BAD = [
 ]
 
 
+@pytest.fixture(scope="module")
+def refused(smollm2, tmp_path_factory) -> dict:
+    """`localrun run MODEL ARGS hello` for each of BAD's ARGS, in one process."""
+    runs = run_all(*[["run", smollm2, *args, "hello"] for args, _ in BAD], home=tmp_path_factory.mktemp("bad-options"))
+    return {tuple(args): r for (args, _), r in zip(BAD, runs)}
+
+
 @pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_option_is_one_line_and_exit_2(smollm2, cli, args, needle):
-    r = cli("run", str(smollm2), *args, "hello")
+def test_bad_option_is_one_line_and_exit_2(refused, args, needle):
+    r = refused[tuple(args)]
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert needle in r.stderr
