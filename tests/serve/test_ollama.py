@@ -54,6 +54,17 @@ def served(module_served, monkeypatch):
     return module_served
 
 
+@pytest.fixture(scope="module")
+def want(module_served) -> str:
+    """What `localrun run REF QUESTION` answers in the module's home (as run_here): one run for the tests that
+    compare the server's answers to QUESTION with it, where each ran its own."""
+    hub = module_served.hub
+    ran = run_cli("run", REF, QUESTION, "-t", "0", "-n", "24", "--no-cache", "--threads", "1",
+                  env={"LOCALRUN_HOME": str(hub.home), "HF_HOME": str(hub.hf_home), "LOCALRUN_KEEP_ALIVE": "0"})
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.rstrip("\n")
+
+
 def run_here(cli, *args: str) -> str:
     """What `localrun run` answers in this home, in-process (LOCALRUN_KEEP_ALIVE=0 in tests), greedy."""
     ran = cli("run", *args, "-t", "0", "-n", "24", "--no-cache", "--threads", "1")
@@ -61,9 +72,8 @@ def run_here(cli, *args: str) -> str:
     return ran.stdout.rstrip("\n")
 
 
-def test_chat_and_generate_answer_as_run_does(served, cli, gemma):
+def test_chat_and_generate_answer_as_run_does(served, cli, gemma, want):
     c = ollama.Client(host=served.url)
-    want = run_here(cli, REF, QUESTION)
     user = [{"role": "user", "content": QUESTION}]
 
     r = c.chat(model=REF, messages=user, options=GREEDY)
@@ -220,11 +230,10 @@ def test_bad_requests_get_ollamas_error_shape_and_the_server_goes_on(served):
     assert half.status_code == 400 and "num_predict" in half.json()["error"]
 
 
-def test_langchain_ollama_chat_and_stream(served, cli):
+def test_langchain_ollama_chat_and_stream(served, want):
     from langchain_ollama import ChatOllama
 
     llm = ChatOllama(model=REF, base_url=served.url, temperature=0, num_predict=24)
-    want = run_here(cli, REF, QUESTION)
     assert llm.invoke(QUESTION).content == want
     assert "".join(chunk.content for chunk in llm.stream(QUESTION)) == want
 
