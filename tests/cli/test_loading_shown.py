@@ -16,10 +16,11 @@ from conftest import BACKGROUND_CLIENTS, LOCALRUN, last_json, run_cli
 pytestmark = pytest.mark.slow
 
 
-def test_a_load_is_listed_and_a_run_waiting_for_it_says_so(resident, qwen):
+def test_a_load_is_listed_and_a_run_waiting_for_it_says_so(resident, qwen, smollm2):
     from localrun.runtime.client import resident as server
 
-    assert run_cli("run", str(qwen), "-n", "1", "--threads", "1", "--ctx", "512", "Hi").returncode == 0  # a server up
+    # A server up, holding nothing: started by a run of the small model (a load of qwen's 1 GB for no use, before).
+    assert run_cli("run", str(smollm2), "-n", "1", "--threads", "1", "--ctx", "512", "Hi").returncode == 0
     assert run_cli("stop", "--all").returncode == 0
     first = subprocess.Popen([LOCALRUN, "run", str(qwen), "-t", "0", "-n", "2", "--threads", "1", "--ctx", "1024", "Hi"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
@@ -59,14 +60,15 @@ def test_ps_shows_a_loading_row():
     assert "loading 42% (1 s)" in table and "big.gguf" in table
 
 
-def test_a_load_left_by_ctrl_c_stays_for_its_keep_alive(resident, qwen):
+def test_a_load_left_by_ctrl_c_stays_for_its_keep_alive(resident, qwen, smollm2):
     """A run stopped by Ctrl-C while its model loads: the load finishes and the model stays for its keep-alive (as
     Ollama keeps it), instead of being thrown away and loaded again by the next run."""
     import signal
 
     from localrun.runtime.client import resident as server
 
-    assert run_cli("run", str(qwen), "-n", "1", "--threads", "1", "--ctx", "512", "Hi").returncode == 0  # a server up
+    # A server up, holding nothing: started by a run of the small model (a load of qwen's 1 GB for no use, before).
+    assert run_cli("run", str(smollm2), "-n", "1", "--threads", "1", "--ctx", "512", "Hi").returncode == 0
     assert run_cli("stop", "--all").returncode == 0
     left = subprocess.Popen([LOCALRUN, "run", str(qwen), "-t", "0", "-n", "2", "--threads", "1", "--ctx", "1024", "Hi"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
