@@ -80,9 +80,10 @@ class Piped:
     input: str
 
 
-def run_all(*commands, home, timeout: float = 600) -> list[Result]:
+def run_all(*commands, home, env: dict | None = None, timeout: float = 600) -> list[Result]:
     """Run each of `commands` (a sequence of `localrun` arguments, or a Piped) in one process with LOCALRUN_HOME
-    `home`, in turn; their Results, as run_cli would give each (stdin empty unless Piped)."""
+    `home` (and `env` over this one's environment), in turn; their Results, as run_cli would give each (stdin
+    empty unless Piped)."""
     import tempfile
 
     specs = [[list(map(str, c.args)), c.input, str(home)] if isinstance(c, Piped) else [list(map(str, c)), None, str(home)]
@@ -91,6 +92,6 @@ def run_all(*commands, home, timeout: float = 600) -> list[Result]:
         json.dump([[a, s.encode().decode("latin-1") if s is not None else None, h] for a, s, h in specs], f)
         f.flush()
         done = subprocess.run([sys.executable, "-c", _SCRIPT, f.name], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, env=os.environ.copy(), timeout=timeout)
+                              stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return [Result(code, out, err) for code, out, err in json.loads(done.stdout)]

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from conftest import LOCALRUN
+from one_process import run_all
 from projector import IMAGE_SIZE, PATCH_SIZE, write_projector
 
 pytestmark = pytest.mark.slow
@@ -26,21 +27,28 @@ def done(stdout: str) -> dict:
     return events[-1]
 
 
-def ask(cli, model, image_files, *images: str, question: str = QUESTION, extra=()) -> dict:
+def asking(model, image_files, *images: str, question: str = QUESTION, extra=()) -> list[str]:
+    """The arguments of `localrun run` that ask `question` about `images` (file names in image_files)."""
     args = [a for name in images for a in ("--image", str(image_files / name))]
-    r = cli("run", str(model), "--mmproj", str(image_files / "mmproj-test.gguf"), *args, *GREEDY, *extra, question)
+    return ["run", str(model), "--mmproj", str(image_files / "mmproj-test.gguf"), *args, *GREEDY, *extra, question]
+
+
+def answered(r) -> dict:
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     return done(r.stdout)
 
 
-def test_the_answer_depends_on_the_image(cli, smollm2, image_files):
-    red = ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])
-    striped = ask(cli, smollm2, image_files, "stripes.png", extra=["--no-cache"])
-    red_again = ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])
+def ask(cli, model, image_files, *images: str, question: str = QUESTION, extra=()) -> dict:
+    return answered(cli(*asking(model, image_files, *images, question=question, extra=extra)))
+
+
+def test_the_answer_depends_on_the_image(smollm2, image_files, isolated_home):
+    *answers, text_only = run_all(*[asking(smollm2, image_files, name, extra=["--no-cache"]) for name in ("red.png", "stripes.png", "red.png")],
+                                  ["run", smollm2, *GREEDY, "--no-cache", QUESTION], home=isolated_home)
+    red, striped, red_again = map(answered, answers)
     assert red["tokens"] != striped["tokens"]  # two images, two answers
     assert red_again["tokens"] == red["tokens"]  # the same image, the same answer
-    text_only = cli("run", str(smollm2), *GREEDY, "--no-cache", QUESTION)
     assert text_only.returncode == 0, text_only.stderr
     assert red["stats"]["prompt_tokens"] == done(text_only.stdout)["stats"]["prompt_tokens"] + N_IMAGE
 
@@ -55,20 +63,20 @@ def test_a_second_run_on_the_same_image_reuses_its_kv(cli, smollm2, image_files)
     assert other["stats"]["cached_tokens"] < 10
 
 
-def test_several_images_in_order(cli, smollm2, image_files):
-    both = ask(cli, smollm2, image_files, "red.png", "stripes.png", extra=["--no-cache"])
-    swapped = ask(cli, smollm2, image_files, "stripes.png", "red.png", extra=["--no-cache"])
-    one = ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])
+def test_several_images_in_order(smollm2, image_files, isolated_home):
+    both, swapped, one = map(answered, run_all(*[asking(smollm2, image_files, *names, extra=["--no-cache"]) for names in (
+        ("red.png", "stripes.png"), ("stripes.png", "red.png"), ("red.png",))], home=isolated_home))
     assert both["stats"]["prompt_tokens"] == one["stats"]["prompt_tokens"] + N_IMAGE
     assert both["tokens"] != swapped["tokens"]
 
 
-def test_the_projector_beside_the_model_is_found(cli, smollm2, image_files, tmp_path):
+def test_the_projector_beside_the_model_is_found(cli, smollm2, image_files, tmp_path, isolated_home):
     (tmp_path / smollm2.name).symlink_to(smollm2)
     write_projector(tmp_path / "mmproj-SmolLM2-f16.gguf")  # the same weights (seed) as image_files' projector
-    r = cli("run", str(tmp_path / smollm2.name), "--image", str(image_files / "red.png"), *GREEDY, "--no-cache", QUESTION)
+    r, given = run_all(["run", tmp_path / smollm2.name, "--image", image_files / "red.png", *GREEDY, "--no-cache", QUESTION],
+                       asking(smollm2, image_files, "red.png", extra=["--no-cache"]), home=isolated_home)
     assert r.returncode == 0, r.stderr
-    assert done(r.stdout)["tokens"] == ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])["tokens"]
+    assert done(r.stdout)["tokens"] == answered(given)["tokens"]
     write_projector(tmp_path / "mmproj-SmolLM2-q8.gguf", seed=1)
     r = cli("run", str(tmp_path / smollm2.name), "--image", str(image_files / "red.png"), *GREEDY, QUESTION)
     assert r.returncode == 2
@@ -84,31 +92,47 @@ def one_line_error(r, code: int) -> str:
     return lines[0]
 
 
-def test_a_corrupt_image_fails_in_one_line(cli, smollm2, image_files):
-    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / "broken.png"),
-                              *GREEDY, QUESTION), 2)
-    assert "broken.png" in line and "not an image" in line
-
-
-def test_a_missing_image_fails_in_one_line(cli, smollm2, image_files):
-    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / "nothere.png"),
-                              *GREEDY, QUESTION), 1)
-    assert "nothere.png" in line and "no such file" in line
-
-
-@pytest.mark.parametrize("args, said", [
+USAGE_ERRORS = [
     (["--image", "{files}/red.png"], "no image projector beside it"),  # no --mmproj, none beside the model
     (["--mmproj", "{files}/none.gguf", "--image", "{files}/red.png"], "invalid --mmproj"),
     (["--mmproj", "{files}/mmproj-test.gguf", "--image", "{files}/red.png", "--beams", "2"], "--beams"),
-])
-def test_usage_errors(cli, smollm2, image_files, args, said):
-    line = one_line_error(cli("run", str(smollm2), *[a.format(files=image_files) for a in args], *GREEDY, QUESTION), 2)
+]
+REFUSED = {  # name -> the arguments of `run MODEL ... QUESTION` that are refused ({files}: image_files)
+    "corrupt": ["--mmproj", "{files}/mmproj-test.gguf", "--image", "{files}/broken.png"],
+    "missing": ["--mmproj", "{files}/mmproj-test.gguf", "--image", "{files}/nothere.png"],
+    "wrong projector": ["--mmproj", "{wide}", "--image", "{files}/red.png"],
+    **{" ".join(args): args for args, _ in USAGE_ERRORS},
+}
+
+
+@pytest.fixture(scope="module")
+def refused(smollm2, image_files, tmp_path_factory) -> dict:
+    """Each of REFUSED's commands, run in one process: name -> its Result."""
+    where = tmp_path_factory.mktemp("refused")
+    wide = write_projector(where / "mmproj-wide.gguf", n_embd_text=2048)  # a projector for another model
+    runs = run_all(*[["run", smollm2, *[a.format(files=image_files, wide=wide) for a in args], *GREEDY, QUESTION] for args in REFUSED.values()],
+                   home=where / "home")
+    return dict(zip(REFUSED, runs))
+
+
+def test_a_corrupt_image_fails_in_one_line(refused):
+    line = one_line_error(refused["corrupt"], 2)
+    assert "broken.png" in line and "not an image" in line
+
+
+def test_a_missing_image_fails_in_one_line(refused):
+    line = one_line_error(refused["missing"], 1)
+    assert "nothere.png" in line and "no such file" in line
+
+
+@pytest.mark.parametrize("args, said", USAGE_ERRORS)
+def test_usage_errors(refused, args, said):
+    line = one_line_error(refused[" ".join(args)], 2)
     assert said in line
 
 
-def test_a_projector_for_another_model_is_refused(cli, smollm2, image_files, tmp_path):
-    wrong = write_projector(tmp_path / "mmproj-wide.gguf", n_embd_text=2048)
-    line = one_line_error(cli("run", str(smollm2), "--mmproj", str(wrong), "--image", str(image_files / "red.png"), *GREEDY, QUESTION), 1)
+def test_a_projector_for_another_model_is_refused(refused):
+    line = one_line_error(refused["wrong projector"], 1)
     assert "mismatch between text model (n_embd = 576) and mmproj (n_embd = 2048)" in line
 
 
@@ -144,18 +168,18 @@ def test_run_image_goes_through_the_background_server(resident, smollm2, image_f
     assert "is loaded with the projector" in line and "mmproj-other.gguf" in line
 
 
-def test_an_image_piped_on_stdin(cli, smollm2, image_files):
+def test_an_image_piped_on_stdin(smollm2, image_files, isolated_home):
     """`--image -` reads the image from stdin (the question then comes from the arguments): the same answer
     as from its file."""
-    from conftest import run_cli
-
-    by_file = ask(cli, smollm2, image_files, "red.png", extra=["--no-cache"])
+    by_file, nothing = run_all(asking(smollm2, image_files, "red.png", extra=["--no-cache"]),
+                               ["run", smollm2, "--mmproj", image_files / "mmproj-test.gguf", "--image", "-", *GREEDY, QUESTION],
+                               home=isolated_home)
+    by_file = answered(by_file)
     piped = subprocess.run([LOCALRUN, "run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", "-",
                             *GREEDY, "--no-cache", QUESTION], input=(image_files / "red.png").read_bytes(), capture_output=True)
     assert piped.returncode == 0, piped.stderr
     assert done(piped.stdout.decode())["tokens"] == by_file["tokens"]
-    nothing = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", "-", *GREEDY, QUESTION)
-    assert one_line_error(nothing, 2) == "error: stdin: an empty file, not an image"  # stdin closed: nothing came
+    assert one_line_error(nothing, 2) == "error: stdin: an empty file, not an image"  # stdin empty: nothing came
 
 
 def test_a_session_keeps_its_images(resident, smollm2, image_files, tmp_path):
