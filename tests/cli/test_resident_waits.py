@@ -12,10 +12,11 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from conftest import BACKGROUND_CLIENTS, LOCALRUN, run_cli, wait_until
+from conftest import BACKGROUND_CLIENTS, LOCALRUN, _alive, run_cli, wait_until
 from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 
 pytestmark = pytest.mark.slow
@@ -41,19 +42,89 @@ def _loaded() -> list[str]:
     return [m["name"] for m in json.loads(run_cli("ps", "--json").stdout)]
 
 
-def test_a_server_silent_past_any_timeout_is_waited_for(resident, smollm2):
+# The silence test's server is stopped for 32 s, in which its core would idle: its story runs on a thread from the
+# module's start, against a server of its own (a LOCALRUN_HOME of its own, every process given it explicitly, as
+# the other tests change the environment's), while the other tests of the module run; the test waits for it.
+SILENCE_TEST = "test_a_server_silent_past_any_timeout_is_waited_for"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def silence(request, tmp_path_factory, smollm2):
+    """The silence test's story under way (a Future), or None where that test is not to run here."""
+    if not any(item.name == SILENCE_TEST and item.module is request.module for item in request.session.items):
+        yield None
+        return
+    from localrun.runtime.client import Client, NoServer
+    from localrun.store.paths import server_socket
+
+    home = tmp_path_factory.mktemp("silence")
+    env = {**os.environ, "LOCALRUN_HOME": str(home / "localrun-home"), "HF_HOME": str(home / "hf-home"), "LOCALRUN_KEEP_ALIVE": "5m"}
+    for name in ("LOCALRUN_MODELS", "LOCALRUN_DEBUG"):
+        env.pop(name, None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LOCALRUN_HOME", env["LOCALRUN_HOME"])
+        server = Client(socket_path=server_socket())
+    clients: list[subprocess.Popen] = []
+    pids: list[int] = []
+    pool = ThreadPoolExecutor(1)
+    story = pool.submit(_silent_server_story, smollm2, env, server, clients, pids)
+    try:
+        yield story
+    finally:
+        try:
+            story.result(timeout=600)
+        except BaseException:  # the test reported it (or was not reached): what is left is stopped below
+            pass
+        pool.shutdown()
+        for pid in pids:  # (where the story failed while its server was stopped)
+            if _alive(pid):
+                os.kill(pid, signal.SIGCONT)
+        try:
+            pids.append(server.get("/api/version")["pid"])
+        except NoServer:
+            pass
+        for proc in clients:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        subprocess.run([LOCALRUN, "stop", "--server"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+        left = []
+        for pid in set(pids):
+            try:
+                wait_until(lambda: not _alive(pid), what=f"server {pid} to exit", timeout=20)
+            except AssertionError:
+                os.kill(pid, signal.SIGKILL)
+                left.append(pid)
+        assert not left, f"servers that did not stop: {left}"
+
+
+def _silent_server_story(smollm2, env: dict, server, clients: list[subprocess.Popen], pids: list[int]) -> None:
     """Two clients of one server stopped for longer than the old 30 s: one in the middle of its answer, one
     still waiting for its first token (a long prompt on a slow CPU), which says in one line what it awaits."""
-    assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0  # started and loaded
-    server = resident()
+    def client(*args: str) -> subprocess.Popen:
+        proc = subprocess.Popen([LOCALRUN, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        clients.append(proc)
+        return proc
 
-    streaming = _client(["run", str(smollm2), "--raw", "--threads", "1", "-t", "0", "-n", "400", "--min-tokens", "400",
-                         "--no-cache", "Once upon a time"])
+    def ps() -> list[dict]:
+        return json.loads(subprocess.run([LOCALRUN, "ps", "--json"], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                         text=True, timeout=300).stdout)
+
+    started = subprocess.run([LOCALRUN, "run", str(smollm2), "--threads", "1", "-n", "1", "hi"], env=env,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stderr  # started and loaded
+    pid = server.get("/api/version")["pid"]
+    pids.append(pid)
+
+    streaming = client("run", str(smollm2), "--raw", "--threads", "1", "-t", "0", "-n", "400", "--min-tokens", "400",
+                       "--no-cache", "Once upon a time")
     streaming.stdout.read(20)  # it is streaming
     long_prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 30  # seconds of evaluation
-    waiting = _client(["run", str(smollm2), "--threads", "1", "-t", "0", "-n", "8", "--no-cache", long_prompt])
-    wait_until(lambda: _busy_slots() == 2, what="the second request to reach the server")
-    os.kill(server, signal.SIGSTOP)
+    waiting = client("run", str(smollm2), "--threads", "1", "-t", "0", "-n", "8", "--no-cache", long_prompt)
+    wait_until(lambda: sum(m["slots_busy"] for m in server.get("/api/ps")["models"]) == 2,
+               what="the second request to reach the server")
+    os.kill(pid, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
         said: list[str] = []
@@ -62,7 +133,7 @@ def test_a_server_silent_past_any_timeout_is_waited_for(resident, smollm2):
         reader.join(timeout=60)
         time.sleep(max(0.0, PAST_THE_OLD_TIMEOUT_S - (time.monotonic() - stopped)))
     finally:
-        os.kill(server, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     assert said and "waiting for " in said[0] and "Ctrl-C stops" in said[0], said
     out, err = waiting.communicate(timeout=300)
     assert waiting.returncode == 0 and out.strip(), err
@@ -70,7 +141,8 @@ def test_a_server_silent_past_any_timeout_is_waited_for(resident, smollm2):
     out, err = streaming.communicate(timeout=300)
     assert streaming.returncode == 0 and len(out) > 400, err
     assert "stopped in the middle" not in err and "Traceback" not in err
-    assert json.loads(run_cli("ps", "--json").stdout)[0]["slots_busy"] == 0
+    assert ps()[0]["slots_busy"] == 0
+    assert server.get("/api/version")["pid"] == pid  # one server throughout
 
 
 def test_a_gone_server_is_still_reported_at_once(resident, smollm2):
@@ -128,3 +200,9 @@ def test_rm_unloads_the_model_from_the_server(resident, hub_stub, smollm2):  # n
     assert run_cli("pull", ref).returncode == 0 and run_cli("stop", "--server").returncode == 0
     again = run_cli("rm", ref)
     assert again.returncode == 0 and "unloaded" not in again.stderr and "server" not in again.stderr
+
+
+def test_a_server_silent_past_any_timeout_is_waited_for(silence: Future):
+    """Two clients of one server stopped for longer than the old 30 s (_silent_server_story, under way since the
+    module started): the whole answer for both, and one line from the one that waited for its first token."""
+    silence.result(timeout=600)
