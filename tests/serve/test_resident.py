@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from conftest import start_server, wait_until
+from runs_in_one_process import runs_in_one_process
 
 openai = pytest.importorskip("openai")
 
@@ -27,11 +28,10 @@ def ask(server, model, prompt="The capital of France is", n=8, **extra) -> httpx
         "model": str(model), "prompt": prompt, "max_tokens": n, "temperature": 0, **extra})
 
 
-def reference(cli, model, prompt="The capital of France is", n=8) -> str:
-    """What `localrun run` answers in-process (greedy, raw)."""
-    ran = cli("run", str(model), "--raw", "-t", "0", "-n", str(n), "--no-cache", "--threads", "1", prompt)
-    assert ran.returncode == 0, ran.stderr
-    return ran.stdout.rstrip("\n")
+def references(*models, prompt="The capital of France is", n=8) -> list[str]:
+    """What `localrun run` answers in-process (greedy, raw) for each of `models`, all in one process."""
+    runs = [[str(model), "--raw", "-t", "0", "-n", str(n), "--no-cache", "--threads", "1", prompt] for model in models]
+    return [out.rstrip("\n") for out, _ in runs_in_one_process(*runs)]
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_many_models_on_one_server_answer_as_run_does(server_factory, smollm2, g
         assert m["slots"] == 2 and m["context_length"] == 512 and m["slots_busy"] == 0 and m["requests"] == 0
         assert m["processor"] == "100% CPU" and m["size"] > 0 and m["expires_at"]  # the default keep-alive: 5m
     assert loaded[gemma.name]["size"] > loaded[smollm2.name]["size"]  # 262k vocabulary
-    assert answers == {smollm2.name: reference(cli, smollm2), gemma.name: reference(cli, gemma)}
+    assert answers == dict(zip((smollm2.name, gemma.name), references(smollm2, gemma)))
 
     listed = cli("ps", "--port", str(srv.port), "--json")
     assert listed.returncode == 0, listed.stderr
@@ -129,7 +129,7 @@ def test_lru_eviction_memory_budget_and_a_model_too_big(server_factory, smollm2,
     # A model in use is never evicted: while a long stream holds gemma, a request for smollm2 waits for it to
     # finish (as Ollama queues a request for a model that needs room), then gemma goes to make room.
     stream = httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
-        "model": str(gemma), "prompt": "Once upon a time", "max_tokens": 600, "temperature": 0, "stream": True,
+        "model": str(gemma), "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True,
         "ignore_eos": True})
     with stream as r, ThreadPoolExecutor(1) as pool:
         lines = r.iter_lines()
