@@ -16,6 +16,7 @@ import threading
 import pytest
 
 from conftest import BACKGROUND_CLIENTS, CORES, LOCALRUN, _alive, _servers, _version, last_json, run_cli, wait_until
+from runs_in_one_process import runs_in_one_process
 
 pytestmark = pytest.mark.slow
 
@@ -27,49 +28,14 @@ def run(*args: str, keep_alive: str | None = None, **kw):
     return run_cli("run", *args, env=env, **kw)
 
 
-# `localrun run` for each argument list in turn, in one process (LOCALRUN_KEEP_ALIVE=0: each answered in it, its
-# model loaded for it and freed after it), each one's stdout in a file of its own as a run's stdout is a pipe.
-_RUNS_IN_ONE_PROCESS = """
-import json, os, sys, tempfile
-import localrun.cli.main
-
-cli = sys.modules["localrun.cli.main"]  # (localrun.cli.main is also the name of its entry point)
-
-outs = []
-for args in json.loads(sys.argv[1]):
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as out:
-        sys.stdout = out
-        try:
-            code = cli.app(["run", *args], prog_name="localrun", standalone_mode=False)  # a typer.Exit's code, or None
-        finally:
-            out.flush()
-            sys.stdout = sys.__stdout__
-        if code:
-            sys.exit(f"localrun run {args} ended with exit code {code}")
-        out.seek(0)
-        outs.append(out.read())
-    while cli._UNTIL_EXIT:
-        cli._UNTIL_EXIT.pop().engine.close()
-sys.stdout.write(json.dumps(outs))
-sys.stdout.flush()
-"""
-
-
-def in_process(*runs: list[str]) -> list[str]:
-    """The stdout of `localrun run --keep-alive 0 ARGS` for each of `runs`: the in-process answers a run
-    through the server must match, for one interpreter's start and imports (a second of CPU) instead of one each."""
-    done = subprocess.run([sys.executable, "-c", _RUNS_IN_ONE_PROCESS, json.dumps(runs)], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env={**os.environ, "LOCALRUN_KEEP_ALIVE": "0"}, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
 def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, isolated_home):
     args = [str(smollm2), "-t", "0", "-n", "24", "--threads", "1", "--no-cache", PROMPT]
     prompts = ["Name a fruit.", "Name a colour.", "Name a planet.", "Name an ocean."]
-    # In-process, all in one process: this prompt plain and as --json, and each of the four prompts below.
-    here, in_proc, *expected = in_process(args, [*args, "--json"], *[
-        [str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", p] for p in prompts])
+    gargs = [str(gemma), "-t", "0", "-n", "16", "--threads", "1", "--no-cache", "The capital of France is"]
+    # In-process, all in one process: this prompt plain and as --json, each of the four prompts below, and gemma's.
+    (here, _), (in_proc, _), *expected, g_here = runs_in_one_process(args, [*args, "--json"], *[
+        [str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", p] for p in prompts], gargs)
+    expected = [out for out, _ in expected]
     first = run(*args)
     assert first.returncode == 0, first.stderr
     assert first.stdout == here
@@ -110,10 +76,9 @@ def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, 
     assert "localrun.runtime.client" in imported and not heavy & imported, heavy & imported
 
     # A base model with no chat template: the same notice and answer as in-process.
-    gargs = [str(gemma), "-t", "0", "-n", "16", "--threads", "1", "--no-cache", "The capital of France is"]
-    g_here, g_there = run(*gargs, keep_alive="0"), run(*gargs)
-    assert g_there.returncode == 0 and g_there.stdout == g_here.stdout
-    assert "no chat template" in g_there.stderr and "no chat template" in g_here.stderr
+    g_there = run(*gargs)
+    assert g_there.returncode == 0 and g_there.stdout == g_here[0]
+    assert "no chat template" in g_there.stderr and "no chat template" in g_here[1]
     listed = json.loads(run_cli("ps", "--json").stdout)
     assert {m["name"] for m in listed} == {smollm2.name, gemma.name}
     assert all(m["slots"] == 4 and m["processor"] == "100% CPU" for m in listed)  # the server's --parallel
@@ -176,9 +141,14 @@ def test_sessions_are_kept_by_the_server_and_read_the_same_in_process(resident, 
     assert len([m for m in shown["messages"] if m["role"] == "user"]) == 3
 
 
+# The load of a long run (a context for its 3,000 tokens): the run that starts the server loads the model so, so
+# that the long run does not load it again for another context.
+LONG_LOAD = ("--ctx", "4096", "--threads", "1")
+
+
 def _long_run(model, *extra) -> subprocess.Popen:
     return _client(
-        [LOCALRUN, "run", str(model), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--ctx", "4096", "--threads", "1",
+        [LOCALRUN, "run", str(model), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", *LONG_LOAD,
          "--no-cache", *extra, "Once upon a time"],
     )
 
@@ -197,7 +167,7 @@ def _busy_slots() -> int:
 
 
 def test_ctrl_c_and_a_closed_pipe_free_the_server_at_once(resident, smollm2):
-    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0  # started and loaded
+    assert run(str(smollm2), *LONG_LOAD, "-n", "1", "hi").returncode == 0  # started and loaded as the long run loads it
     proc = _long_run(smollm2)
     proc.stdout.read(20)  # it is streaming
     assert _busy_slots() == 1
@@ -214,7 +184,7 @@ def test_ctrl_c_and_a_closed_pipe_free_the_server_at_once(resident, smollm2):
 def test_runs_of_one_model_share_its_slots(resident, smollm2, gemma):
     """Two runs of the same model at once decode side by side, each in its own slot (not in turn); a
     session saved from a slot resumes in-process and back, for a sliding-window model too."""
-    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
+    assert run(str(smollm2), *LONG_LOAD, "-n", "1", "hi").returncode == 0
     procs = [_long_run(smollm2), _long_run(smollm2)]
     try:
         for proc in procs:
@@ -242,7 +212,7 @@ def test_runs_of_one_model_share_its_slots(resident, smollm2, gemma):
 
 
 def test_a_run_waits_for_a_free_slot_and_says_so(resident, smollm2):
-    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
+    assert run(str(smollm2), *LONG_LOAD, "-n", "1", "hi").returncode == 0
     busy = [_long_run(smollm2) for _ in range(4)]  # the server's 4 slots
     try:
         for proc in busy:
@@ -267,7 +237,7 @@ def test_a_run_waits_for_a_free_slot_and_says_so(resident, smollm2):
 
 
 def test_server_stopped_mid_answer_is_an_error_not_a_short_answer(resident, smollm2):
-    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi").returncode == 0
+    assert run(str(smollm2), *LONG_LOAD, "-n", "1", "hi").returncode == 0
     proc = _long_run(smollm2)
     try:
         proc.stdout.read(20)
@@ -281,7 +251,7 @@ def test_server_stopped_mid_answer_is_an_error_not_a_short_answer(resident, smol
 
 
 def test_server_killed_mid_answer_then_a_new_one(resident, smollm2):
-    assert run(str(smollm2), "--threads", "1", "-n", "1", "--session", "kept", "hi").returncode == 0
+    assert run(str(smollm2), *LONG_LOAD, "-n", "1", "--session", "kept", "hi").returncode == 0
     victim = resident()
     proc = _long_run(smollm2)
     proc.stdout.read(20)
@@ -340,10 +310,12 @@ def test_a_server_of_another_build_is_not_used(resident, smollm2):
 
 def test_an_idle_server_exits_on_its_own(resident, smollm2, monkeypatch):
     monkeypatch.setenv("LOCALRUN_SERVER_IDLE_S", "0.5")
-    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi", keep_alive="3s").returncode == 0
+    assert run(str(smollm2), "--threads", "1", "-n", "1", "hi", keep_alive="2s").returncode == 0
     server = resident()
-    assert len(json.loads(run_cli("ps", "--json").stdout)) == 1
-    wait_until(lambda: not _alive(server), what="the idle server to exit (keep-alive 3s, then 0.5s idle)", timeout=30)
+    from localrun.runtime.client import resident as client
+
+    assert len(client().get("/api/ps")["models"]) == 1  # loaded (asked at once: no command's start in the 2 s)
+    wait_until(lambda: not _alive(server), what="the idle server to exit (keep-alive 2s, then 0.5s idle)", timeout=30)
     from localrun.store.paths import server_socket
 
     assert not server_socket().exists()  # it removed its socket
