@@ -17,17 +17,19 @@ QUESTION = "Look at this picture carefully and describe it"
 
 
 @pytest.fixture(scope="module")
-def run_answer(smollm2, image_files):
-    """`run --image FILE QUESTION`'s greedy answer, in-process."""
-    from conftest import run_cli
+def run_answer(smollm2, image_files, tmp_path_factory):
+    """`run --image FILE QUESTION`'s greedy answer, in-process (both runs in one process: tests/cli/one_process.py)."""
+    from one_process import run_all
 
-    def answer(name: str) -> str:
-        r = run_cli("run", str(smollm2), "--mmproj", str(image_files / "mmproj-test.gguf"), "--image", str(image_files / name),
-                    *ARGS, "--no-cache", QUESTION)
+    names = ("red.png", "my stripes.png")
+    runs = run_all(*[["run", smollm2, "--mmproj", image_files / "mmproj-test.gguf", "--image", image_files / name, *ARGS, "--no-cache", QUESTION]
+                     for name in names], home=tmp_path_factory.mktemp("run-answer"))
+    for r in runs:
         assert r.returncode == 0, r.stderr
-        return r.stdout.strip()
+    return {name: r.stdout.strip() for name, r in zip(names, runs)}
 
-    return {name: answer(name) for name in ("red.png", "my stripes.png")}
+
+_UNSAVED: dict = {}  # the chat that asks the saved session's questions without one (in-process, greedy): once a module
 
 
 def chat(cli, smollm2, image_files, *lines: str, extra=()):
@@ -71,7 +73,9 @@ def test_chat_answers_about_images_as_run_does_and_keeps_them(cli, smollm2, imag
     # The session keeps the image: resumed in this process (saved by the server in the other case), its KV is
     # restored (the image is not encoded again) and it answers as the chat that saved it would have.
     resumed = chat(cli, smollm2, image_files, "And what else?", extra=["--session", "pics", "--keep-alive", "0"])
-    same = chat(cli, smollm2, image_files, f"/image {striped}", QUESTION, "And what else?", extra=["--keep-alive", "0"])
+    if "same" not in _UNSAVED:  # (the same for both `via`: in-process)
+        _UNSAVED["same"] = chat(cli, smollm2, image_files, f"/image {striped}", QUESTION, "And what else?", extra=["--keep-alive", "0"])
+    same = _UNSAVED["same"]
     assert resumed.stdout == same.stdout.split("\n", 1)[1]
     assert stats_blocks(resumed.stderr)[0]["cached"] >= third["prompt"]
     # `run --session` goes on with the same session: its images come back from it (no --image given).
