@@ -166,7 +166,7 @@ def test_bench_compares_quants_in_one_table(made, smollm2, tmp_path, monkeypatch
     from localrun.runtime.reports import bench
 
     short = tmp_path / "short.txt"  # a part of the bundled text keeps this quick; the method is the same
-    short.write_text(bench.text_path().read_text(encoding="utf-8")[:2500], encoding="utf-8")  # 4 chunks of 128
+    short.write_text(bench.text_path().read_text(encoding="utf-8")[:1400], encoding="utf-8")  # 2 chunks of 128
     monkeypatch.setattr(bench, "text_path", lambda: short)
     models = ",".join([str(smollm2), str(made["smollm2"]["Q8_0"]), str(made["smollm2"]["F16"])])
     assert front.run_from_cli([models], pp="16", tg="4", depth="0", reps=1, threads=str(min(2, CORES)), ctx="128",
