@@ -1,12 +1,13 @@
 """One writer per session, files the index names and nothing else, full and read-only disks: real processes.
 
-`python tests/store/test_session_writers.py COMMAND ...` is the child these tests start and kill (see
-`child_main` at the bottom); it drives the store alone (no model: the store keeps bytes).
+`python tests/store/session_writer_child.py COMMAND ...` is the child these tests start and kill; it drives the
+store alone (no model: the store keeps bytes). The runs and chats answer with the tiny model of tests/tinymodel.py
+(SmolLM2's tokenizer and chat template on random weights): what they answer is not the subject, who may write a
+session is.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import random
@@ -19,16 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from localrun.store.sessions import INDEX, Identity, SessionStore
+from localrun.store.sessions import INDEX, SessionStore
 from localrun.store.writers import CHAT, RUN, SessionInUse, hold_writer, holder_of
 
-HERE = Path(__file__).resolve()
-IDENT = Identity(model_file="m.gguf", model_sha256="0" * 64, quant="Q8_0", kv_type="f16", swa_full=False,
-                 flash_attn="auto", build="test", system_info="")
+CHILD = Path(__file__).resolve().with_name("session_writer_child.py")
 
 
 def child(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(CHILD), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, stdin=subprocess.PIPE)
 
 
@@ -191,11 +190,11 @@ def run_args(model, name: str, text: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_concurrent_runs_of_one_session_all_land(smollm2, cli):
+def test_concurrent_runs_of_one_session_all_land(tiny_smollm2, cli):
     asked = []
     for round_ in range(3):
         texts = [f"Round {round_}, writer {w}: name a colour." for w in "AB"]
-        procs = [subprocess.Popen(run_args(smollm2, "dup", t), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        procs = [subprocess.Popen(run_args(tiny_smollm2, "dup", t), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for t in texts]
         for proc in procs:
             out, err = proc.communicate(timeout=300)
@@ -223,41 +222,41 @@ def say(chat: subprocess.Popen, cli, name: str, text: str) -> None:
                timeout=120, what="the chat's answer to be saved")
 
 
-def check_second_writers_refused(smollm2, cli, chat: subprocess.Popen, pid: int) -> None:
+def check_second_writers_refused(tiny_smollm2, cli, chat: subprocess.Popen, pid: int) -> None:
     say(chat, cli, "cdup", "First chat: hello.")
-    second = cli("chat", str(smollm2), "--ctx", "1024", "--session", "cdup", input="Second chat: hello.\n")
+    second = cli("chat", str(tiny_smollm2), "--ctx", "1024", "--session", "cdup", input="Second chat: hello.\n")
     assert f"pid {pid}" in one_line_error(second) and "chat" in second.stderr
-    run = cli(*run_args(smollm2, "cdup", "A run: hello.")[1:])
+    run = cli(*run_args(tiny_smollm2, "cdup", "A run: hello.")[1:])
     assert f"pid {pid}" in one_line_error(run)
     say(chat, cli, "cdup", "First chat: again.")
     chat.stdin.close()
     assert chat.wait(timeout=120) == 0, chat.stderr.read()
     assert user_turns(cli, "cdup") == ["First chat: hello.", "First chat: again."]
     # Once it has ended, the session is anyone's.
-    assert cli(*run_args(smollm2, "cdup", "A run: now.")[1:]).returncode == 0
+    assert cli(*run_args(tiny_smollm2, "cdup", "A run: now.")[1:]).returncode == 0
     assert user_turns(cli, "cdup")[-1] == "A run: now."
 
 
 @pytest.mark.slow
-def test_a_second_chat_or_a_run_of_a_chats_session_is_refused_naming_the_chat(smollm2, cli):
-    chat = start_chat(smollm2, "cdup")
+def test_a_second_chat_or_a_run_of_a_chats_session_is_refused_naming_the_chat(tiny_smollm2, cli):
+    chat = start_chat(tiny_smollm2, "cdup")
     try:
-        check_second_writers_refused(smollm2, cli, chat, chat.pid)
+        check_second_writers_refused(tiny_smollm2, cli, chat, chat.pid)
     finally:
         stop(chat)
 
 
 @pytest.mark.slow
-def test_through_the_background_server_the_same_holds(smollm2, cli, resident):
+def test_through_the_background_server_the_same_holds(tiny_smollm2, cli, resident):
     """The server saves a chat's session from its slots, and answers runs there: the chat's own process
     holds the session, the server's runs take the lock as in-process runs do."""
-    assert cli(*run_args(smollm2, "warm", "Warm up.")[1:]).returncode == 0
+    assert cli(*run_args(tiny_smollm2, "warm", "Warm up.")[1:]).returncode == 0
     server = resident()
-    chat = start_chat(smollm2, "cdup")
+    chat = start_chat(tiny_smollm2, "cdup")
     procs: list[subprocess.Popen] = []
     try:
-        check_second_writers_refused(smollm2, cli, chat, chat.pid)
-        procs = [subprocess.Popen(run_args(smollm2, "rdup", f"Writer {w}: name a fruit."), stdin=subprocess.DEVNULL,
+        check_second_writers_refused(tiny_smollm2, cli, chat, chat.pid)
+        procs = [subprocess.Popen(run_args(tiny_smollm2, "rdup", f"Writer {w}: name a fruit."), stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in "ABC"]
         for proc in procs:
             _, err = proc.communicate(timeout=300)
@@ -299,62 +298,32 @@ def fill(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_full_disk_says_so_and_loses_no_session(smollm2, cli, tmpfs_home):
-    assert cli(*run_args(smollm2, "kept", "Remember the word teapot.")[1:]).returncode == 0
+def test_a_full_disk_says_so_and_loses_no_session(tiny_smollm2, cli, tmpfs_home):
+    assert cli(*run_args(tiny_smollm2, "kept", "Remember the word teapot.")[1:]).returncode == 0
     filler = fill(tmpfs_home)
-    r = cli(*run_args(smollm2, "kept", "What was the word?")[1:])
+    r = cli(*run_args(tiny_smollm2, "kept", "What was the word?")[1:])
     line = one_line_error(r)
     assert "full" in line and "nothing saved before was lost" in line and "move it aside" not in r.stderr, line
     listed = cli("sessions", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     filler.unlink()
     assert user_turns(cli, "kept") == ["Remember the word teapot."]
-    assert cli(*run_args(smollm2, "kept", "What was the word?")[1:]).returncode == 0
+    assert cli(*run_args(tiny_smollm2, "kept", "What was the word?")[1:]).returncode == 0
     assert len(user_turns(cli, "kept")) == 2
 
 
 @pytest.mark.slow
-def test_a_read_only_home_reads_and_refuses_writes_in_one_line(smollm2, cli, tmpfs_home):
-    assert cli(*run_args(smollm2, "kept", "Remember the word teapot.")[1:]).returncode == 0
+def test_a_read_only_home_reads_and_refuses_writes_in_one_line(tiny_smollm2, cli, tmpfs_home):
+    assert cli(*run_args(tiny_smollm2, "kept", "Remember the word teapot.")[1:]).returncode == 0
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs_home)], check=True)
     ps = cli("ps")
     assert ps.returncode == 0 and "Traceback" not in ps.stderr and "Errno" not in ps.stderr, ps.stderr
     listed = cli("sessions", "list", "--json")
     assert listed.returncode == 0 and [s["name"] for s in json.loads(listed.stdout)] == ["kept"], listed.stderr
     assert user_turns(cli, "kept") == ["Remember the word teapot."]
-    for writes in (run_args(smollm2, "kept", "What was the word?")[1:], ["sessions", "rm", "kept"],
-                   ["chat", str(smollm2), "--session", "kept"]):
+    for writes in (run_args(tiny_smollm2, "kept", "What was the word?")[1:], ["sessions", "rm", "kept"],
+                   ["chat", str(tiny_smollm2), "--session", "kept"]):
         line = one_line_error(cli(*writes, input=""))
         assert "read-only" in line and "LOCALRUN_HOME" in line, (writes, line)
-    plain = cli("run", str(smollm2), "-t", "0", "-n", "4", "--ctx", "1024", "Say hi.")
+    plain = cli("run", str(tiny_smollm2), "-t", "0", "-n", "4", "--ctx", "1024", "Say hi.")
     assert plain.returncode == 0 and "Errno" not in plain.stderr, plain.stderr  # the prefix cache only saves time
-
-
-# -- the child ------------------------------------------------------------------------------------------
-
-
-def child_main(argv: list[str]) -> None:
-    command = argv[0]
-    if command == "hold":  # hold a session's writer lock until stdin closes
-        with hold_writer(argv[2], argv[3], locks=Path(argv[1])):
-            print("held", flush=True)
-            sys.stdin.read()
-    elif command == "write-locked":  # a save in progress: its file flocked
-        fd = os.open(argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, b"z" * 3000)
-        print("held", flush=True)
-        sys.stdin.read()
-    elif command == "save-forever":  # until killed
-        store = SessionStore.open(Path(argv[1]))
-        rng = random.Random(os.getpid())
-        print("ready", flush=True)
-        while True:
-            data = bytearray(rng.randbytes(rng.randrange(1, 4) << 20))
-            store.save("k", IDENT, [1, 2, 3], [{"role": "user", "content": "hi"}], lambda: data, model_ref="m", n_ctx=64)
-    else:
-        raise SystemExit(f"unknown command {command}")
-
-
-if __name__ == "__main__":
-    child_main(sys.argv[1:])
