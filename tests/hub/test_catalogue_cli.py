@@ -271,6 +271,14 @@ def smol_file(smollm2) -> StubFile:
     return f
 
 
+@pytest.fixture(scope="session")
+def tiny_smol_file(tiny_smollm2) -> StubFile:
+    """The tiny model of tests/tinymodel.py (SmolLM2's tokenizer and chat template on random weights) under
+    SmolLM2's file name, for the tests that pull and load an alias's model to read its settings, not its words:
+    a pull and a load of an eighth of the bytes."""
+    return StubFile(SMOL_NAME, tiny_smollm2.read_bytes())
+
+
 def events(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
@@ -369,8 +377,8 @@ def test_chat_by_alias_from_localrun_models_applies_sampling_system_and_context(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ref", ["SMOL", "smol@main"])
-def test_alias_defaults_apply_to_every_spelling_of_the_alias(hub_stub, smol_file, cli, ref):
-    hub_stub.stub.add_repo(SMOL_REPO, [smol_file])
+def test_alias_defaults_apply_to_every_spelling_of_the_alias(hub_stub, tiny_smol_file, cli, ref):
+    hub_stub.stub.add_repo(SMOL_REPO, [tiny_smol_file])
     hub_stub.write_models_yaml(ALIAS_YAML)
     shown = ok(cli("chat", ref, *T1, input="/show\n")).stderr  # loads the model (pulling it), generates nothing
     assert stat_line(shown, "system") == SYSTEM
