@@ -4,9 +4,13 @@ checked as Open WebUI reads it: the status, NDJSON or SSE whole and in shape, `e
 listed names the ones it may send, a continued message that continues.
 
 The recordings (tests/data/clients/open-webui-0.12.4/*.jsonl: method, path, body, and the status localrun
-gave then) named the models of that session: each is mapped to this test's SmolLM2, pulled from the Hub
-stand-in as REF and named on the command line (so pinned, as that session's was). The one delete is mapped
-to a second copy pulled for it, so that the requests after it still have their model.
+gave then) named the models of that session. Most requests check what surrounds an answer, not its words: they
+are mapped to the tiny model (tests/tinymodel.py: SmolLM2's tokenizer and chat template on two layers of random
+weights, so every prompt counts the tokens it counted with SmolLM2 and fits the same context), pulled from the
+Hub stand-in as REF and named on the command line (so pinned, as that session's was). The three "Continue
+response" requests check words (the answer goes on from the partial one): they go to the real SmolLM2, pulled
+as SMOL and loaded beside it. The one delete is mapped to a second copy pulled for it, so that the requests after
+it still have their model.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 pytestmark = pytest.mark.slow
 
 RECORDINGS = OPEN_WEBUI_RECORDINGS
-REF = "test/SmolLM2-GGUF:Q4_1"
-SPARE = "test/Spare-GGUF:Q4_1"  # what the recorded delete removes
+REF = "test/Tiny-GGUF:F16"  # the tiny model: every request but the continued answers
+SMOL = "test/SmolLM2-GGUF:Q4_1"  # the real SmolLM2: the continued answers, whose words are checked
+SPARE = "test/Spare-GGUF:F16"  # what the recorded delete removes
 
 SERVER_CAP = 16  # serve's -n: the cap on an answer whose request sets none
 LONGEST_CAP = 96  # the longest cap a recorded chat request sets (the title task's 1000 is brought to SERVER_CAP)
@@ -49,19 +54,25 @@ def mapped(call: dict) -> dict:
     body = dict(body)
     if call["path"] == "/api/create":  # the new model keeps its name; it is made from this test's model
         return {**body, "from": REF}
-    model = SPARE if call["path"] == "/api/delete" else REF
+    model = SPARE if call["path"] == "/api/delete" else SMOL if _continued(body) else REF
     for key in ("model", "name"):
         if key in body:
             body[key] = model
-    # Open WebUI's title task asks for up to 1000 tokens, where SmolLM2 can ramble for 8 s a request (16 s of
-    # the replay's 62 of CPU): such a cap is brought down to the server's own -n (below), as for the requests
-    # that set none. Caps of up to 96 (its chats) go as recorded.
+    # Open WebUI's title task asks for up to 1000 tokens, where a model can ramble for seconds a request: such a
+    # cap is brought down to the server's own -n (below), as for the requests that set none. Caps of up to 96
+    # (its chats) go as recorded.
     if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > LONGEST_CAP:
         body["max_tokens"] = SERVER_CAP
     options = body.get("options")
     if isinstance(options, dict) and isinstance(options.get("num_predict"), int) and options["num_predict"] > LONGEST_CAP:
         body["options"] = {**options, "num_predict": SERVER_CAP}
     return body
+
+
+def _continued(body: dict) -> bool:
+    """Open WebUI's "Continue response": the partial answer is the last message."""
+    messages = body.get("messages") or []
+    return bool(messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant" and messages[-1].get("content"))
 
 
 def expected_status(call: dict, body) -> int:
@@ -73,15 +84,18 @@ def expected_status(call: dict, body) -> int:
 
 
 @pytest.fixture
-def served(hub_stub, smollm2, cli):
-    for repo in ("test/SmolLM2-GGUF", "test/Spare-GGUF"):
-        hub_stub.stub.add_repo(repo, [StubFile(smollm2.name, smollm2.read_bytes())])
-    for ref in (REF, SPARE):
+def served(hub_stub, smollm2, cli, tmp_path):
+    from tinymodel import write_tiny_model
+
+    tiny = write_tiny_model(smollm2, tmp_path / "tiny.F16.gguf")  # SmolLM2's tokenizer and template
+    hub_stub.stub.add_repo("test/SmolLM2-GGUF", [StubFile(smollm2.name, smollm2.read_bytes())])
+    for repo in ("test/Tiny-GGUF", "test/Spare-GGUF"):
+        hub_stub.stub.add_repo(repo, [StubFile(tiny.name, tiny.read_bytes())])
+    for ref in (REF, SMOL, SPARE):
         assert cli("pull", ref).returncode == 0
     # -n 16: a server's own cap on an answer whose request sets none (Open WebUI's chats and its title and
-    # follow-up tasks), so that the replay takes a minute, not a quarter of an hour; the requests go as recorded
-    # (16 tokens are enough to see a continued answer continue: 64 took a third longer, the prompts the rest).
-    # --threads 2: the replay sends one request at a time and only waits for it (140 s with 1 thread, 65 s).
+    # follow-up tasks); the requests go as recorded (16 tokens are enough to see a continued answer continue).
+    # --threads 2: the replay sends one request at a time and only waits for it.
     with start_server(REF, hub_stub.home, "--parallel", "2", "--ctx", "1024", "-n", str(SERVER_CAP), threads=2) as srv:
         yield srv
 
@@ -182,10 +196,10 @@ def _check(http: httpx.Client, path: str, body, raw: str, streamed: bool, where:
 def _continues(body: dict, text: str, where: str) -> None:
     """Open WebUI's "Continue response" sends the partial answer last and appends what comes back: the answer
     goes on from it (SmolLM2, greedy, counts on: "1, 2, 3, 4, 5, 6," -> " 7, 8, ..."), not from the start."""
-    messages = body.get("messages") or []
-    if not (messages and messages[-1]["role"] == "assistant" and messages[-1]["content"]):
+    if not _continued(body):
         return
-    partial = messages[-1]["content"]
+    assert body["model"] == SMOL, where  # (a real model's words)
+    partial = body["messages"][-1]["content"]
     assert not text.strip().startswith(partial.strip()[:12]), f"{where}: started again: {text!r}"
     if partial.endswith("6,"):
         assert text.startswith(" 7, 8"), f"{where}: {text!r}"
