@@ -19,15 +19,19 @@ pytestmark = pytest.mark.slow
 JAPANESE = "日本の首都は"
 
 
-def test_an_answer_cut_inside_a_character_ends_at_the_last_whole_one(smollm2, cli):
+def test_an_answer_cut_inside_a_character_ends_at_the_last_whole_one(smollm2, isolated_home):
+    from one_process import run_all
+
+    # The twelve commands (each cap, plain and --json) in one process: the subject is what each writes on stdout.
+    args = [["run", str(smollm2), "--raw", "-t", "0", "-n", str(n), "--threads", "1", "--no-cache", *json_flag, JAPANESE]
+            for n in range(1, 7) for json_flag in ([], ["--json"])]
+    done = run_all(*args, home=isolated_home)
     texts = []
-    for n in range(1, 7):
-        r = cli("run", str(smollm2), "--raw", "-t", "0", "-n", str(n), "--threads", "1", "--no-cache", JAPANESE)
-        assert r.returncode == 0, r.stderr
+    for n, r, as_json in zip(range(1, 7), done[::2], done[1::2]):
+        assert r.returncode == 0 and as_json.returncode == 0, (r.stderr, as_json.stderr)
         assert "\ufffd" not in r.stdout, (n, r.stdout)
         texts.append(r.stdout)
-        events = [json.loads(line) for line in cli("run", str(smollm2), "--raw", "-t", "0", "-n", str(n), "--threads", "1",
-                                                     "--no-cache", "--json", JAPANESE).stdout.splitlines()]
+        events = [json.loads(line) for line in as_json.stdout.splitlines()]
         assert events[-1]["stats"]["finish_reason"] == "length" and "\ufffd" not in events[-1]["text"]
         assert "".join(e["text"] for e in events[:-1]) == events[-1]["text"] == r.stdout.rstrip("\n")
     # Some of those limits did fall inside a character (the same text as one token fewer), and what came
