@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from conftest import BACKGROUND_CLIENTS, CORES, LOCALRUN, _alive, _servers, _version, last_json, run_cli, wait_until
+from conftest import BACKGROUND_CLIENTS, CORES, LOCALRUN, _alive, _servers, last_json, run_cli, wait_until
 from runs_in_one_process import runs_in_one_process
 
 pytestmark = pytest.mark.slow
@@ -285,27 +285,26 @@ def test_a_server_of_another_build_is_not_used(resident, smollm2):
     other = {"LOCALRUN_BUILD_TAG": "other"}
     assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi", env=other).returncode == 0
     old = resident()
-    # Idle: it is replaced by a server of this build.
-    mine = run(str(smollm2), "--threads", "1", "-n", "4", "-t", "0", "--no-cache", PROMPT)
-    assert mine.returncode == 0, mine.stderr
-    wait_until(lambda: not _alive(old), what="the other build's server to exit")
-    assert resident() != old
     # Busy: left alone, and this run answers in-process with a notice.
-    run_cli("stop", "--server")
-    wait_until(lambda: _version(None) is None, what="the server to stop")
-    assert run_cli("run", str(smollm2), "--threads", "1", "-n", "1", "hi", env=other).returncode == 0
-    busy_server = resident()
     proc = _client([LOCALRUN, "run", str(smollm2), "--raw", "-t", "0", "-n", "3000", "--min-tokens", "3000", "--threads", "1",
                     "--no-cache", "Once"], env=other)
     try:
         proc.stdout.read(10)
         here = run(str(smollm2), "--threads", "1", "-n", "4", "-t", "0", "--no-cache", PROMPT)
         assert here.returncode == 0 and "another localrun build" in here.stderr and "answering in this process" in here.stderr
-        assert here.stdout == mine.stdout
-        assert resident() == busy_server
+        assert resident() == old
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
+    # Idle (the same server, its answer cancelled): it is replaced by a server of this build, which answers as
+    # this process did.
+    wait_until(lambda: _busy_slots() == 0, what="the cancelled request to leave its slot")
+    mine = run(str(smollm2), "--threads", "1", "-n", "4", "-t", "0", "--no-cache", PROMPT)
+    assert mine.returncode == 0, mine.stderr
+    assert "another localrun build" not in mine.stderr
+    wait_until(lambda: not _alive(old), what="the other build's server to exit")
+    assert resident() != old
+    assert here.stdout == mine.stdout
 
 
 def test_an_idle_server_exits_on_its_own(resident, smollm2, monkeypatch):
