@@ -31,24 +31,28 @@ def parts(cli, model, grammar, *extra, keep_alive="0"):
 
 
 @pytest.mark.parametrize("keep_alive", ["0", "5m"])
-def test_run_puts_the_answer_on_stdout_and_the_thinking_on_stderr(thinking_model, grammar, cli, keep_alive, request):
+def test_run_puts_the_answer_on_stdout_and_the_thinking_on_stderr(thinking_model, grammar, cli, keep_alive, request, isolated_home):
+    variants = (["--json"], ["-v"], ["--hide-thinking"], ["-n", "3"])
     if keep_alive != "0":
         request.getfixturevalue("resident")
-    events = [json.loads(line) for line in parts(cli, thinking_model, grammar, "--json", keep_alive=keep_alive).stdout.splitlines()]
+        as_json, plain, hidden, cut = (parts(cli, thinking_model, grammar, *v, keep_alive=keep_alive) for v in variants)
+    else:  # in-process: the four commands in one process (tests/cli/one_process.py), each with its own stdout and stderr
+        from one_process import run_all
+
+        as_json, plain, hidden, cut = run_all(*[["run", str(thinking_model), "-t", "0", "-n", "80", "--threads", "1", "--grammar",
+                                                 grammar, *v, Q] for v in variants], home=isolated_home, env={"LOCALRUN_KEEP_ALIVE": "0"})
+        assert [r.returncode for r in (as_json, plain, hidden, cut)] == [0] * 4, [r.stderr for r in (as_json, plain, hidden, cut)]
+    events = [json.loads(line) for line in as_json.stdout.splitlines()]
     thought = "".join(e["text"] for e in events if e["type"] == "thinking")
     answer = "".join(e["text"] for e in events if e["type"] == "token")
     assert thought.strip() and answer.strip() and "</think>" not in thought + answer
     assert events[-1]["type"] == "done" and events[-1]["text"] == answer
     assert 0 < events[-1]["stats"]["thinking_tokens"] < len(events[-1]["tokens"]) + 1
 
-    plain = parts(cli, thinking_model, grammar, "-v", keep_alive=keep_alive)
     assert plain.stdout == answer + "\n"  # only the answer: a pipeline never sees the thinking
     assert thought in plain.stderr and "thinking tokens:" in plain.stderr
-    hidden = parts(cli, thinking_model, grammar, "--hide-thinking", keep_alive=keep_alive)
     assert hidden.stdout == plain.stdout and thought not in hidden.stderr
-
-    cut = parts(cli, thinking_model, grammar, "-n", "3", keep_alive=keep_alive)  # max tokens counts the thinking
-    assert cut.stdout == "" and "cut inside the model's thinking" in cut.stderr
+    assert cut.stdout == "" and "cut inside the model's thinking" in cut.stderr  # -n 3: max tokens counts the thinking
 
 
 
