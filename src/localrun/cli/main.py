@@ -348,11 +348,11 @@ def _check_images(paths: list[Path], mmproj: Optional[Path], spec) -> list:
 def _resident_answer(model: str, asked: dict, spec, settings: dict, mmproj: Optional[Path] = None):
     """The answer's responses from the resident server, or None where this process should answer. Images go
     as their bytes (runtime.images.stored), the projector as its path (the server loads it, as chat's)."""
-    from ..runtime.client import ServerDeclined, resident_run
-
     resident = _resident_settings(spec, settings)
     if resident is None:
         return None
+    from ..runtime.client import ServerDeclined, resident_run  # (here: an answer in this process needs no client)
+
     request = {**asked, "sampling": resident.pop("sampling"), "tty": sys.stderr.isatty()}
     if any(m.get("images") for m in asked["messages"]):
         from ..runtime.images import stored
@@ -370,7 +370,7 @@ def _resident_answer(model: str, asked: dict, spec, settings: dict, mmproj: Opti
 def _run_settings(keep_alive: str, options: dict) -> dict:
     """What run and chat take from their flags beside the load, read once whether the resident server or this
     process answers (a --grammar file is read once): keep-alive, source and the sampling flags given."""
-    from ..runtime.serving.pool import parse_keep_alive
+    from ..runtime.options import parse_keep_alive
 
     return dict(keep_alive=parse_keep_alive(keep_alive), source=_source(options["source"]), sampling=_given_sampling(options))
 
@@ -574,7 +574,7 @@ def serve(
     **options,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API: each stays loaded for its keep-alive, many requests decoded together."""
-    from ..runtime.serving.pool import parse_keep_alive
+    from ..runtime.options import parse_keep_alive
     from ..serve.app import ServeOptions, serve as run_server
     from ..store.paths import parse_size
     from . import lan

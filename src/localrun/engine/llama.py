@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -18,6 +19,7 @@ from contextvars import ContextVar
 # the resident server's pool, so that `ps` shows a model loading (engine.model.Engine reads it).
 load_progress: ContextVar[Optional[Callable[[float], None]]] = ContextVar("load_progress", default=None)
 _llama = None  # the llama_cpp module, imported on first use
+_llama_lock = threading.Lock()  # a server's first load and a request asking for the GPUs may both ask first
 _log_callback = None  # kept referenced: llama.cpp holds the pointer
 _log_sink: Optional[list] = None
 
@@ -55,7 +57,11 @@ def llama_cpp_module():
     system libstdc++, the tokenizer's std::regex segfaults inside llama_model_load_from_file.
     """
     global _llama, _log_callback
-    if _llama is None:
+    if _llama is not None:
+        return _llama
+    with _llama_lock:
+        if _llama is not None:
+            return _llama
         # Its ctypes bindings (every llama_* function), not its high-level Llama class (numpy, jinja2 and
         # diskcache: 0.27 s of CPU on every start against 0.11 s).
         # Its own __init__, when something asks for the rest of the package, sets llama-cpp-python's log

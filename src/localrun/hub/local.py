@@ -19,7 +19,6 @@ from ..errors import ConfigError, IntegrityError, LocalrunError, ModelNotFound, 
 from ..store import paths, registry
 from ..store.files import MODEL_CHUNK as CHUNK, delete_files, hash_file
 from ..store.registry import LocalModel
-from .catalogue import catalogue
 from .refs import ModelRef, parse_ref, quant_of
 
 # The tag of a quant made here (`quantize`) of a model `pull` fetches: smollm2:Q4_0-local, beside the Hub's smollm2:Q4_0.
@@ -244,6 +243,8 @@ def created_name(name: str) -> str:
                          f"call it {name.replace(':', '-')}")
     if not _NAME_RE.match(name) or name.lower().endswith(".gguf"):
         raise UsageError(f"'{name}' cannot name a model: use letters, digits, '.', '-' and '_' (no '/')")
+    from .catalogue import catalogue
+
     if any(alias.casefold() == name.casefold() for alias in catalogue().models):
         raise UsageError(f"'{name}' is a catalogue alias (`localrun list --available`): choose another name")
     return name
@@ -283,14 +284,17 @@ class ModelDefaults:
 
 def defaults_for(ref: str) -> ModelDefaults:
     """The defaults the model `ref` names brings (none for a repo, a path, or a name nothing knows)."""
+    name, alias = ref.split(":", 1)[0], ref.split(":", 1)[0].split("@", 1)[0]
+    path_or_repo = "/" in name or name.lower().endswith(".gguf") or not name
+    if path_or_repo and ("/" in alias or alias.lower().endswith(".gguf")):  # no alias (catalogue.entry_for's test):
+        return ModelDefaults()  # nothing to read, not even the catalogue's module (yaml and its models: 20 ms a run)
     from .catalogue import entry_for
 
     entry = entry_for(ref)
     if entry is not None:
         return ModelDefaults(sampling=dict(entry.sampling), system=entry.system, context=entry.context,
                              license=entry.license, embedding=entry.embedding, draft=entry.draft, rerank=entry.rerank)
-    name = ref.split(":", 1)[0]
-    if "/" in name or name.lower().endswith(".gguf") or not name:
+    if path_or_repo:
         return ModelDefaults()
     try:
         record = next((r for r in registry.read().values() if r["source"] == "created" and r["name"].casefold() == name.casefold()), None)

@@ -8,6 +8,7 @@ has the model. Any other failure (no such repository, a corrupted transfer) is t
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Optional, Union
 
 from ..console import notice
@@ -18,8 +19,27 @@ from .progress import Progress
 from .refs import ModelRef, parse_ref
 from .sources import PULL_ORDER, SOURCES, Source, Unavailable, source_by_name
 
-SOURCE_BY_NAME: dict[str, Source] = {name: source_by_name(name) for name in ("hub", "mirror")}
 
+class _Sources(Mapping):
+    """The sources by name, each made (its module imported) on first use: a run of a model on disk pulls nothing,
+    and the Hub's client and the mirror's (the catalogue, yaml) cost it 25 ms to import."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self._names = names
+
+    def __getitem__(self, name: str) -> Source:
+        if name not in self._names:
+            raise KeyError(name)
+        return source_by_name(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+SOURCE_BY_NAME: Mapping[str, Source] = _Sources(("hub", "mirror"))
 
 
 def pull(ref: Union[str, ModelRef], source: str = "auto", progress: Progress = True,

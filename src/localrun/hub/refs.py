@@ -15,11 +15,13 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 from ..errors import ModelNotFound, UnknownModel, UsageError
 from ..store import registry
-from .catalogue import ModelEntry, catalogue
+
+if TYPE_CHECKING:
+    from .catalogue import ModelEntry
 
 # A quant as GGUF file names spell it (Q4_K_M, IQ3_XXS, Q8_0, F16, ...), between non-alphanumerics.
 _QUANT_RE = re.compile(
@@ -117,6 +119,8 @@ def parse_ref(ref: str) -> ModelRef:
             raise UsageError(f"malformed repository '{name}': expected owner/name (letters, digits, '-', '_', '.')")
         return ModelRef(kind="repo", name=name, quant=norm_quant, revision=revision or None)
 
+    from .catalogue import catalogue  # (here: a path, a repository never read it; yaml and its models, 20 ms)
+
     models = catalogue().models
     alias = name if name in models else next((a for a in models if a.casefold() == name.casefold()), None)
     if alias is None:
@@ -138,6 +142,8 @@ def _tagged_alias(name: str, tag: str) -> Optional[str]:
     llama3.2:1b), where TAG is no quant; None otherwise."""
     if not tag or "/" in name or "@" in name or _QUANT_ARG_RE.match(tag) and quant_of(f"x-{tag}.gguf") is not None:
         return None
+    from .catalogue import catalogue
+
     wanted = f"{name}-{tag}".casefold()
     return next((a for a in catalogue().models if a.casefold() == wanted), None)
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..engine import DecodeOptions, Engine, LoadOptions, SamplingOptions, merge_options
-from ..engine.gguf_info import read_info
 from ..engine.llama import CpuLoad, busy_advice
 from ..engine.strategies import PLAIN, load_draft, make_strategy
 from ..errors import SettingsConflict, UsageError
@@ -53,6 +52,7 @@ def load(model: str, spec: LoadSpec = LoadSpec(), *, source: str = "auto", sampl
     from dataclasses import replace
 
     from .. import hub
+    from ..engine.gguf_info import read_info  # (here: it loads llama.cpp's library, which a server waits for until a load)
     from ..engine.lora import read_adapter
     from .lora import check_adapters
 

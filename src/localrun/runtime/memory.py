@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..engine.gguf_info import read_info
 from .options import FALLBACK_CONTEXT, LoadSpec
+
+# (engine.gguf_info is imported where a file is read: importing it loads llama.cpp's library and gguf's tables,
+# 60 ms a server with no model, or a load's caller such as the server's pool, need not pay at start)
 
 
 CONTEXT_CAP = 32768  # the largest default: a longer context is asked for (--ctx, num_ctx), not given unasked
@@ -20,6 +22,8 @@ def context_for(ctx: Optional[int], brought, path, streams: int = 1, kv_type: st
     (its catalogue entry, a Modelfile's num_ctx), at most the length the model at `path` was trained on
     (capped_context says so); else sized for it by default_context (an embeddings context and a model not read
     yet, `path` None: FALLBACK_CONTEXT)."""
+    from ..engine.gguf_info import read_info
+
     given = ctx if ctx is not None else brought.context
     if given:
         trained = read_info(path).context_length if path is not None else None
@@ -74,6 +78,7 @@ def estimate_breakdown(path: Path, spec: LoadSpec, ref: Optional[str] = None, re
     `repack`: whether llama.cpp repacks here (None: no GPU and no RPC worker, engine.footprint.repacks_here)."""
     from .. import hub
     from ..engine.footprint import footprint, repacks_here
+    from ..engine.gguf_info import read_info
 
     info = read_info(path)
     brought = hub.defaults_for(ref or str(path))
@@ -110,7 +115,17 @@ def gpu_share(path: Path, gpu_layers: str, has_gpu: bool) -> float:
 
 
 def available_memory() -> int:
-    """RAM the kernel can hand out now (MemAvailable), the room a new model's weights and KV go into."""
+    """RAM the kernel can hand out now (MemAvailable), the room a new model's weights and KV go into. Read from
+    /proc/meminfo where it is plain (psutil's value then: importing psutil cost every in-process run 10 ms);
+    psutil where it is missing or odd (an old kernel, a container's distorted counts) or there is no /proc."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            fields = dict(line.split(None, 2)[:2] for line in meminfo if line.startswith((b"MemTotal:", b"MemAvailable:")))
+        available, total = int(fields[b"MemAvailable:"]) * 1024, int(fields[b"MemTotal:"]) * 1024
+        if 0 < available <= total:
+            return available
+    except (OSError, KeyError, ValueError):
+        pass
     import psutil
 
     return int(psutil.virtual_memory().available)

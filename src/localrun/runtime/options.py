@@ -16,8 +16,40 @@ _WHERE = {
     "json_grammar": "..engine.sampling",
     "DecodeOptions": "..engine.strategies",
 }
-__all__ = ["BY_NAME", "ollama_name", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "LOAD_OPTIONS", "MIN_CONTEXT", "LoadSpec", "check_context", "has_sliding_window", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
+__all__ = ["BY_NAME", "FOREVER", "parse_keep_alive", "ollama_name", "DRAFT_MAX", "SLOT_DRAFTS", "KV_TYPES", "LOAD_FIELDS", "LOAD_OPTIONS", "MIN_CONTEXT", "LoadSpec", "check_context", "has_sliding_window", "SAMPLING", "Option", "cli_value", "text_value", *sorted(_WHERE)]
 __getattr__ = exports(globals(), _WHERE)
+
+# A model's keep-alive, read here rather than in serving.pool: run and chat read their --keep-alive before they know
+# whether a server answers (the pool is the server's, 10 ms to import that an answer in the process never uses).
+FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or by `stop`)
+FOREVER_AFTER_S = 10 * 365 * 86400.0
+
+
+def parse_keep_alive(value: Any) -> float:
+    """Seconds from a keep_alive as Ollama takes it: a number of seconds, or a duration "90s", "5m", "1h",
+    "1h30m"; negative = forever, 0 = unload after the answer; past 10 years, forever."""
+    import math
+    import re
+
+    bad = UsageError(f"invalid keep-alive {value!r}: use seconds or a duration like 5m, 0 or -1")
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = re.fullmatch(r"(-)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text)
+            if not text or parts is None or not any(parts.groups()[1:]):
+                raise bad from None
+            sign, h, m, s = parts.groups()
+            seconds = (-1 if sign else 1) * (float(h or 0) * 3600 + float(m or 0) * 60 + float(s or 0))
+    if math.isnan(seconds):
+        raise bad
+    return FOREVER if seconds < 0 or seconds > FOREVER_AFTER_S else seconds
+
 
 # Ollama's option names (api.Options and api.Runner) where they are not localrun's own: what its clients send
 # in `options`, chat's `/set parameter` and a Modelfile's PARAMETER lines name.

@@ -30,7 +30,8 @@ from ..errors import ContextOverflow, LocalrunError
 from ..runtime import Response
 from ..runtime.facts import ModelFacts, facts_of
 from ..runtime.client.identity import build_identity
-from ..runtime.serving.pool import Resident, parse_keep_alive
+from ..runtime.options import parse_keep_alive
+from ..runtime.serving.pool import Resident
 from ..runtime.rerank import NotAReranker, check_reranker, reranker_spec
 from ..runtime.serving.resident import embed_on
 from . import access

@@ -20,12 +20,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ...errors import ConfigError, LocalrunError, ModelNotFound, Phrase, UsageError
+from ...errors import ConfigError, LocalrunError, ModelNotFound, Phrase
 from ..memory import available_memory, estimate_breakdown, estimate_bytes, gpu_free_bytes, gpu_share  # noqa: F401
-from ..options import LoadSpec
+from ..options import FOREVER, LoadSpec, parse_keep_alive  # noqa: F401 (parse_keep_alive: tests read it here)
 
-FOREVER = -1.0  # keep_alive < 0: never expires (evicted only to make room, or by `stop`)
-FOREVER_AFTER_S = 10 * 365 * 86400.0
 NEVER_S = (2**63 - 1) / 1e9  # Go's longest time.Duration: what Ollama adds to now for a model that never expires
 RELOAD_WAIT_S = 120.0  # how long a reload waits for the requests still using the model's other options
 ROOM_WAIT_S = 120.0  # how long a load waits for a model answering requests to finish them and make room
@@ -41,32 +39,6 @@ class PoolBusy(LocalrunError):
 
 class LoadCancelled(LocalrunError):
     """The request went away while its load waited for room."""
-
-
-def parse_keep_alive(value: Any) -> float:
-    """Seconds from a keep_alive as Ollama takes it: a number of seconds, or a duration "90s", "5m", "1h",
-    "1h30m"; negative = forever, 0 = unload after the answer; past 10 years, forever."""
-    import math
-    import re
-
-    bad = UsageError(f"invalid keep-alive {value!r}: use seconds or a duration like 5m, 0 or -1")
-    if isinstance(value, bool):
-        raise bad
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower()
-        try:
-            seconds = float(text)
-        except ValueError:
-            parts = re.fullmatch(r"(-)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text)
-            if not text or parts is None or not any(parts.groups()[1:]):
-                raise bad from None
-            sign, h, m, s = parts.groups()
-            seconds = (-1 if sign else 1) * (float(h or 0) * 3600 + float(m or 0) * 60 + float(s or 0))
-    if math.isnan(seconds):
-        raise bad
-    return FOREVER if seconds < 0 or seconds > FOREVER_AFTER_S else seconds
 
 
 def model_key(resident: Resident, name: Optional[str] = None) -> str:

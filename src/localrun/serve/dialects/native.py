@@ -13,8 +13,7 @@ from typing import Any, Optional
 from ...errors import LocalrunError
 from ...runtime.failures import flag, message_for
 from ...runtime.client.identity import build_identity
-from ...runtime.options import LOAD_FIELDS, LoadSpec
-from ...runtime.serving.pool import parse_keep_alive
+from ...runtime.options import LOAD_FIELDS, LoadSpec, parse_keep_alive
 from ...runtime.serving.resident import wire
 from ..errors import LOAD_SETTINGS, LoadFailed, Refused, Wording, fault
 
