@@ -94,7 +94,7 @@ def test_models_take_turns_on_a_small_gpu_and_a_too_big_one_is_refused(smollm2, 
         failed = []
         waiting = threading.Thread(target=lambda: failed.append(pytest.raises(PoolBusy, p.acquire, str(smollm2), spec)))
         waiting.start()
-        wait_until(lambda: sum(f"waiting for {gemma}" in n for n in p.notices) == 2, what="the second wait")
+        wait_until(lambda: sum(f"waiting for {gemma}" in n for n in p.notices) == 3, what="this load's own wait")
         p.stop(str(gemma))
         p.request_stop()
         waiting.join(timeout=30)
