@@ -332,8 +332,8 @@ SERVE_KEY = "test-key-123"  # the key test_serve's module server requires
 
 
 class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, stderr: list[str]):
-        self.proc, self.port, self.stderr = proc, port, stderr
+    def __init__(self, proc: subprocess.Popen, port: int, stderr: list[str], drain: threading.Thread | None = None):
+        self.proc, self.port, self.stderr, self.drain = proc, port, stderr, drain  # drain: reads stderr to its end
         self.url = f"http://127.0.0.1:{port}"
 
     def client(self, key: str = SERVE_KEY, timeout: float = 120, **kw):
@@ -360,7 +360,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        time.sleep(0.2)  # the drain thread reads the last lines
+        if self.drain is not None:
+            self.drain.join(timeout=5)  # the last lines read (the pipe ends with the process, or a child that kept it)
         assert "Traceback" not in "".join(self.stderr), "".join(self.stderr)
         return self.proc.returncode
 
@@ -385,8 +386,9 @@ def start_server(model, home, *args: str, threads: int = 1, sigint=signal.SIG_DF
         lines.append(line)
         m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
         if m:
-            threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()  # keep draining
-            return Server(proc, int(m.group(1)), lines)
+            drain = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # keep draining
+            drain.start()
+            return Server(proc, int(m.group(1)), lines, drain)
     proc.kill()
     raise AssertionError(f"server did not start: {''.join(lines)}")
 

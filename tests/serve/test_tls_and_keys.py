@@ -65,8 +65,9 @@ def start_https(model, home, *args: str) -> Server:
         lines.append(line)
         m = re.search(r"https://127\.0\.0\.1:(\d+)/v1", line)
         if m:
-            threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
-            server = Server(proc, int(m.group(1)), lines)
+            drain = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+            drain.start()
+            server = Server(proc, int(m.group(1)), lines, drain)
             server.url = f"https://127.0.0.1:{server.port}"
             return server
     proc.kill()
