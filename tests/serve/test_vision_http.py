@@ -213,20 +213,18 @@ def test_serve_mmproj_needs_its_model(cli, image_files):
     assert r.returncode == 2 and "invalid --mmproj" in r.stderr
 
 
-def test_an_image_prompt_is_restored_from_disk_after_a_restart(smollm2, image_files, by_run, tmp_path):
+def test_an_image_prompt_is_restored_from_disk_after_a_restart(smollm2, image_files, tmp_path):
     """The prefix cache on disk keeps an image prompt's KV (its image tokens keyed by the image's and the
     projector's hashes): after a restart the same question about the same image evaluates only its last
-    token, encodes nothing, and answers as `run --image`."""
+    token, encodes nothing, and answers as the prompt evaluated from scratch did. (The first server, in an empty
+    home, is that reference: a third one in another empty home asked the same and proved nothing more.)"""
     args = ("--mmproj", str(image_files / "mmproj-test.gguf"), "--ctx", "512", "--parallel", "1")
     question = QUESTION + ": the colours, the shapes, the light, and anything else about it that stands out"  # 64+ tokens: cached
-    with start_server(smollm2, tmp_path / "home", *args) as first:
+    with start_server(smollm2, tmp_path / "home", *args) as first:  # nothing stored yet
         cold = chat(first, smollm2, stripes(), question=question)
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     with start_server(smollm2, tmp_path / "home", *args) as again:
         warm = chat(again, smollm2, stripes(), question=question)
-    with start_server(smollm2, tmp_path / "other", *args) as fresh:  # nothing stored
-        reference = chat(fresh, smollm2, stripes(), question=question)
     assert warm.usage.prompt_tokens == cold.usage.prompt_tokens >= 64 and cold.usage.prompt_tokens > N_IMAGE
     assert warm.usage.prompt_tokens_details.cached_tokens == warm.usage.prompt_tokens - 1, warm.usage
-    assert reference.usage.prompt_tokens_details.cached_tokens == 0
-    assert warm.choices[0].message.content == cold.choices[0].message.content == reference.choices[0].message.content
+    assert warm.choices[0].message.content == cold.choices[0].message.content
