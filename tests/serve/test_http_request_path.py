@@ -43,10 +43,13 @@ def test_a_long_system_prompt_is_restored_from_disk_after_a_restart(smollm2, tmp
     assert warm.usage.prompt_tokens == reference.usage.prompt_tokens
 
 
-def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_not(smollm2, tmp_path):
+def test_a_stored_response_continues_after_a_restart_and_an_unstored_one_does_not(tiny_smollm2, tmp_path):
     """previous_response_id after the server restarted: a response stored (`store` true, the default) is
     found on disk and its conversation continues, its KV state from the prefix cache, and GET reads it as it
-    was answered; one sent with `store: false` was kept only in memory (404, in OpenAI's shape)."""
+    was answered; one sent with `store: false` was kept only in memory (404, in OpenAI's shape). The tiny
+    model (tests/tinymodel.py: SmolLM2's tokenizer and template, so the same tokens counted): what is checked
+    is what is kept and counted, never the words."""
+    smollm2 = tiny_smollm2
     home = tmp_path / "home"
 
     def client(server):
