@@ -2,7 +2,8 @@
 against a real `localrun serve` with the real SmolLM2 (issue 32): options and fields Ollama does not know
 are ignored and logged, those that map are honoured; a final assistant message is continued; /api/ps's
 expires_at is always a date; one access-log line per request; one name per model, also after a reload; a
-conversation over the context keeps its newest messages on /api/chat and is a 400 on /v1."""
+conversation over the context keeps its newest messages on /api/chat and is a 400 on /v1 (counted on the tiny
+model of tests/tinymodel.py, SmolLM2's tokenizer and template on random weights: its tokens, not its words)."""
 
 from __future__ import annotations
 
@@ -204,8 +205,17 @@ def test_one_name_per_model_before_and_after_a_reload(fresh, smollm2):
     assert m["name"] == listed and m["context_length"] == 512
 
 
-def test_a_conversation_over_the_context_keeps_its_newest_messages_on_api_chat(served, smollm2):
-    name = smollm2.name
+@pytest.fixture
+def tiny_served(tiny_smollm2, tmp_path):
+    """The tiny model (tests/tinymodel.py: SmolLM2's tokenizer and chat template on random weights) served as
+    `served` serves SmolLM2, for a test that counts a prompt's tokens and never reads the words: the prompts of
+    hundreds of tokens it sends are evaluated in a fraction of SmolLM2's time."""
+    with start_server(tiny_smollm2, tmp_path / "tiny-home", "--parallel", "2", "--ctx", "512") as srv:
+        yield srv
+
+
+def test_a_conversation_over_the_context_keeps_its_newest_messages_on_api_chat(tiny_served, tiny_smollm2):
+    served, name = tiny_served, tiny_smollm2.name
     story = "Once upon a time a small dragon lived in a cave by the sea, and every morning it counted the waves. " * 6
     conversation = [{"role": "system", "content": "You are a pirate."}]
     for i in range(6):
