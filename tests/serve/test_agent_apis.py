@@ -262,13 +262,16 @@ def test_responses_text_stream_and_json_schema(server, model):
     assert follow.usage.input_tokens > 10
 
 
-def test_a_long_prompt_is_not_silent(model, tmp_path_factory, monkeypatch):
+def test_a_long_prompt_is_not_silent(tiny_smollm2, tmp_path_factory, monkeypatch):
     """While a prompt is evaluated, each dialect's stream says it is alive (OpenCode gave up on 300 s of
-    silence): an SSE comment on /v1/chat/completions and /v1/responses, Anthropic's ping event."""
-    monkeypatch.setenv("LOCALRUN_PING_S", "0.05")
-    with start_server(model, tmp_path_factory.mktemp("ping-home"), "--ctx", "2048") as srv:
-        def long(n: int) -> str:  # about 2 s of evaluation each (some 20 pings), none a prefix of another
-            return f"Summarise text {n}. " + "The quick brown fox jumps over the lazy dog. " * 25
+    silence): an SSE comment on /v1/chat/completions and /v1/responses, Anthropic's ping event. The tiny model
+    (tests/tinymodel.py): what it answers is not read, and its prompts are evaluated in a fraction of SmolLM2's
+    time, so the pings come every 5 ms instead of 50, on prompts 12 times as long."""
+    model = tiny_smollm2
+    monkeypatch.setenv("LOCALRUN_PING_S", "0.005")
+    with start_server(model, tmp_path_factory.mktemp("ping-home"), "--ctx", "8192") as srv:
+        def long(n: int) -> str:  # some 3,300 tokens each (tens of pings), none a prefix of another
+            return f"Summarise text {n}. " + "The quick brown fox jumps over the lazy dog. " * 300
 
         for path, body, alive in [
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": long(1)}], "max_tokens": 2}, ": keep-alive"),
