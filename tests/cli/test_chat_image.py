@@ -18,7 +18,7 @@ QUESTION = "Look at this picture carefully and describe it"
 
 @pytest.fixture(scope="module")
 def run_answer(smollm2, image_files, tmp_path_factory):
-    """`run --image FILE QUESTION`'s greedy answer, in-process (both runs in one process: tests/cli/one_process.py)."""
+    """`run --image FILE QUESTION`'s greedy answer, in-process (both runs in one process: tests/one_process.py)."""
     from one_process import run_all
 
     names = ("red.png", "my stripes.png")

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from conftest import BACKGROUND_CLIENTS, CORES, LOCALRUN, _alive, _servers, last_json, run_cli, wait_until
-from runs_in_one_process import runs_in_one_process
+from one_process import run_all
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +33,12 @@ def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, 
     prompts = ["Name a fruit.", "Name a colour.", "Name a planet.", "Name an ocean."]
     gargs = [str(gemma), "-t", "0", "-n", "16", "--threads", "1", "--no-cache", "The capital of France is"]
     # In-process, all in one process: this prompt plain and as --json, each of the four prompts below, and gemma's.
-    (here, _), (in_proc, _), *expected, g_here = runs_in_one_process(args, [*args, "--json"], *[
-        [str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", p] for p in prompts], gargs)
-    expected = [out for out, _ in expected]
+    done = run_all(*[["run", *a] for a in (args, [*args, "--json"], *[
+        [str(smollm2), "-t", "0", "-n", "12", "--threads", "1", "--no-cache", p] for p in prompts], gargs)],
+        home=isolated_home, env={"LOCALRUN_KEEP_ALIVE": "0"})
+    assert [r.returncode for r in done] == [0] * len(done), [r.stderr for r in done]
+    here, in_proc, *expected, g_here = [r.stdout for r in done]
+    g_here_err = done[-1].stderr
     first = run(*args)
     assert first.returncode == 0, first.stderr
     assert first.stdout == here
@@ -77,8 +80,8 @@ def test_run_through_the_server_answers_as_in_process(resident, smollm2, gemma, 
 
     # A base model with no chat template: the same notice and answer as in-process.
     g_there = run(*gargs)
-    assert g_there.returncode == 0 and g_there.stdout == g_here[0]
-    assert "no chat template" in g_there.stderr and "no chat template" in g_here[1]
+    assert g_there.returncode == 0 and g_there.stdout == g_here
+    assert "no chat template" in g_there.stderr and "no chat template" in g_here_err
     listed = json.loads(run_cli("ps", "--json").stdout)
     assert {m["name"] for m in listed} == {smollm2.name, gemma.name}
     assert all(m["slots"] == 4 and m["processor"] == "100% CPU" for m in listed)  # the server's --parallel

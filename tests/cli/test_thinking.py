@@ -36,7 +36,7 @@ def test_run_puts_the_answer_on_stdout_and_the_thinking_on_stderr(thinking_model
     if keep_alive != "0":
         request.getfixturevalue("resident")
         as_json, plain, hidden, cut = (parts(cli, thinking_model, grammar, *v, keep_alive=keep_alive) for v in variants)
-    else:  # in-process: the four commands in one process (tests/cli/one_process.py), each with its own stdout and stderr
+    else:  # in-process: the four commands in one process (tests/one_process.py), each with its own stdout and stderr
         from one_process import run_all
 
         as_json, plain, hidden, cut = run_all(*[["run", str(thinking_model), "-t", "0", "-n", "80", "--threads", "1", "--grammar",

@@ -5,6 +5,7 @@ room, reloading on other load-time options, and `localrun ps` / `localrun stop` 
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import start_server, wait_until
-from runs_in_one_process import runs_in_one_process
+from one_process import run_all
 
 openai = pytest.importorskip("openai")
 
@@ -30,8 +31,10 @@ def ask(server, model, prompt="The capital of France is", n=8, **extra) -> httpx
 
 def references(*models, prompt="The capital of France is", n=8) -> list[str]:
     """What `localrun run` answers in-process (greedy, raw) for each of `models`, all in one process."""
-    runs = [[str(model), "--raw", "-t", "0", "-n", str(n), "--no-cache", "--threads", "1", prompt] for model in models]
-    return [out.rstrip("\n") for out, _ in runs_in_one_process(*runs)]
+    runs = [["run", str(model), "--raw", "-t", "0", "-n", str(n), "--no-cache", "--threads", "1", prompt] for model in models]
+    done = run_all(*runs, home=os.environ["LOCALRUN_HOME"], env={"LOCALRUN_KEEP_ALIVE": "0"})
+    assert [r.returncode for r in done] == [0] * len(runs), [r.stderr for r in done]
+    return [r.stdout.rstrip("\n") for r in done]
 
 
 @pytest.fixture
