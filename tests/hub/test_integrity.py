@@ -1,6 +1,6 @@
 """A pulled file damaged on disk (4 KB flipped in the middle) is caught on use, repaired by `pull`, and found by
-`--verify` even where its mtime was put back: the real SmolLM2 served by the loopback Hub stand-in, run by the
-installed `localrun` command."""
+`--verify` even where its mtime was put back: a real GGUF (SmolLM2, or the tiny model on its tokenizer where no
+answer is read) served by the loopback Hub stand-in, run by the installed `localrun` command."""
 
 from __future__ import annotations
 
@@ -29,13 +29,27 @@ def flip_4k_mid_file(path: Path, keep_mtime: bool = False) -> None:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-@pytest.fixture
-def pulled(hub_stub, smollm2, cli):
-    data = smollm2.read_bytes()
+def pull(hub_stub, cli, model: Path):
+    data = model.read_bytes()
     hub_stub.stub.add_repo(REPO, [StubFile("SmolLM2-135M-Instruct.Q4_1.gguf", data)])
     r = cli("pull", REF)
     assert r.returncode == 0, r.stderr
     return hub.resolve_local(REF), data
+
+
+@pytest.fixture
+def pulled(hub_stub, tiny_smollm2, cli):
+    """The tiny model (tests/tinymodel.py: SmolLM2's tokenizer and template on random weights, 8 MB) under
+    SmolLM2's file name, pulled: what these tests check is the file's bytes, never an answer, and each pull and
+    hash is of an eighth of the bytes."""
+    return pull(hub_stub, cli, tiny_smollm2)
+
+
+@pytest.fixture
+def pulled_smollm2(hub_stub, smollm2, cli):
+    """The real SmolLM2, pulled: for the test that reads an answer of the repaired file (the tiny model's greedy
+    answer is blank lines)."""
+    return pull(hub_stub, cli, smollm2)
 
 
 def test_the_record_carries_size_and_mtime(pulled):
@@ -45,8 +59,8 @@ def test_the_record_carries_size_and_mtime(pulled):
     assert (record["size"], record["mtime_ns"]) == (st.st_size, st.st_mtime_ns) == (len(data), st.st_mtime_ns)
 
 
-def test_a_damaged_file_is_refused_on_use_and_repaired_by_pull(pulled, cli):
-    model, data = pulled
+def test_a_damaged_file_is_refused_on_use_and_repaired_by_pull(pulled_smollm2, cli):
+    model, data = pulled_smollm2
     flip_4k_mid_file(model.path.resolve())
     damaged_line = (f"error: model '{REF}' is damaged ({model.path}: sha256 differs from the pull): "
                     f"run `localrun pull {REF}` to repair it")
