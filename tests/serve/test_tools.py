@@ -130,12 +130,17 @@ def test_the_template_renders_tools_calls_and_results(tools_model):
     assert '<tool_response>\n{"temperature": 21}\n</tool_response>' in text and text.endswith("<|im_start|>assistant\n")
 
 
-def test_a_template_without_tools(smollm2, tmp_path):
+def test_a_template_without_tools(tiny_smollm2, tmp_path):
+    """SmolLM2's own template renders no tools: `auto` is answered as the same request without tools. Served on the
+    tiny model (tests/tinymodel.py: SmolLM2's tokenizer and template on random weights, a load of an eighth of the
+    bytes), whose greedy answers are much alike: the prompt's tokens, counted, say that the tools were left out."""
+    smollm2 = tiny_smollm2
     with start_server(smollm2, tmp_path / "home", "--parallel", "1", "--ctx", "1024") as srv:
         c = client(srv)
         auto = c.chat.completions.create(model=str(smollm2), messages=ASK, tools=TOOLS, temperature=0, max_tokens=8)
         plain = c.chat.completions.create(model=str(smollm2), messages=ASK, temperature=0, max_tokens=8)
         assert auto.choices[0].message.content == plain.choices[0].message.content and auto.choices[0].message.tool_calls is None
+        assert auto.usage.prompt_tokens == plain.usage.prompt_tokens
         with pytest.raises(openai.BadRequestError) as refused:
             c.chat.completions.create(model=str(smollm2), messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8)
         assert refused.value.body["param"] == "tool_choice" and "cannot render tools" in refused.value.body["message"]
