@@ -38,6 +38,14 @@ def client(server) -> openai.OpenAI:
     return server.client("none")
 
 
+@pytest.fixture(scope="module")
+def required_call(server, tools_model):
+    """The greedy answer to ASK with tool_choice "required", asked once for the three tests that read it (each
+    asked the same request of the same server)."""
+    return client(server).chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required",
+                                                  temperature=0, max_tokens=80)
+
+
 def valid(call) -> dict:
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, SCHEMAS[call.function.name])
@@ -49,9 +57,10 @@ ONLY_ADD = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tool
 
 @pytest.mark.parametrize("choice, name", [("required", None), ({"type": "function", "function": {"name": "add"}}, "add"),
                                           (ONLY_ADD, "add")])  # OpenAI's allowed_tools (it was a 400: found by a helper)
-def test_forced_calls_validate_streamed_and_not(server, tools_model, choice, name):
+def test_forced_calls_validate_streamed_and_not(server, tools_model, choice, name, request):
     c = client(server)
-    r = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=80)
+    r = request.getfixturevalue("required_call") if choice == "required" else c.chat.completions.create(
+        model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=80)
     choice0 = r.choices[0]
     assert choice0.finish_reason == "tool_calls" and choice0.message.content is None
     calls = choice0.message.tool_calls
@@ -74,14 +83,14 @@ def test_forced_calls_validate_streamed_and_not(server, tools_model, choice, nam
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_a_forced_call_with_a_response_format_is_the_call(server, tools_model):
+def test_a_forced_call_with_a_response_format_is_the_call(server, tools_model, required_call):
     """A forced call beside a response_format (instructor's RESPONSES_TOOLS mode sends both; OpenAI takes the
     pair, it was a 400 here: a helper's run with the frameworks): the call, decoded by its own schema."""
     c = client(server)
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object", "properties": {"x": {"type": "string"}}}}}
     r = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
                                   max_tokens=80, response_format=fmt)
-    alone = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80)
+    alone = required_call  # the same request without the response_format
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.tool_calls[0].function == alone.choices[0].message.tool_calls[0].function
     resp = c.responses.create(model=str(tools_model), input=ASK[-1]["content"], temperature=0, max_output_tokens=80,
                               tool_choice="required", text={"format": {"type": "json_schema", "name": "answer", "schema": fmt["json_schema"]["schema"]}},
@@ -105,9 +114,9 @@ def test_a_forced_call_ignores_stop_sequences(server, tools_model):
     assert not "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 
 
-def test_a_second_turn_with_the_tool_result(server, tools_model):
+def test_a_second_turn_with_the_tool_result(server, tools_model, required_call):
     c = client(server)
-    first = c.chat.completions.create(model=str(tools_model), messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80)
+    first = required_call
     call = first.choices[0].message.tool_calls[0]
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21})}]
