@@ -195,8 +195,10 @@ def test_every_dialect_refuses_a_corrupt_image_in_its_own_shape(server, smollm2)
     assert chat(server, smollm2, red_square()).choices[0].message.content  # the server goes on
 
 
-def test_a_model_without_a_projector_refuses_images_naming_them(server, tools_model):
-    """A model the server loads on request, with no projector named for it nor beside it."""
+def test_a_model_without_a_projector_refuses_images_naming_them(server, tiny_smollm2):
+    """A model the server loads on request, with no projector named for it nor beside it (the tiny model of
+    tests/tinymodel.py: another file, loaded in a fraction of SmolLM2's time)."""
+    tools_model = tiny_smollm2
     r = httpx.post(server.url + "/v1/chat/completions", timeout=300, json={"model": str(tools_model), "max_tokens": 4, "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(red_square())}}, {"type": "text", "text": "Look"}]}]})
     assert r.status_code == 400, r.text
