@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from conftest import BACKGROUND_CLIENTS, LOCALRUN, _alive, run_cli, wait_until
+from conftest import BACKGROUND_CLIENTS, LOCALRUN, _alive, assert_exited, run_cli, wait_until
 from hubstub import StubFile, hub_stub  # noqa: F401 - hub_stub is a fixture
 
 pytestmark = pytest.mark.slow
@@ -88,14 +88,7 @@ def silence(request, tmp_path_factory, smollm2):
                 proc.kill()
             proc.communicate()
         subprocess.run([LOCALRUN, "stop", "--server"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
-        left = []
-        for pid in set(pids):
-            try:
-                wait_until(lambda: not _alive(pid), what=f"server {pid} to exit", timeout=20)
-            except AssertionError:
-                os.kill(pid, signal.SIGKILL)
-                left.append(pid)
-        assert not left, f"servers that did not stop: {left}"
+        assert_exited(pids)
 
 
 def _silent_server_story(smollm2, env: dict, server, clients: list[subprocess.Popen], pids: list[int]) -> None:

@@ -232,7 +232,7 @@ def test_ps_and_stop_usage(cli):
 
 def test_keep_alive_parsing():
     from localrun.errors import UsageError
-    from localrun.runtime.serving.pool import FOREVER, parse_keep_alive
+    from localrun.runtime.options import FOREVER, parse_keep_alive
 
     cases = {"5m": 300, "90s": 90, "1h30m": 5400, "0": 0, 0: 0, "-1": FOREVER, -5: FOREVER, "2.5": 2.5, "1h": 3600,
              "-1m": FOREVER, "inf": FOREVER, 1e20: FOREVER}

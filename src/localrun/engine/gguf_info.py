@@ -326,10 +326,7 @@ def _read_header(path: Path) -> _Header:
     if state is not None and known is not None and known[0] == state:
         return known[1]
     header = _parse_file(path)
-    if state is not None and state[3] < time.time_ns() - 2_000_000_000:  # (as read_info: not a file just written)
-        if len(_HEADERS) >= 4:  # (a header holds its per-token arrays: a few models' worth)
-            _HEADERS.clear()
-        _HEADERS[path] = (state, header)
+    _keep(_HEADERS, 4, path, state, header)  # (4: a header holds its per-token arrays, a few models' worth)
     return header
 
 
@@ -412,15 +409,21 @@ def read_info(path: Path | str) -> GGUFInfo:
             _file_state(shard) == seen for shard, seen in known[1]):
         return known[2]
     info = _read_info(path)
-    if state is not None and state[3] < time.time_ns() - 2_000_000_000:  # as git's index: a file written in the
-        # last moments could change again within the clock's tick and keep its time, so it is read again
-        if len(_READ) >= 32:
-            _READ.clear()
-        _READ[path] = (state, [(shard, _file_state(shard)) for shard in info.shards[1:]], info)
+    _keep(_READ, 32, path, state, [(shard, _file_state(shard)) for shard in info.shards[1:]], info)
     return info
 
 
 _READ: dict[Path, tuple] = {}  # read_info's summaries: path -> (its state, its shards' states, the summary)
+
+
+def _keep(cache: dict, most: int, path: Path, state: tuple | None, *read) -> None:
+    """Remember what was `read` of the file at `path` in `cache` (at most `most` files, then it starts again), keyed
+    by its `state`, unless the file was written in the last 2 s: as git's index, a file written in the last moments
+    could change again within the clock's tick and keep its time, so it is read again."""
+    if state is not None and state[3] < time.time_ns() - 2_000_000_000:
+        if len(cache) >= most:
+            cache.clear()
+        cache[path] = (state, *read)
 
 
 def _file_state(path: Path) -> tuple | None:

@@ -284,17 +284,17 @@ class ModelDefaults:
 
 def defaults_for(ref: str) -> ModelDefaults:
     """The defaults the model `ref` names brings (none for a repo, a path, or a name nothing knows)."""
-    name, alias = ref.split(":", 1)[0], ref.split(":", 1)[0].split("@", 1)[0]
-    path_or_repo = "/" in name or name.lower().endswith(".gguf") or not name
-    if path_or_repo and ("/" in alias or alias.lower().endswith(".gguf")):  # no alias (catalogue.entry_for's test):
-        return ModelDefaults()  # nothing to read, not even the catalogue's module (yaml and its models: 20 ms a run)
-    from .catalogue import entry_for
+    name = ref.split(":", 1)[0]
+    alias = name.split("@", 1)[0]
+    entry = None
+    if not ("/" in alias or alias.lower().endswith(".gguf")):  # a path or a repository names no alias (entry_for's
+        from .catalogue import entry_for  # own test), and its run need not import the catalogue, yaml and its models
 
-    entry = entry_for(ref)
+        entry = entry_for(ref)
     if entry is not None:
         return ModelDefaults(sampling=dict(entry.sampling), system=entry.system, context=entry.context,
                              license=entry.license, embedding=entry.embedding, draft=entry.draft, rerank=entry.rerank)
-    if path_or_repo:
+    if "/" in name or name.lower().endswith(".gguf") or not name:
         return ModelDefaults()
     try:
         record = next((r for r in registry.read().values() if r["source"] == "created" and r["name"].casefold() == name.casefold()), None)

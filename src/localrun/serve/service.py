@@ -12,9 +12,9 @@ from typing import Optional
 
 from ..runtime import Loaded
 from ..runtime.loader import load
-from ..runtime.options import SERVER_SLOTS, LoadSpec
+from ..runtime.options import FOREVER, SERVER_SLOTS, LoadSpec
 from ..runtime.request import TemplateDefaults
-from ..runtime.serving.pool import FOREVER, ROOM_WAIT_S, ModelPool, Resident, pull_if_needed
+from ..runtime.serving.pool import ROOM_WAIT_S, ModelPool, Resident, pull_if_needed
 from ..runtime.serving.runner import start_scheduler
 from ..runtime.workers import fail_over_lost_workers
 from .guards import max_body_bytes

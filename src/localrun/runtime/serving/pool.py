@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from ...errors import ConfigError, LocalrunError, ModelNotFound, Phrase
 from ..memory import available_memory, estimate_breakdown, estimate_bytes, gpu_free_bytes, gpu_share  # noqa: F401
-from ..options import FOREVER, LoadSpec, parse_keep_alive  # noqa: F401 (parse_keep_alive: tests read it here)
+from ..options import FOREVER, LoadSpec
 
 NEVER_S = (2**63 - 1) / 1e9  # Go's longest time.Duration: what Ollama adds to now for a model that never expires
 RELOAD_WAIT_S = 120.0  # how long a reload waits for the requests still using the model's other options
